@@ -23,6 +23,9 @@ install: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+demo: $(STAMP)
+	$(BIN)/python -m runtime.demo
+
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
