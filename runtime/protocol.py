@@ -95,3 +95,285 @@ class Ready(msgspec.Struct, tag="ready", forbid_unknown_fields=True):
 
 
 WorkerMessage = ForwardBatch | ForwardResult | Ready
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Public messages: client (DEALER) <-> tokenizer process (ROUTER). One msgpack frame per message.
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
+    """One chat turn: role is "system", "user", "assistant" (or "tool"); content is its text."""
+
+    role: str
+    content: str
+
+
+class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True, forbid_unknown_fields=True):
+    """A completion request. Exactly one of prompt (text), messages (chat, the model's template is applied) or
+    input_ids (token ids) is set.
+
+    rid: the client's id of the request, echoed in every reply (unique among the client's requests in flight).
+    stream: True sends a StreamChunk per step; False one StreamChunk per completion when it ends.
+    cache_salt: tenant key; requests with different salts never share cached blocks (it enters the first block hash).
+    """
+
+    rid: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    input_ids: list[int] | None = None
+    sampling_params: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    stream: bool = False
+    cache_salt: str | None = None
+
+    def check(self) -> str | None:
+        """The reason this request is invalid regardless of the model (None when it is well formed)."""
+        given = [name for name in ("prompt", "messages", "input_ids") if getattr(self, name) is not None]
+        if len(given) != 1:
+            return f"exactly one of prompt, messages, input_ids must be set, got {given or 'none'}"
+        if self.prompt is not None and self.prompt == "":
+            return "prompt is empty"
+        if self.messages is not None and not self.messages:
+            return "messages is empty"
+        if self.input_ids is not None and not self.input_ids:
+            return "input_ids is empty"
+        if not self.rid:
+            return "rid is empty"
+        return None
+
+
+class AbortRequest(msgspec.Struct, tag="abort", forbid_unknown_fields=True):
+    """Cancel request rid; its blocks are freed at the scheduler's next step. No reply."""
+
+    rid: str
+
+
+class HealthRequest(msgspec.Struct, tag="health", forbid_unknown_fields=True):
+    """Liveness probe; answered by HealthResponse once the scheduler has answered too."""
+
+    rid: str
+
+
+class StatsRequest(msgspec.Struct, tag="stats", forbid_unknown_fields=True):
+    """Asks for the scheduler's ServerStats; answered by StatsResponse."""
+
+    rid: str
+
+
+class Usage(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """Token counts of one completion: prompt_tokens, cached_tokens (prompt tokens whose KV came from the radix
+    cache), completion_tokens."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fields=True):
+    """Part of completion `index` (0..n-1) of request rid.
+
+    text: new text since the previous chunk (never a partial UTF-8 character, never a stop string or part of one).
+    token_ids: new token ids since the previous chunk.
+    logprobs: aligned with token_ids when the request asked for logprobs.
+    finish_reason: None while running; "stop" (EOS, stop token or stop string), "length" (max_tokens or context),
+        "abort" on the last chunk.
+    usage: set on the last chunk.
+    """
+
+    rid: str
+    index: int = 0
+    text: str = ""
+    token_ids: list[int] = []
+    logprobs: list[TokenLogprobs | None] | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+# ErrorResponse codes. The client maps each to an exception class (runtime/client.py).
+ERR_MALFORMED = "malformed"  # not msgpack, wrong field types, several frames
+ERR_UNKNOWN_MESSAGE = "unknown_message"  # a tag this server does not know
+ERR_TOO_LARGE = "message_too_large"  # over ServerArgs.max_message_bytes
+ERR_INVALID = "invalid_request"  # well typed but out of range (sampling params, prompt fields, token ids)
+ERR_CONTEXT = "context_length_exceeded"  # prompt (+1) longer than max_model_len
+ERR_DUPLICATE = "duplicate_rid"  # a request with this rid is already in flight for this client
+ERR_SERVER = "server_error"  # a process failed while serving the request
+ERR_SHUTDOWN = "shutdown"  # the server is shutting down
+ERROR_CODES = (ERR_MALFORMED, ERR_UNKNOWN_MESSAGE, ERR_TOO_LARGE, ERR_INVALID, ERR_CONTEXT, ERR_DUPLICATE,
+               ERR_SERVER, ERR_SHUTDOWN)
+
+
+class ErrorResponse(msgspec.Struct, tag="error", forbid_unknown_fields=True):
+    """The request rid failed (rid is "" when the frame could not be read far enough to find one). Ends the request."""
+
+    rid: str
+    code: str
+    message: str
+
+
+class HealthResponse(msgspec.Struct, tag="health_response", forbid_unknown_fields=True):
+    """Answer to HealthRequest: status "ok" when every process is serving."""
+
+    rid: str
+    status: str
+
+
+class ServerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A snapshot of the scheduler.
+
+    num_running / num_waiting: requests (a request with n > 1 counts once). num_blocks: KV blocks incl. the null
+    block; num_free_blocks: on the free list; num_cached_blocks: held by the radix tree only (evictable);
+    num_used_blocks: referenced by a running sequence (locked). kv_usage = num_used_blocks / (num_blocks - 1).
+    prompt_tokens / cached_tokens / generated_tokens: totals since start; hit_rate = cached_tokens / prompt_tokens.
+    tokens_per_s: tokens run through the model per second over the last stats interval. num_steps: forward steps.
+    """
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_blocks: int = 0
+    num_free_blocks: int = 0
+    num_cached_blocks: int = 0
+    num_used_blocks: int = 0
+    kv_usage: float = 0.0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    hit_rate: float = 0.0
+    tokens_per_s: float = 0.0
+    num_steps: int = 0
+
+
+class StatsResponse(msgspec.Struct, tag="stats_response", forbid_unknown_fields=True):
+    """Answer to StatsRequest."""
+
+    rid: str
+    stats: ServerStats
+
+
+class Heartbeat(msgspec.Struct, tag="heartbeat", forbid_unknown_fields=True):
+    """Sent by the tokenizer to a client with requests in flight and nothing sent for a while, so a vanished client
+    is noticed (ROUTER_MANDATORY send fails) and its requests aborted. Clients ignore it."""
+
+
+ClientMessage = GenerateRequest | AbortRequest | HealthRequest | StatsRequest
+ServerMessage = StreamChunk | ErrorResponse | HealthResponse | StatsResponse | Heartbeat
+CLIENT_TAGS = frozenset({"generate", "abort", "health", "stats"})
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Internal messages: tokenizer <-> scheduler, launcher <-> children.
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True, forbid_unknown_fields=True):
+    """A validated request for the scheduler. rid is the tokenizer's internal id (unique in the server)."""
+
+    rid: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    cache_salt: str | None = None
+
+
+class Stop(msgspec.Struct, tag="stop", forbid_unknown_fields=True):
+    """A stop string ended completion `index` of rid: the scheduler finishes it keeping keep_tokens completion
+    tokens (the tokens up to the one that completed the stop string), and caches no block past them."""
+
+    rid: str
+    index: int
+    keep_tokens: int
+
+
+class TokenOutput(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """New tokens of completion `index` of rid since the previous step.
+
+    finish_reason: None while running; "stop", "length" or "abort" when it ended. usage is set with finish_reason
+    (and on the first output, so the tokenizer knows prompt and cached tokens early).
+    """
+
+    rid: str
+    index: int
+    token_ids: list[int]
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    logprobs: list[TokenLogprobs | None] | None = None
+
+
+class TokenOutputs(msgspec.Struct, tag="token_outputs", forbid_unknown_fields=True):
+    """Every TokenOutput of one scheduler step, in one message."""
+
+    outputs: list[TokenOutput]
+
+
+class RequestFailed(msgspec.Struct, tag="request_failed", forbid_unknown_fields=True):
+    """The scheduler could not serve rid (e.g. the worker failed the step); the tokenizer sends ErrorResponse."""
+
+    rid: str
+    code: str
+    message: str
+
+
+class SchedulerReady(msgspec.Struct, tag="scheduler_ready", forbid_unknown_fields=True):
+    """The scheduler sized its KV cache from the worker's Ready and serves; forwarded to the tokenizer."""
+
+    worker: Ready
+
+
+class ProcessReady(msgspec.Struct, tag="process_ready", forbid_unknown_fields=True):
+    """A child process tells the launcher it serves (role: "worker", "scheduler" or "tokenizer")."""
+
+    role: str
+    pid: int
+
+
+class ProcessFailed(msgspec.Struct, tag="process_failed", forbid_unknown_fields=True):
+    """A child process tells the launcher it could not start (e.g. the model failed to load)."""
+
+    role: str
+    pid: int
+    message: str
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", forbid_unknown_fields=True):
+    """The launcher tells the tokenizer the server stops: it answers every request in flight with ERR_SHUTDOWN
+    (reason as the message) and exits."""
+
+    reason: str
+
+
+SchedulerInput = TokenizedRequest | AbortRequest | Stop | HealthRequest | StatsRequest
+TokenizerInput = TokenOutputs | RequestFailed | HealthResponse | StatsResponse | SchedulerReady | Shutdown
+LauncherInput = ProcessReady | ProcessFailed
+
+_client_decoder = msgspec.msgpack.Decoder(ClientMessage)
+_any_decoder = msgspec.msgpack.Decoder()
+
+
+def decode_client_frame(frame: bytes, max_message_bytes: int) -> ClientMessage | ErrorResponse:
+    """Decode one public frame strictly; a frame that cannot be served becomes the ErrorResponse to send back.
+
+    Never raises and never unpickles: the frame is msgpack decoded into the ClientMessage union (typed, unknown
+    fields rejected, SamplingParams validated). The rid of a rejected frame is recovered when the frame is a msgpack
+    map with a string "rid", so a client with many requests in flight can route the error.
+    """
+    if len(frame) > max_message_bytes:
+        return ErrorResponse("", ERR_TOO_LARGE, f"message of {len(frame)} bytes exceeds {max_message_bytes} bytes")
+    try:
+        return _client_decoder.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        error = exc
+    try:
+        raw = _any_decoder.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ErrorResponse("", ERR_MALFORMED, f"not a msgpack message: {error}")
+    if not isinstance(raw, dict):
+        return ErrorResponse("", ERR_MALFORMED, f"a message is a msgpack map, got {type(raw).__name__}")
+    rid = raw.get("rid") if isinstance(raw.get("rid"), str) else ""
+    tag = raw.get("type")
+    if tag not in CLIENT_TAGS:
+        return ErrorResponse(rid, ERR_UNKNOWN_MESSAGE, f"unknown message type {tag!r}; known: {sorted(CLIENT_TAGS)}")
+    code = ERR_INVALID if "sampling_params" in str(error) and _is_range_error(error) else ERR_MALFORMED
+    return ErrorResponse(rid, code, str(error))
+
+
+def _is_range_error(error: Exception) -> bool:
+    """SamplingParams.validate() failures surface as ValidationErrors whose message has no 'Expected'."""
+    return "Expected" not in str(error)
