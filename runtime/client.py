@@ -1,0 +1,415 @@
+"""ZeroMQ client library: a synchronous Client and an asyncio AsyncClient for the public endpoint.
+
+Both keep many requests in flight on one DEALER socket: replies are routed by rid. A request that errs raises the
+ServerError subclass of its ErrorResponse code; a request past its timeout is aborted on the server and raises
+RequestTimeout; a stream that is left early (break, KeyboardInterrupt, asyncio cancellation, timeout) sends an
+AbortRequest so the server frees its blocks. Messages are msgpack-encoded msgspec Structs (runtime/protocol.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from runtime import protocol as p
+from runtime.sampling_params import SamplingParams
+
+
+class ClientError(Exception):
+    """Base of every error this module raises."""
+
+
+class RequestTimeout(ClientError, TimeoutError):
+    """No complete answer within the timeout (seconds); the request was aborted on the server."""
+
+
+class ServerError(ClientError):
+    """The server answered rid with an ErrorResponse; code is one of runtime.protocol.ERROR_CODES."""
+
+    def __init__(self, rid: str, code: str, message: str) -> None:
+        super().__init__(f"[{code}] {message}")
+        self.rid, self.code, self.message = rid, code, message
+
+
+class MalformedRequestError(ServerError):
+    """The frame could not be decoded: not msgpack, wrong field types, unknown message type, or too large."""
+
+
+class InvalidRequestError(ServerError):
+    """The request is well typed but cannot be served as asked (out-of-range values, bad token ids, ...)."""
+
+
+class ContextLengthError(InvalidRequestError):
+    """The prompt does not fit in the model's context (max_model_len tokens)."""
+
+
+class ServerFailedError(ServerError):
+    """A server process failed while serving the request (e.g. the worker died)."""
+
+
+class ServerShutdownError(ServerFailedError):
+    """The server is shutting down."""
+
+
+_ERRORS: dict[str, type[ServerError]] = {
+    p.ERR_MALFORMED: MalformedRequestError,
+    p.ERR_UNKNOWN_MESSAGE: MalformedRequestError,
+    p.ERR_TOO_LARGE: MalformedRequestError,
+    p.ERR_INVALID: InvalidRequestError,
+    p.ERR_DUPLICATE: InvalidRequestError,
+    p.ERR_CONTEXT: ContextLengthError,
+    p.ERR_SERVER: ServerFailedError,
+    p.ERR_SHUTDOWN: ServerShutdownError,
+}
+
+
+def error_from_response(err: p.ErrorResponse) -> ServerError:
+    """The exception for an ErrorResponse (ServerError for a code this client does not know)."""
+    return _ERRORS.get(err.code, ServerError)(err.rid, err.code, err.message)
+
+
+class Choice(msgspec.Struct, kw_only=True):
+    """One completion: text, token_ids, finish_reason, logprobs (aligned with token_ids when asked for)."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = msgspec.field(default_factory=list)
+    finish_reason: str | None = None
+    logprobs: list[p.TokenLogprobs | None] | None = None
+    usage: p.Usage | None = None
+
+
+class Completion(msgspec.Struct, kw_only=True):
+    """The result of generate(): choices (n of them, by index); text / token_ids / finish_reason are choice 0's.
+
+    usage: prompt_tokens and cached_tokens of the prompt, completion_tokens summed over the choices.
+    ttft_s: seconds from sending the request to the first chunk with tokens.
+    """
+
+    rid: str
+    choices: list[Choice]
+    usage: p.Usage
+    ttft_s: float
+
+    @property
+    def text(self) -> str:
+        return self.choices[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.choices[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.choices[0].finish_reason
+
+
+def build_request(
+    rid: str,
+    prompt: str | None,
+    messages: list[dict[str, str]] | list[p.ChatMessage] | None,
+    input_ids: list[int] | None,
+    stream: bool,
+    cache_salt: str | None,
+    params: dict[str, Any],
+) -> p.GenerateRequest:
+    """A GenerateRequest from generate()/stream() keyword arguments; params are SamplingParams fields.
+
+    Raises InvalidSamplingParams (from SamplingParams) for out-of-range values before anything is sent.
+    """
+    chat = None
+    if messages is not None:
+        chat = [m if isinstance(m, p.ChatMessage) else p.ChatMessage(m["role"], m["content"]) for m in messages]
+    return p.GenerateRequest(rid=rid, prompt=prompt, messages=chat, input_ids=input_ids,
+                             sampling_params=SamplingParams(**params), stream=stream, cache_salt=cache_salt)
+
+
+class _Collector:
+    """Folds the StreamChunks of one request into a Completion."""
+
+    def __init__(self, rid: str, n: int, start: float) -> None:
+        self.rid, self.start = rid, start
+        self.choices = [Choice(index=i) for i in range(n)]
+        self.ttft_s = -1.0
+
+    def add(self, chunk: p.StreamChunk) -> bool:
+        """Folds chunk in; True when every choice has finished."""
+        if self.ttft_s < 0 and chunk.token_ids:
+            self.ttft_s = time.perf_counter() - self.start
+        c = self.choices[chunk.index]
+        c.text += chunk.text
+        c.token_ids.extend(chunk.token_ids)
+        if chunk.logprobs is not None:
+            c.logprobs = (c.logprobs or []) + list(chunk.logprobs)
+        if chunk.finish_reason is not None:
+            c.finish_reason, c.usage = chunk.finish_reason, chunk.usage
+        return all(c.finish_reason is not None for c in self.choices)
+
+    def result(self) -> Completion:
+        usages = [c.usage for c in self.choices if c.usage is not None]
+        first = usages[0] if usages else p.Usage(0, 0, 0)
+        usage = p.Usage(first.prompt_tokens, first.cached_tokens, sum(u.completion_tokens for u in usages))
+        return Completion(rid=self.rid, choices=self.choices, usage=usage, ttft_s=max(self.ttft_s, 0.0))
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(p.ServerMessage)
+
+
+def _new_rid() -> str:
+    return uuid.uuid4().hex
+
+
+class Client:
+    """Synchronous client; one thread at a time (a ZeroMQ socket is not thread-safe).
+
+    endpoint: the server's public endpoint, e.g. "tcp://127.0.0.1:5557". timeout: seconds a call may take before
+    the request is aborted and RequestTimeout raised (None: wait forever). Use as a context manager or call close().
+    """
+
+    def __init__(self, endpoint: str, timeout: float | None = 120.0) -> None:
+        self.endpoint, self.timeout = endpoint, timeout
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(endpoint)
+        self._inbox: dict[str, collections.deque] = {}
+        self._n: dict[str, int] = {}
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Aborts requests still in flight and closes the socket."""
+        for rid in list(self._inbox):
+            self.abort(rid)
+        self._sock.close(linger=100)
+
+    def submit(self, *, prompt: str | None = None, messages: list | None = None, input_ids: list[int] | None = None,
+               stream: bool = False, cache_salt: str | None = None, **params: Any) -> str:
+        """Sends a GenerateRequest and returns its rid without waiting; read it with result(rid) or chunks(rid)."""
+        rid = _new_rid()
+        self._inbox[rid] = collections.deque()
+        self.send_raw(_encoder.encode(build_request(rid, prompt, messages, input_ids, stream, cache_salt, params)))
+        return rid
+
+    def send_raw(self, frame: bytes) -> None:
+        """Sends one frame as is (for tests of the server's input checks)."""
+        self._sock.send(frame)
+
+    def abort(self, rid: str) -> None:
+        """Cancels rid on the server (no reply); later messages for it are dropped."""
+        self._inbox.pop(rid, None)
+        self._sock.send(_encoder.encode(p.AbortRequest(rid)))
+
+    def _next(self, rid: str, deadline: float | None) -> p.StreamChunk | p.HealthResponse | p.StatsResponse:
+        box = self._inbox[rid]
+        while not box:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                self.abort(rid)
+                raise RequestTimeout(f"request {rid} got no answer within {self.timeout} s")
+            wait = 1000 if left is None else max(1, min(1000, int(left * 1000)))
+            if self._sock.poll(wait, zmq.POLLIN):
+                msg = _decoder.decode(self._sock.recv())
+                if not isinstance(msg, p.Heartbeat) and msg.rid in self._inbox:
+                    self._inbox[msg.rid].append(msg)
+        msg = box.popleft()
+        if isinstance(msg, p.ErrorResponse):
+            self._inbox.pop(rid, None)
+            raise error_from_response(msg)
+        return msg
+
+    def _deadline(self) -> float | None:
+        return None if self.timeout is None else time.monotonic() + self.timeout
+
+    def chunks(self, rid: str) -> Iterator[p.StreamChunk]:
+        """The StreamChunks of a submitted rid until every completion finished; leaving early aborts it."""
+        deadline, done, n = self._deadline(), False, self._n.get(rid, 1)
+        finished: set[int] = set()
+        try:
+            while not done:
+                chunk = self._next(rid, deadline)
+                if chunk.finish_reason is not None:
+                    finished.add(chunk.index)
+                    done = len(finished) >= n
+                yield chunk
+        finally:
+            if not done and rid in self._inbox:
+                self.abort(rid)
+            self._inbox.pop(rid, None)
+            self._n.pop(rid, None)
+
+    def stream(self, *, prompt: str | None = None, messages: list | None = None, input_ids: list[int] | None = None,
+               cache_salt: str | None = None, **params: Any) -> Iterator[p.StreamChunk]:
+        """Streams StreamChunks (text deltas, token ids; the last of each completion has finish_reason and usage).
+
+        Breaking out, KeyboardInterrupt or a timeout sends AbortRequest. Raises ServerError subclasses."""
+        rid = self.submit(prompt=prompt, messages=messages, input_ids=input_ids, stream=True, cache_salt=cache_salt,
+                          **params)
+        self._n[rid] = params.get("n", 1)
+        return self.chunks(rid)
+
+    def result(self, rid: str, n: int = 1, start: float | None = None) -> Completion:
+        """Waits for every completion of a submitted rid (n: its SamplingParams.n; start: perf_counter() at submit,
+        for ttft_s). Leaving early (KeyboardInterrupt, timeout) aborts the request."""
+        collector = _Collector(rid, n, time.perf_counter() if start is None else start)
+        deadline, done = self._deadline(), False
+        try:
+            while not done:
+                done = collector.add(self._next(rid, deadline))
+        finally:
+            if not done and rid in self._inbox:
+                self.abort(rid)
+            self._inbox.pop(rid, None)
+        return collector.result()
+
+    def generate(self, *, prompt: str | None = None, messages: list | None = None,
+                 input_ids: list[int] | None = None, cache_salt: str | None = None, **params: Any) -> Completion:
+        """Runs one request to completion. params: SamplingParams fields (max_tokens, temperature, stop, n, ...).
+
+        Raises InvalidSamplingParams before sending, ServerError subclasses, RequestTimeout."""
+        start = time.perf_counter()
+        rid = self.submit(prompt=prompt, messages=messages, input_ids=input_ids, cache_salt=cache_salt, **params)
+        return self.result(rid, params.get("n", 1), start)
+
+    def _control(self, msg_type: type) -> Any:
+        rid = _new_rid()
+        self._inbox[rid] = collections.deque()
+        self._sock.send(_encoder.encode(msg_type(rid)))
+        try:
+            return self._next(rid, self._deadline())
+        finally:
+            self._inbox.pop(rid, None)
+
+    def health(self) -> str:
+        """"ok" when every server process serves; raises ServerError or RequestTimeout otherwise."""
+        return self._control(p.HealthRequest).status
+
+    def stats(self) -> p.ServerStats:
+        """The scheduler's ServerStats (running/waiting requests, blocks, hit rate, tokens/s)."""
+        return self._control(p.StatsRequest).stats
+
+
+class AsyncClient:
+    """asyncio client: many coroutines may use one AsyncClient; a reader task routes replies by rid.
+
+    Use `async with AsyncClient(endpoint) as ac:`. timeout: seconds per call (None: wait forever).
+    """
+
+    def __init__(self, endpoint: str, timeout: float | None = 120.0) -> None:
+        self.endpoint, self.timeout = endpoint, timeout
+        self._ctx = zmq.asyncio.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(endpoint)
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._reader: asyncio.Task | None = None
+
+    async def __aenter__(self) -> AsyncClient:
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Aborts requests in flight, stops the reader task and closes the socket."""
+        for rid in list(self._queues):
+            self._abort_nowait(rid)
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        self._sock.close(linger=100)
+
+    async def _read(self) -> None:
+        while True:
+            msg = _decoder.decode(await self._sock.recv())
+            if not isinstance(msg, p.Heartbeat) and msg.rid in self._queues:
+                self._queues[msg.rid].put_nowait(msg)
+
+    def _abort_nowait(self, rid: str) -> None:
+        self._queues.pop(rid, None)
+        self._sock.send(_encoder.encode(p.AbortRequest(rid)), flags=zmq.NOBLOCK)
+
+    async def _next(self, rid: str, deadline: float | None) -> Any:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            msg = await asyncio.wait_for(self._queues[rid].get(), left)
+        except TimeoutError:
+            raise RequestTimeout(f"request {rid} got no answer within {self.timeout} s") from None
+        if isinstance(msg, p.ErrorResponse):
+            self._queues.pop(rid, None)
+            raise error_from_response(msg)
+        return msg
+
+    def _deadline(self) -> float | None:
+        return None if self.timeout is None else time.monotonic() + self.timeout
+
+    async def _submit(self, prompt, messages, input_ids, stream, cache_salt, params) -> str:
+        rid = _new_rid()
+        req = build_request(rid, prompt, messages, input_ids, stream, cache_salt, params)
+        self._queues[rid] = asyncio.Queue()
+        await self._sock.send(_encoder.encode(req))
+        return rid
+
+    async def stream(self, *, prompt: str | None = None, messages: list | None = None,
+                     input_ids: list[int] | None = None, cache_salt: str | None = None,
+                     **params: Any) -> AsyncIterator[p.StreamChunk]:
+        """Async generator of StreamChunks; cancellation, aclose() or a timeout sends AbortRequest."""
+        rid = await self._submit(prompt, messages, input_ids, True, cache_salt, params)
+        n, finished, deadline = params.get("n", 1), set(), self._deadline()
+        try:
+            while len(finished) < n:
+                chunk = await self._next(rid, deadline)
+                if chunk.finish_reason is not None:
+                    finished.add(chunk.index)
+                yield chunk
+        finally:
+            if len(finished) < n and rid in self._queues:
+                self._abort_nowait(rid)
+            self._queues.pop(rid, None)
+
+    async def generate(self, *, prompt: str | None = None, messages: list | None = None,
+                       input_ids: list[int] | None = None, cache_salt: str | None = None,
+                       **params: Any) -> Completion:
+        """Runs one request to completion; see Client.generate. Cancellation aborts it on the server."""
+        start = time.perf_counter()
+        rid = await self._submit(prompt, messages, input_ids, False, cache_salt, params)
+        collector, deadline, done = _Collector(rid, params.get("n", 1), start), self._deadline(), False
+        try:
+            while not done:
+                done = collector.add(await self._next(rid, deadline))
+        finally:
+            if not done and rid in self._queues:
+                self._abort_nowait(rid)
+            self._queues.pop(rid, None)
+        return collector.result()
+
+    async def _control(self, msg_type: type) -> Any:
+        rid = _new_rid()
+        self._queues[rid] = asyncio.Queue()
+        await self._sock.send(_encoder.encode(msg_type(rid)))
+        try:
+            return await self._next(rid, self._deadline())
+        finally:
+            self._queues.pop(rid, None)
+
+    async def health(self) -> str:
+        """"ok" when every server process serves."""
+        return (await self._control(p.HealthRequest)).status
+
+    async def stats(self) -> p.ServerStats:
+        """The scheduler's ServerStats."""
+        return (await self._control(p.StatsRequest)).stats
