@@ -1,0 +1,124 @@
+"""Shared builders for the kernel tests: paged batches over shuffled blocks and a dense float64 oracle.
+
+Not a test module (pytest does not collect it); the reference tests and the Triton interpreter cases import it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+# Pairwise cover of GQA ratio x head_dim x block_size: every pair of values appears in some case (12 cases, not 24).
+GQA_RATIOS = (1, 3, 4, 8)
+HEAD_DIMS = (64, 128)
+BLOCK_SIZES = (8, 16, 32)
+PAIRWISE = [
+    (ratio, HEAD_DIMS[(ri + bi) % 2], bs)
+    for (ri, ratio), (bi, bs) in itertools.product(enumerate(GQA_RATIOS), enumerate(BLOCK_SIZES))
+]
+
+
+def mixed_spec(block_size: int) -> list[tuple[int, int]]:
+    """(cached_tokens, query_len) per sequence: decodes at, one over and one under a block multiple, a one-token
+    sequence, an extend on a cached prefix, a fresh prefill and a one-token prefill."""
+    bs = block_size
+    return [
+        (2 * bs - 1, 1),  # decode, seq_len an exact multiple of block_size
+        (2 * bs, 1),  # one over
+        (3 * bs - 2, 1),  # one under
+        (0, 1),  # one-token sequence
+        (2 * bs, bs + 3),  # extend over a cached prefix
+        (0, 2 * bs - 1),  # fresh prefill
+        (bs - 1, 2),  # extend ending exactly on a block boundary
+    ]
+
+
+@dataclass
+class PagedBatch:
+    """A varlen batch over a paged cache, with each sequence's contiguous K/V kept for the oracle."""
+
+    q: torch.Tensor  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks]
+    seq_lens: torch.Tensor  # int32 [num_seqs]
+    query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
+    k_dense: list[torch.Tensor]  # per sequence [seq_len, num_kv_heads, head_dim]
+    v_dense: list[torch.Tensor]
+    scale: float
+
+    def args(self) -> tuple:
+        return (self.q, self.k_cache, self.v_cache, self.block_tables, self.seq_lens, self.query_start_loc, self.scale)
+
+
+def make_batch(
+    spec: list[tuple[int, int]],
+    block_size: int,
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    spare_blocks: int = 3,
+    device: str = "cpu",
+) -> PagedBatch:
+    """Build a batch whose blocks are a shuffled (non-contiguous) set; unused blocks (block 0 included) hold large
+    garbage so that a read outside a sequence's context shows in the output."""
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [c + n for c, n in spec]
+    need = [-(-s // block_size) for s in seq_lens]
+    num_blocks = 1 + sum(need) + spare_blocks
+    order = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = 50 * torch.randn(shape, generator=gen)
+    v_cache = 50 * torch.randn(shape, generator=gen)
+    tables = torch.zeros(len(spec), max(need) + 1, dtype=torch.int32)
+    k_dense, v_dense = [], []
+    for i, seq_len in enumerate(seq_lens):
+        blocks = [order.pop() for _ in range(need[i])]
+        tables[i, : need[i]] = torch.tensor(blocks, dtype=torch.int32)
+        k = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen)
+        v = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen)
+        for p in range(seq_len):
+            k_cache[blocks[p // block_size], p % block_size] = k[p]
+            v_cache[blocks[p // block_size], p % block_size] = v[p]
+        k_dense.append(k.to(dtype))
+        v_dense.append(v.to(dtype))
+    q_lens = [n for _, n in spec]
+    q = torch.randn(sum(q_lens), num_kv_heads * group, head_dim, generator=gen)
+    qsl = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32)
+
+    def put(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+
+    return PagedBatch(
+        q=put(q),
+        k_cache=put(k_cache),
+        v_cache=put(v_cache),
+        block_tables=put(tables),
+        seq_lens=put(torch.tensor(seq_lens, dtype=torch.int32)),
+        query_start_loc=put(qsl),
+        k_dense=k_dense,
+        v_dense=v_dense,
+        scale=head_dim**-0.5,
+    )
+
+
+def dense_attention(batch: PagedBatch) -> torch.Tensor:
+    """Oracle: float64 causal attention over each sequence's contiguous K/V, K/V repeated per query head."""
+    q = batch.q.double().cpu()
+    out = torch.empty_like(q)
+    starts = batch.query_start_loc.tolist()
+    for i, seq_len in enumerate(batch.seq_lens.tolist()):
+        s, e = starts[i], starts[i + 1]
+        group = q.shape[1] // batch.k_dense[i].shape[1]
+        k = batch.k_dense[i].double().repeat_interleave(group, dim=1)  # [L, H, d]
+        v = batch.v_dense[i].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[s:e], k) * batch.scale
+        q_pos = torch.arange(seq_len - (e - s), seq_len)
+        allowed = torch.arange(seq_len)[None, :] <= q_pos[:, None]
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        out[s:e] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+    return out
