@@ -161,7 +161,9 @@ class StopChecker:
         return 0
 
 
-def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+def apply_chat_template(
+    tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+) -> list[int]:
     """Render `messages` with the tokenizer's chat template and tokenize the result.
 
     Args:

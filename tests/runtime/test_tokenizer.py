@@ -7,7 +7,6 @@ import pytest
 from runtime.tokenizer import REPLACEMENT_CHAR, ChatTemplateError, Detokenizer, StopChecker, apply_chat_template
 
 
-
 @pytest.fixture(scope="module")
 def smollm2_tokenizer():
     from runtime.loader import load_tokenizer
@@ -117,7 +116,9 @@ def test_earliest_of_several_stop_strings_wins():
 def test_chat_template(smollm2_tokenizer):
     ids = apply_chat_template(smollm2_tokenizer, [{"role": "user", "content": "hi"}])
     text = smollm2_tokenizer.decode(ids)
-    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert text.startswith("<|im_start|>system\n") and text.endswith(
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert ids.count(smollm2_tokenizer.convert_tokens_to_ids("<|im_start|>")) == 3
     with pytest.raises(ChatTemplateError):
         apply_chat_template(smollm2_tokenizer, [{"content": "no role"}])
