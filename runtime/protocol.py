@@ -322,6 +322,7 @@ class ProcessReady(msgspec.Struct, tag="process_ready", forbid_unknown_fields=Tr
 
     role: str
     pid: int
+    endpoint: str = ""
 
 
 class ProcessFailed(msgspec.Struct, tag="process_failed", forbid_unknown_fields=True):
@@ -333,10 +334,11 @@ class ProcessFailed(msgspec.Struct, tag="process_failed", forbid_unknown_fields=
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", forbid_unknown_fields=True):
-    """The launcher tells the tokenizer the server stops: it answers every request in flight with ERR_SHUTDOWN
-    (reason as the message) and exits."""
+    """The launcher tells the tokenizer the server stops: it answers every request in flight with `code`
+    (ERR_SHUTDOWN on Ctrl-C / SIGTERM, ERR_SERVER when a process died; reason as the message) and exits."""
 
     reason: str
+    code: str = ERR_SHUTDOWN
 
 
 SchedulerInput = TokenizedRequest | AbortRequest | Stop | HealthRequest | StatsRequest
