@@ -1,0 +1,335 @@
+"""The tokenizer process loop: the public ROUTER endpoint in front of the scheduler (ARCHITECTURE.md).
+
+Per client frame: decode strictly (runtime.protocol.decode_client_frame), validate, apply the chat template, tokenize,
+forward a TokenizedRequest to the scheduler under an internal rid. Per TokenOutput from the scheduler: detokenize
+incrementally (runtime.tokenizer.Detokenizer: no replacement characters in streamed text), apply stop strings with
+hold-back (StopChecker; on a stop string it sends Stop(rid, index, keep_tokens) so the scheduler caches no block past
+the kept tokens), and send StreamChunks to the client's identity. A client that vanished (the ROUTER_MANDATORY send
+fails; Heartbeats probe quiet clients) has its requests aborted. Every bad input is answered with an ErrorResponse
+and the loop goes on. The loop blocks on zmq.Poller with a timeout and exits when the launcher dies or says Shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import zmq
+
+from runtime import protocol as p
+from runtime.tokenizer import ChatTemplateError, Detokenizer, StopChecker, apply_chat_template
+
+logger = logging.getLogger(__name__)
+
+POLL_MS = 500
+HEARTBEAT_S = 1.0  # a client with requests in flight and nothing sent for this long is probed
+
+
+@dataclass
+class _Completion:
+    """Text state of completion `index` of one request."""
+
+    detok: Detokenizer
+    stop: StopChecker | None
+    token_ids: list[int] = field(default_factory=list)  # non-stream: every token; stream: not yet sent
+    text: str = ""  # non-stream: every emitted character; stream: not yet sent
+    logprobs: list[p.TokenLogprobs | None] | None = None
+    num_tokens: int = 0
+    finished: bool = False
+
+
+@dataclass
+class _Request:
+    identity: bytes
+    rid: str  # the client's rid
+    stream: bool
+    completions: list[_Completion]
+
+
+class TokenizerServer:
+    """The tokenizer process's state and handlers; sockets are passed in so tests can drive it in process.
+
+    router: the public ROUTER (ROUTER_MANDATORY set). to_scheduler: PUSH to the scheduler. ready: the worker's Ready
+    (max_model_len for the context check, vocab_size for the token-id check). Mutates: its request tables.
+    """
+
+    def __init__(self, tokenizer: Any, ready: p.Ready, max_message_bytes: int, router: zmq.Socket,
+                 to_scheduler: zmq.Socket) -> None:
+        self.tokenizer, self.ready, self.max_message_bytes = tokenizer, ready, max_message_bytes
+        self.router, self.to_scheduler = router, to_scheduler
+        self.requests: dict[str, _Request] = {}  # internal rid -> request
+        self.by_client: dict[tuple[bytes, str], str] = {}  # (identity, client rid) -> internal rid
+        self.control: dict[str, tuple[bytes, str]] = {}  # internal rid of a health/stats request -> client
+        self.last_sent: dict[bytes, float] = {}
+        self._next_rid = 0
+        self._encoder = msgspec.msgpack.Encoder()
+
+    # ---- client side ---------------------------------------------------------------------------------------------
+
+    def send(self, identity: bytes, msg: p.ServerMessage) -> bool:
+        """Sends msg to a client; False (and its requests aborted) when the client is gone or too slow."""
+        try:
+            self.router.send_multipart([identity, self._encoder.encode(msg)], flags=zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            logger.info("client %s unreachable (%s); aborting its requests", identity.hex(), exc.strerror)
+            self.drop_client(identity)
+            return False
+        self.last_sent[identity] = time.monotonic()
+        return True
+
+    def drop_client(self, identity: bytes) -> None:
+        """Aborts every request of a vanished client."""
+        self.last_sent.pop(identity, None)
+        for (ident, _rid), internal in list(self.by_client.items()):
+            if ident == identity:
+                self.abort(internal)
+
+    def abort(self, internal: str) -> None:
+        """Forgets a request and tells the scheduler to free its blocks."""
+        req = self.requests.pop(internal, None)
+        if req is not None:
+            self.by_client.pop((req.identity, req.rid), None)
+            self.to_scheduler.send(self._encoder.encode(p.AbortRequest(internal)))
+
+    def on_client_frames(self, frames: list[bytes]) -> None:
+        """Handles one message from the ROUTER: [identity, payload]."""
+        identity = frames[0]
+        if len(frames) != 2:
+            self.send(identity, p.ErrorResponse("", p.ERR_MALFORMED, f"expected 1 frame, got {len(frames) - 1}"))
+            return
+        msg = p.decode_client_frame(frames[1], self.max_message_bytes)
+        if isinstance(msg, p.ErrorResponse):
+            self.send(identity, msg)
+        elif isinstance(msg, p.GenerateRequest):
+            self.on_generate(identity, msg)
+        elif isinstance(msg, p.AbortRequest):
+            internal = self.by_client.get((identity, msg.rid))
+            if internal is not None:
+                self.abort(internal)
+        else:  # health / stats: answered by the scheduler
+            internal = self._new_rid()
+            self.control[internal] = (identity, msg.rid)
+            self.to_scheduler.send(self._encoder.encode(type(msg)(internal)))
+
+    def _new_rid(self) -> str:
+        self._next_rid += 1
+        return str(self._next_rid)
+
+    def on_generate(self, identity: bytes, req: p.GenerateRequest) -> None:
+        """Validates and tokenizes a GenerateRequest, then forwards it; errors go back as ErrorResponse."""
+        try:
+            input_ids = self.tokenize(identity, req)
+        except _Reject as exc:
+            self.send(identity, p.ErrorResponse(req.rid, exc.code, str(exc)))
+            return
+        sp = req.sampling_params
+        completions = [_Completion(Detokenizer(self.tokenizer), StopChecker(sp.stop) if sp.stop else None)
+                       for _ in range(sp.n)]
+        internal = self._new_rid()
+        self.requests[internal] = _Request(identity, req.rid, req.stream, completions)
+        self.by_client[(identity, req.rid)] = internal
+        self.last_sent.setdefault(identity, time.monotonic())
+        msg = p.TokenizedRequest(rid=internal, input_ids=input_ids, sampling_params=sp, cache_salt=req.cache_salt)
+        self.to_scheduler.send(self._encoder.encode(msg))
+
+    def tokenize(self, identity: bytes, req: p.GenerateRequest) -> list[int]:
+        """The prompt's token ids. Raises _Reject (code, message) for any request this server cannot serve."""
+        problem = req.check()
+        if problem:
+            raise _Reject(p.ERR_INVALID, problem)
+        if (identity, req.rid) in self.by_client:
+            raise _Reject(p.ERR_DUPLICATE, f"a request with rid {req.rid!r} is already in flight")
+        if req.input_ids is not None:
+            vocab = self.ready.vocab_size
+            bad = [t for t in req.input_ids if not 0 <= t < vocab]
+            if bad:
+                raise _Reject(p.ERR_INVALID, f"token ids outside the vocabulary [0, {vocab}): {bad[:8]}")
+            ids = list(req.input_ids)
+        elif req.messages is not None:
+            try:
+                ids = apply_chat_template(self.tokenizer, [{"role": m.role, "content": m.content}
+                                                           for m in req.messages])
+            except (ChatTemplateError, ValueError, TypeError) as exc:
+                raise _Reject(p.ERR_INVALID, f"chat template failed: {exc}") from None
+        else:
+            ids = list(self.tokenizer.encode(req.prompt))
+        if not ids:
+            raise _Reject(p.ERR_INVALID, "the prompt has no tokens")
+        if len(ids) >= self.ready.max_model_len:
+            raise _Reject(p.ERR_CONTEXT, f"prompt of {len(ids)} tokens does not fit the context of "
+                                         f"{self.ready.max_model_len} tokens (one token must be left to generate)")
+        return ids
+
+    # ---- scheduler side ------------------------------------------------------------------------------------------
+
+    def on_scheduler_message(self, msg: Any) -> bool:
+        """Handles one message from the tokenizer_in PULL; False when the process must stop (Shutdown)."""
+        if isinstance(msg, p.TokenOutputs):
+            for out in msg.outputs:
+                self.on_output(out)
+        elif isinstance(msg, p.RequestFailed):
+            req = self.requests.get(msg.rid)
+            if req is not None:
+                self.abort_quietly(msg.rid)
+                self.send(req.identity, p.ErrorResponse(req.rid, msg.code, msg.message))
+        elif isinstance(msg, (p.HealthResponse, p.StatsResponse)):
+            client = self.control.pop(msg.rid, None)
+            if client is not None:
+                reply = (p.HealthResponse(client[1], msg.status) if isinstance(msg, p.HealthResponse)
+                         else p.StatsResponse(client[1], msg.stats))
+                self.send(client[0], reply)
+        elif isinstance(msg, p.Shutdown):
+            self.fail_all(msg.code, msg.reason)
+            return False
+        return True
+
+    def abort_quietly(self, internal: str) -> None:
+        """Forgets a request the scheduler already ended (no Abort sent)."""
+        req = self.requests.pop(internal, None)
+        if req is not None:
+            self.by_client.pop((req.identity, req.rid), None)
+
+    def fail_all(self, code: str, reason: str) -> None:
+        """Answers every request and control request in flight with ErrorResponse(code, reason)."""
+        for internal, req in list(self.requests.items()):
+            self.abort_quietly(internal)
+            self.send(req.identity, p.ErrorResponse(req.rid, code, reason))
+        for identity, rid in self.control.values():
+            self.send(identity, p.ErrorResponse(rid, code, reason))
+        self.control.clear()
+
+    def on_output(self, out: p.TokenOutput) -> None:
+        """Detokenizes, applies stop strings, and sends (stream) or accumulates (non-stream) one TokenOutput."""
+        req = self.requests.get(out.rid)
+        if req is None or req.completions[out.index].finished:
+            return  # aborted, or already ended by a stop string
+        comp = req.completions[out.index]
+        new_ids, finish = list(out.token_ids), out.finish_reason
+        new_text = comp.detok.step(new_ids)
+        total = comp.num_tokens + len(new_ids)
+        if comp.stop is not None:
+            check = comp.stop.update(comp.detok.text, comp.detok.token_ends)
+            new_text = check.new_text
+            if check.stopped:
+                new_ids = new_ids[: max(0, check.keep_tokens - comp.num_tokens)]
+                total = check.keep_tokens
+                if finish is None:  # the scheduler still runs it: finish it keeping only these tokens
+                    self.to_scheduler.send(self._encoder.encode(p.Stop(out.rid, out.index, check.keep_tokens)))
+                finish = "stop"
+            elif finish is not None:
+                new_text += comp.stop.flush(comp.detok.text)
+        comp.num_tokens = total
+        comp.token_ids.extend(new_ids)
+        comp.text += new_text
+        if out.logprobs is not None:
+            comp.logprobs = (comp.logprobs or []) + list(out.logprobs[: len(new_ids)])
+        if finish is None and not (req.stream and (comp.text or comp.token_ids)):
+            return
+        usage = None
+        if finish is not None:
+            comp.finished = True
+            u = out.usage or p.Usage(0, 0, 0)
+            usage = p.Usage(u.prompt_tokens, u.cached_tokens, comp.num_tokens)
+        self.send(req.identity, p.StreamChunk(rid=req.rid, index=out.index, text=comp.text, token_ids=comp.token_ids,
+                                              logprobs=comp.logprobs, finish_reason=finish, usage=usage))
+        comp.text, comp.token_ids, comp.logprobs = "", [], None
+        if all(c.finished for c in req.completions):
+            self.abort_quietly(out.rid)
+
+    def heartbeat(self, now: float) -> None:
+        """Probes clients with requests in flight that were sent nothing for HEARTBEAT_S (a vanished one is
+        dropped by send)."""
+        active = {req.identity for req in self.requests.values()}
+        for identity in active:
+            if now - self.last_sent.get(identity, now) >= HEARTBEAT_S:
+                self.send(identity, p.Heartbeat())
+        for identity in list(self.last_sent):
+            if identity not in active:
+                del self.last_sent[identity]
+
+
+class _Reject(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def serve_tokenizer(server: TokenizerServer, from_scheduler: zmq.Socket, alive) -> None:
+    """The loop: client frames and scheduler messages until Shutdown or alive() is False. Never raises on input."""
+    decoder = msgspec.msgpack.Decoder(p.TokenizerInput)
+    poller = zmq.Poller()
+    poller.register(server.router, zmq.POLLIN)
+    poller.register(from_scheduler, zmq.POLLIN)
+    while alive():
+        events = dict(poller.poll(POLL_MS))
+        if from_scheduler in events:
+            for _ in range(64):
+                try:
+                    frame = from_scheduler.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if not server.on_scheduler_message(decoder.decode(frame)):
+                    return
+        if server.router in events:
+            for _ in range(64):
+                try:
+                    frames = server.router.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    server.on_client_frames(frames)
+                except Exception:  # a bug must not take the endpoint down: answer and go on
+                    logger.exception("failed to handle a client message")
+                    server.send(frames[0], p.ErrorResponse("", p.ERR_SERVER, "internal error handling the request"))
+        if server.requests:
+            server.heartbeat(time.monotonic())
+
+
+def run_tokenizer_process(spec) -> None:
+    """Tokenizer process entry (spec: runtime.launch.ChildSpec). Binds the public endpoint once the scheduler is
+    ready, reports ProcessReady(endpoint) to the launcher, serves until Shutdown or the launcher dies."""
+    from runtime.launch import parent_alive, report
+
+    args = spec.server_args
+    ctx = zmq.Context()
+    reports = ctx.socket(zmq.PUSH)
+    reports.connect(spec.endpoints.launcher)
+    try:
+        from runtime.loader import load_tokenizer
+
+        tokenizer = load_tokenizer(args.model)
+    except Exception as exc:
+        logger.exception("tokenizer failed to load")
+        report(reports, p.ProcessFailed("tokenizer", os.getpid(), f"{type(exc).__name__}: {exc}"))
+        reports.close(linger=2000)
+        return
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(spec.endpoints.tokenizer_in)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(spec.endpoints.scheduler_in)
+    decoder = msgspec.msgpack.Decoder(p.TokenizerInput)
+    ready = None
+    while ready is None and parent_alive(spec):
+        if pull.poll(POLL_MS):
+            msg = decoder.decode(pull.recv())
+            if isinstance(msg, p.SchedulerReady):
+                ready = msg.worker
+            elif isinstance(msg, p.Shutdown):
+                return
+    if ready is None:
+        return
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.setsockopt(zmq.SNDHWM, 100_000)
+    router.setsockopt(zmq.LINGER, 1000)
+    router.bind(f"tcp://{args.host}:{args.port}")
+    endpoint = router.getsockopt(zmq.LAST_ENDPOINT).decode()
+    server = TokenizerServer(tokenizer, ready, args.max_message_bytes, router, push)
+    report(reports, p.ProcessReady("tokenizer", os.getpid(), endpoint))
+    logger.info("serving on %s", endpoint)
+    serve_tokenizer(server, pull, lambda: parent_alive(spec))
+    router.close(linger=1000)
