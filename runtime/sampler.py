@@ -1,0 +1,123 @@
+"""The batched sampler: greedy, temperature, top-k, top-p (Holtzman et al. 2020), min-p (Nguyen et al. 2024).
+
+Each non-greedy row is sampled by inverse-CDF over its filtered distribution sorted by probability, with a single
+uniform number u per draw. For a request with a seed, u = hash(seed, sample_index, token_index) (blake2b), so a draw
+depends only on those three numbers and the logits row: never on the batch composition, the step, or other requests.
+Rows without a seed take u from the sampler's own generator (seeded by ServerArgs.seed).
+
+Filters, in the order the Hugging Face and vLLM samplers apply them: temperature, then top-k, then top-p and min-p on
+the top-k renormalised distribution. In the descending order each filter keeps a prefix, so the kept set is the first
+`keep` sorted tokens, keep = min(k, n_top_p, n_min_p) >= 1, and the draw is clamped into it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import struct
+from typing import NamedTuple
+
+import torch
+
+from runtime.protocol import TokenLogprobs
+from runtime.sampling_params import SamplingParams
+
+_TWO_POW_53 = float(2**53)
+
+
+class SampleRequest(NamedTuple):
+    """One row to sample: its params, which of the request's n samples it is, and its completion-token index."""
+
+    params: SamplingParams
+    sample_index: int
+    token_index: int
+
+
+class SamplerOutput(NamedTuple):
+    """token_ids: one per row. logprobs: per row (None where not asked), or None when no row asked."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None] | None
+
+
+def seeded_uniform(seed: int, sample_index: int, token_index: int) -> float:
+    """A uniform float in [0, 1) that depends only on (seed, sample_index, token_index) (53 random bits)."""
+    key = struct.pack("<QQQ", seed, sample_index & (2**64 - 1), token_index & (2**64 - 1))
+    bits = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 11
+    return bits / _TWO_POW_53
+
+
+class Sampler:
+    """Samples one token per logits row. Holds only the generator of unseeded draws (mutated by each such draw)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = random.Random(seed)
+
+    def __call__(self, logits: torch.Tensor, rows: list[SampleRequest]) -> SamplerOutput:
+        """Sample logits float32 [N, vocab] (N == len(rows)); returns N token ids (and logprobs where asked).
+
+        Logprobs are the natural log-softmax of the raw logits (before temperature and filters).
+        """
+        if logits.shape[0] != len(rows):
+            raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sample requests")
+        token_ids = logits.argmax(dim=-1)
+        random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
+        if random_rows:
+            idx = torch.tensor(random_rows, dtype=torch.long, device=logits.device)
+            uniforms = [self._uniform(rows[i]) for i in random_rows]
+            token_ids[idx] = self._sample_rows(logits.index_select(0, idx), [rows[i].params for i in random_rows],
+                                               uniforms)
+        ids = token_ids.tolist()
+        return SamplerOutput(ids, _logprobs(logits, rows, ids))
+
+    def _uniform(self, row: SampleRequest) -> float:
+        if row.params.seed is None:
+            return self._rng.random()
+        return seeded_uniform(row.params.seed, row.sample_index, row.token_index)
+
+    @staticmethod
+    def _sample_rows(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float]) -> torch.Tensor:
+        """Temperature, top-k, top-p, min-p and the inverse-CDF draw for M rows [M, V] -> token ids int64 [M]."""
+        m, vocab = logits.shape
+        dev = logits.device
+        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
+        vals, order = torch.sort(logits / temps[:, None], dim=-1, descending=True, stable=True)
+        ranks = torch.arange(vocab, device=dev)
+        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=dev).clamp(max=vocab)
+        vals = vals.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
+        probs = torch.softmax(vals, dim=-1)
+        keep = top_k
+        if any(p.top_p < 1.0 for p in params):
+            top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
+            mass_before = torch.cumsum(probs, dim=-1) - probs
+            n_top_p = (mass_before < top_p[:, None]).sum(dim=-1)
+            n_top_p = torch.where(top_p >= 1.0, torch.full_like(n_top_p, vocab), n_top_p)
+            keep = torch.minimum(keep, n_top_p)
+        if any(p.min_p > 0.0 for p in params):
+            min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev)
+            keep = torch.minimum(keep, (probs >= min_p[:, None] * probs[:, :1]).sum(dim=-1))
+        keep = keep.clamp(min=1)
+        probs = probs.masked_fill(ranks[None, :] >= keep[:, None], 0.0)
+        cdf = torch.cumsum(probs, dim=-1)
+        u = torch.tensor(uniforms, dtype=torch.float32, device=dev)
+        target = u * cdf.gather(1, (keep - 1)[:, None]).squeeze(1)
+        pick = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
+        pick = torch.minimum(pick, keep - 1)
+        return order.gather(1, pick[:, None]).squeeze(1)
+
+
+def _logprobs(logits: torch.Tensor, rows: list[SampleRequest], ids: list[int]) -> list[TokenLogprobs | None] | None:
+    asked = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+    if not asked:
+        return None
+    out: list[TokenLogprobs | None] = [None] * len(rows)
+    lp = torch.log_softmax(logits.index_select(0, torch.tensor(asked, device=logits.device)), dim=-1)
+    for j, i in enumerate(asked):
+        n = rows[i].params.logprobs or 0
+        top = torch.topk(lp[j], n) if n else None
+        out[i] = TokenLogprobs(
+            logprob=float(lp[j, ids[i]]),
+            top_token_ids=top.indices.tolist() if top is not None else [],
+            top_logprobs=top.values.tolist() if top is not None else [],
+        )
+    return out
