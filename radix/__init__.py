@@ -1,0 +1,27 @@
+"""KV memory manager: block hashing, block pool, radix tree of cached prefixes, KVCacheManager, KV events.
+
+Pure Python (no torch): it knows block ids, never tensors. See radix/manager.py for the scheduler-facing API.
+"""
+
+from radix.block_pool import BlockPool, NoFreeBlocksError
+from radix.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventLog, KvSnapshot
+from radix.hashing import hash_block_tokens
+from radix.manager import KVCacheManager, KVStats, PrefixMatch, UnknownSequenceError
+from radix.tree import RadixTree
+
+__all__ = [
+    "AllBlocksCleared",
+    "BlockPool",
+    "BlockRemoved",
+    "BlockStored",
+    "KVCacheManager",
+    "KVStats",
+    "KvEvent",
+    "KvEventLog",
+    "KvSnapshot",
+    "NoFreeBlocksError",
+    "PrefixMatch",
+    "RadixTree",
+    "UnknownSequenceError",
+    "hash_block_tokens",
+]

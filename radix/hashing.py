@@ -1,0 +1,127 @@
+"""Content hashes of full KV blocks, chained: hash_i = H(hash_{i-1}, tokens_i, extra_keys_i).
+
+The hash input is a fixed byte encoding with unambiguous field boundaries (every variable-length field is
+length-prefixed, every extra key carries a type tag), hashed with BLAKE2b (RFC 7693) truncated to 16 bytes. Nothing
+depends on Python's ``hash()``, so the same tokens give the same hash in every process whatever PYTHONHASHSEED is;
+the router hashes prompts with this module and compares them with the hashes in a replica's KV events.
+
+A tenant's ``cache_salt`` (and any other extra key) enters the first block only; through the chain it changes every
+later block's hash too, so two tenants never share a cached block.
+
+The ``key`` of a block (``block_key``) is the exact encoding of its tokens and extra keys. The radix tree stores it and
+compares it on every hash hit, so even a colliding (or deliberately weak, in tests) hash never returns wrong KV.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+
+BlockHash = bytes
+HashFn = Callable[[bytes], bytes]
+ExtraKey = str | int | bytes
+
+HASH_BYTES = 16
+_DOMAIN = b"radixserve/block/v1"
+_NO_PARENT = b"\x00"
+_U32 = struct.Struct("<I")
+
+
+def blake2b_128(data: bytes) -> BlockHash:
+    """BLAKE2b (RFC 7693) digest of ``data``, 16 bytes. The default block hash function."""
+    return hashlib.blake2b(data, digest_size=HASH_BYTES).digest()
+
+
+@lru_cache(maxsize=64)
+def _token_struct(n: int) -> struct.Struct:
+    return struct.Struct(f"<I{n}I")
+
+
+def _encode_extra_key(key: ExtraKey) -> bytes:
+    if isinstance(key, bool):
+        raise ValueError(f"extra key must be str, int or bytes, got bool {key!r}")
+    if isinstance(key, str):
+        tag, raw = b"s", key.encode("utf-8")
+    elif isinstance(key, bytes):
+        tag, raw = b"b", key
+    elif isinstance(key, int):
+        tag, raw = b"i", str(key).encode("ascii")
+    else:
+        raise ValueError(f"extra key must be str, int or bytes, got {type(key).__name__}")
+    return tag + _U32.pack(len(raw)) + raw
+
+
+def block_key(token_ids: Sequence[int], extra_keys: Sequence[ExtraKey] = ()) -> bytes:
+    """Unambiguous encoding of one block's content: token count, tokens (uint32 LE), extra key count, extra keys.
+
+    Args:
+        token_ids: the block's token ids (ints in [0, 2**32)).
+        extra_keys: keys that must also match (cache_salt on the first block), each str, int or bytes.
+    Returns:
+        bytes, 8 + 4 * len(token_ids) long without extra keys. Pure.
+    Raises:
+        ValueError: a token id outside [0, 2**32) or an extra key of another type.
+    """
+    try:
+        packed = _token_struct(len(token_ids)).pack(len(token_ids), *token_ids)
+    except struct.error as exc:
+        raise ValueError(f"token ids must be ints in [0, 2**32): {exc}") from None
+    return packed + _U32.pack(len(extra_keys)) + b"".join(_encode_extra_key(k) for k in extra_keys)
+
+
+def hash_block(parent_hash: BlockHash | None, key: bytes, hash_fn: HashFn = blake2b_128) -> BlockHash:
+    """Chained hash of one block: H(domain, parent hash (length-prefixed, or a none marker), key).
+
+    Args:
+        parent_hash: hash of the previous block of the sequence, None for the first block.
+        key: ``block_key`` of this block.
+        hash_fn: bytes -> digest; BLAKE2b-128 by default (tests inject a weak one to force collisions).
+    Returns:
+        the digest (16 bytes by default). Pure, O(len(key)).
+    """
+    if parent_hash is None:
+        parent_field = _NO_PARENT
+    else:
+        parent_field = b"\x01" + _U32.pack(len(parent_hash)) + parent_hash
+    return hash_fn(_DOMAIN + parent_field + key)
+
+
+def extra_keys_for_block(block_index: int, cache_salt: str | None) -> tuple[ExtraKey, ...]:
+    """Extra keys of block ``block_index``: (cache_salt,) for the first block when a salt is given, else ()."""
+    if block_index == 0 and cache_salt is not None:
+        return (cache_salt,)
+    return ()
+
+
+def hash_block_tokens(
+    token_ids: Sequence[int],
+    block_size: int,
+    cache_salt: str | None = None,
+    hash_fn: HashFn = blake2b_128,
+) -> list[BlockHash]:
+    """Chained hashes of every full block of ``token_ids`` (a trailing partial block is not hashed).
+
+    This is what the KV cache manager stores in its radix tree and publishes in KV events, so a router can hash a
+    prompt here and ask which replica holds its blocks.
+
+    Args:
+        token_ids: token ids (ints in [0, 2**32)).
+        block_size: tokens per block (>= 1).
+        cache_salt: tenant salt; enters the first block's hash.
+        hash_fn: digest function (default BLAKE2b-128).
+    Returns:
+        list of len(token_ids) // block_size hashes. Pure, O(len(token_ids)).
+    Raises:
+        ValueError: block_size < 1 or a bad token id.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    hashes: list[BlockHash] = []
+    parent: BlockHash | None = None
+    for i in range(len(token_ids) // block_size):
+        key = block_key(token_ids[i * block_size : (i + 1) * block_size], extra_keys_for_block(i, cache_salt))
+        parent = hash_block(parent, key, hash_fn)
+        hashes.append(parent)
+    return hashes

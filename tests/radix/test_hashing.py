@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from radix.hashing import block_key, blake2b_128, hash_block, hash_block_tokens
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_hash_block_tokens_is_chained_and_only_full_blocks():
+    hashes = hash_block_tokens(list(range(1, 11)), 4)
+    assert len(hashes) == 2
+    assert all(len(h) == 16 for h in hashes)
+    first = hash_block(None, block_key([1, 2, 3, 4]))
+    assert hashes[0] == first
+    assert hashes[1] == hash_block(first, block_key([5, 6, 7, 8]))
+    # the same block content after another parent hashes differently
+    assert hash_block_tokens([5, 6, 7, 8], 4)[0] != hashes[1]
+
+
+def test_encoding_has_unambiguous_boundaries():
+    assert block_key([1, 2]) == b"\x02\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00"
+    assert block_key([1], ("ab",)) != block_key([1], ("a", "b"))
+    assert block_key([1], ("1",)) != block_key([1], (1,))
+    assert block_key([1, 2]) != block_key([1], (2,))
+    expected = hashlib.blake2b(b"radixserve/block/v1" + b"\x00" + block_key([7]), digest_size=16).digest()
+    assert hash_block(None, block_key([7])) == expected
+    assert blake2b_128(b"x") == hashlib.blake2b(b"x", digest_size=16).digest()
+
+
+def test_salt_enters_first_block_and_changes_every_later_one():
+    plain = hash_block_tokens(list(range(1, 13)), 4)
+    s1 = hash_block_tokens(list(range(1, 13)), 4, cache_salt="s1")
+    s1_again = hash_block_tokens(list(range(1, 13)), 4, cache_salt="s1")
+    s2 = hash_block_tokens(list(range(1, 13)), 4, cache_salt="s2")
+    assert s1 == s1_again
+    assert all(a != b for a, b in zip(plain, s1, strict=True))
+    assert all(a != b for a, b in zip(s1, s2, strict=True))
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError):
+        hash_block_tokens([1, 2], 0)
+    with pytest.raises(ValueError):
+        block_key([-1])
+    with pytest.raises(ValueError):
+        block_key([2**32])
+    with pytest.raises(ValueError):
+        block_key([1], (1.5,))
+
+
+def test_c11_same_hash_in_processes_with_different_pythonhashseed():
+    code = "from radix.hashing import hash_block_tokens; print(hash_block_tokens([1, 2, 3, 4], 4, 's')[0].hex())"
+    outs = []
+    for seed in ("0", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        outs.append(proc.stdout.strip())
+    assert outs[0] == outs[1] == hash_block_tokens([1, 2, 3, 4], 4, "s")[0].hex()
