@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from radix.hashing import block_key, blake2b_128, hash_block, hash_block_tokens
+from radix.hashing import blake2b_128, block_key, hash_block, hash_block_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
