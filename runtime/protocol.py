@@ -220,7 +220,7 @@ class HealthResponse(msgspec.Struct, tag="health_response", forbid_unknown_field
 class ServerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A snapshot of the scheduler.
 
-    num_running / num_waiting: requests (a request with n > 1 counts once). num_blocks: KV blocks incl. the null
+    num_running / num_waiting: sequences (a request with n > 1 counts n). num_blocks: KV blocks incl. the null
     block; num_free_blocks: on the free list; num_cached_blocks: held by the radix tree only (evictable);
     num_used_blocks: referenced by a running sequence (locked). kv_usage = num_used_blocks / (num_blocks - 1).
     prompt_tokens / cached_tokens / generated_tokens: totals since start; hit_rate = cached_tokens / prompt_tokens.
