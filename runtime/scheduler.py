@@ -1,0 +1,526 @@
+"""Scheduler: continuous batching over the radix KV cache. Pure Python (no torch); owns all request state.
+
+Each step is `schedule() -> ForwardBatch | None`, the worker runs it, then `process_result(ForwardResult)` returns the
+new tokens as TokenOutput deltas. Requests enter with `add_request` and leave by finishing, by `abort`, or by `stop`
+(a stop string found by the tokenizer side). The Engine drives these calls in one process; the scheduler process
+drives the same calls from ZeroMQ messages.
+
+A step = running sequences (oldest admitted first: decodes and continuing prefill chunks), then swapped-out sequences
+coming back, then admissions from the waiting queue while the prefill token budget (max_prefill_tokens) lasts. A prompt
+longer than chunked_prefill_size is split into chunks (chunked prefill, Agrawal et al. 2023, "SARATHI"). When no block
+can be freed the most recently admitted sequence is preempted (vLLM, Kwon et al. 2023, section 4.5).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from radix.block_pool import NoFreeBlocksError
+from radix.manager import KVCacheManager
+from runtime.config import ServerArgs
+from runtime.protocol import (
+    ERR_CONTEXT,
+    ERR_INVALID,
+    ForwardBatch,
+    ForwardResult,
+    ScheduledSeq,
+    TokenLogprobs,
+    TokenOutput,
+    Usage,
+)
+from runtime.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+LPM_QUEUE_LIMIT = 128  # above this many waiting sequences lpm falls back to fcfs (matching each costs O(prompt))
+
+
+class RequestRejected(ValueError):
+    """A request can never be served: empty prompt, prompt longer than max_model_len, or more KV blocks than the
+    whole pool. Raised by add_request at once; code is a runtime.protocol ERR_* value."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class UnknownRequestError(KeyError):
+    """No live request has this rid (finished, aborted or never added)."""
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class RequestState:
+    """One request: a prompt and n completions. cached_tokens is fixed at the first admission (counted once)."""
+
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    cache_salt: str | None
+    arrival_time: float
+    arrival_step: int
+    block_keys: list[int]
+    cached_tokens: int | None = None
+    first_token_time: float | None = None
+    seqs: list[SeqState] = field(default_factory=list)
+    live: int = 0
+
+
+@dataclass(eq=False)
+class SeqState:
+    """One sequence (one completion, or the prompt-only parent of n > 1 samples). token_ids = prompt + output."""
+
+    seq_id: int
+    req: RequestState
+    index: int
+    token_ids: list[int]
+    prefill_only: bool = False
+    status: SeqStatus = SeqStatus.WAITING
+    admitted_at: int = -1
+    sent_blocks: int = 0
+    in_worker: bool = False
+    preempted: bool = False
+    finish_reason: str | None = None
+    usage_sent: bool = False
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - len(self.req.prompt_ids)
+
+    @property
+    def target(self) -> int:
+        """Tokens that must have KV before this sequence samples (the parent of n > 1 stops one short)."""
+        return len(self.req.prompt_ids) - 1 if self.prefill_only else len(self.token_ids)
+
+
+class RequestMetrics(NamedTuple):
+    """Per-request figures: tokens, time to first token (seconds, None before it), finish reason per index."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft_s: float | None
+    finish_reasons: dict[int, str | None]
+
+
+def prompt_block_keys(prompt: Sequence[int], block_size: int, cache_salt: str | None) -> list[int]:
+    """In-process chained keys of the prompt's full blocks (for in-flight prefix dedup only, never cache lookup).
+
+    O(len(prompt)). key_i = hash((key_{i-1}, tokens of block i)); the salt enters block 0 like the cache hash does.
+    """
+    keys: list[int] = []
+    parent: Any = ("salt", cache_salt)
+    for i in range(len(prompt) // block_size):
+        parent = hash((parent, tuple(prompt[i * block_size : (i + 1) * block_size])))
+        keys.append(parent)
+    return keys
+
+
+class Scheduler:
+    """Continuous batching over a KVCacheManager.
+
+    Args:
+        manager: the KV block manager (sized from the worker's Ready).
+        args: ServerArgs (max_running_requests, max_prefill_tokens, chunked_prefill_size, schedule_policy,
+            preemption_mode, enable_prefix_caching).
+        max_model_len: context limit in tokens.
+        eos_token_ids: ids that end a completion unless ignore_eos.
+        lpm_starvation_steps: under lpm, a sequence that has waited this many steps is admitted in fcfs order first.
+        clock: seconds, monotonic (tests may pass a fake).
+    Complexity per step: O(running + admitted + waiting under lpm) Python work plus the manager's O(blocks touched).
+    """
+
+    def __init__(
+        self,
+        manager: KVCacheManager,
+        args: ServerArgs,
+        max_model_len: int,
+        eos_token_ids: Sequence[int] = (),
+        lpm_starvation_steps: int = 16,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.manager = manager
+        self.args = args
+        self.block_size = manager.block_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.lpm_starvation_steps = lpm_starvation_steps
+        self.clock = clock
+        self.requests: dict[str, RequestState] = {}
+        self.waiting: deque[SeqState] = deque()
+        self.running: list[SeqState] = []
+        self.swapped: deque[SeqState] = deque()
+        self._seqs: dict[int, SeqState] = {}
+        self._next_seq_id = 1
+        self._admit_counter = 0
+        self._step_id = 0
+        self._drops: list[int] = []
+        self._outputs: list[TokenOutput] = []
+        self._inflight: list[tuple[SeqState, int, int, bool]] = []
+        self._enter_waiting_step: dict[int, int] = {}
+        self.counters = dict.fromkeys(
+            ["prompt_tokens", "cached_tokens", "recomputed_tokens", "prefill_tokens_computed", "generated_tokens",
+             "preemptions", "swaps", "num_steps", "forward_tokens", "rejected"], 0)  # fmt: skip
+        self._start_time = clock()
+
+    # ------------------------------------------------------------------ requests in and out
+    def add_request(
+        self, rid: str, prompt_ids: Sequence[int], params: SamplingParams, cache_salt: str | None = None
+    ) -> None:
+        """Queue a request (O(len(prompt))). Raises RequestRejected when it can never run (nothing is queued), and
+        ValueError for a duplicate rid."""
+        if rid in self.requests:
+            raise ValueError(f"duplicate request id {rid!r}")
+        prompt = [int(t) for t in prompt_ids]
+        usable = self.manager.num_blocks - 1
+        blocks = -(-len(prompt) // self.block_size)
+        problem = None
+        if not prompt:
+            problem = (ERR_INVALID, "the prompt is empty")
+        elif len(prompt) >= self.max_model_len:
+            problem = (ERR_CONTEXT, f"prompt of {len(prompt)} tokens leaves no room under max_model_len "
+                       f"{self.max_model_len}")  # fmt: skip
+        elif blocks > usable:
+            problem = (ERR_CONTEXT, f"prompt of {len(prompt)} tokens needs {blocks} KV blocks; the pool has {usable}")
+        if problem is not None:
+            self.counters["rejected"] += 1
+            raise RequestRejected(*problem)
+        keys = prompt_block_keys(prompt, self.block_size, cache_salt) if self.args.enable_prefix_caching else []
+        req = RequestState(rid, prompt, params, cache_salt, self.clock(), self._step_id, keys)
+        self.requests[rid] = req
+        if params.n > 1 and len(prompt) >= 2:
+            self.waiting.append(self._new_seq(req, 0, prefill_only=True))
+        else:
+            self.waiting.extend(self._new_seq(req, i) for i in range(params.n))
+
+    def abort(self, rid: str) -> None:
+        """Finish every completion of rid with "abort" at once, waiting or running; its blocks are released (full
+        blocks whose KV finished stay cached). The deltas come out of the next process_result / drain_outputs.
+        Raises UnknownRequestError."""
+        req = self._get(rid)
+        for seq in list(req.seqs):
+            if seq.status != SeqStatus.FINISHED:
+                self._finish(seq, "abort")
+
+    def stop(self, rid: str, keep_tokens: int, index: int = 0) -> None:
+        """A stop string ended completion `index` of rid: keep its first keep_tokens completion tokens, finish it
+        with "stop", and cache no block past prompt + keep_tokens. No-op when that completion already finished.
+        Raises UnknownRequestError."""
+        req = self._get(rid)
+        for seq in req.seqs:
+            if seq.index == index and not seq.prefill_only and seq.status != SeqStatus.FINISHED:
+                keep = max(0, min(keep_tokens, seq.num_output))
+                del seq.token_ids[len(req.prompt_ids) + keep :]
+                self._finish(seq, "stop", keep_tokens=len(seq.token_ids))
+
+    def has_unfinished(self) -> bool:
+        """True while any request is waiting, running or swapped."""
+        return bool(self.waiting or self.running or self.swapped)
+
+    def drain_outputs(self) -> list[TokenOutput]:
+        """TokenOutput deltas produced outside process_result (aborts, stops, length finishes at admission)."""
+        out, self._outputs = self._outputs, []
+        return out
+
+    # ------------------------------------------------------------------ one step
+    def schedule(self) -> ForwardBatch | None:
+        """Build the next step's ForwardBatch, or None when no sequence can run (pending drops wait for the next
+        batch). Mutates: block tables (allocate, copy-on-write, preemption), queues, the in-flight record."""
+        self._step_id += 1
+        batch: list[ScheduledSeq] = []
+        copies: list[tuple[int, int]] = []
+        swap_out: list[tuple[int, int]] = []
+        swap_in: list[tuple[int, int]] = []
+        self._inflight = []
+        budget = [self.args.max_prefill_tokens]
+        preempted_before = self.counters["preemptions"]
+        for seq in sorted(self.running, key=lambda s: s.admitted_at):
+            if seq.status == SeqStatus.RUNNING:
+                self._plan(seq, batch, copies, swap_out, budget)
+        if self.counters["preemptions"] == preempted_before:
+            while self.swapped and len(self.running) < self.args.max_running_requests:
+                pairs = self.manager.swap_in(self.swapped[0].seq_id)
+                if pairs is None:
+                    break
+                seq = self.swapped.popleft()
+                swap_in.extend(pairs)
+                seq.status, seq.in_worker = SeqStatus.RUNNING, False
+                self.running.append(seq)
+                self._plan(seq, batch, copies, swap_out, budget)
+            if not self.swapped:
+                self._admit(batch, copies, swap_out, budget)
+        if not batch:
+            self._inflight = []
+            return None
+        drops, self._drops = self._drops, []
+        self.counters["num_steps"] += 1
+        return ForwardBatch(self._step_id, batch, drops, swap_out, swap_in, copies)
+
+    def process_result(self, result: ForwardResult) -> list[TokenOutput]:
+        """Apply a finished step: mark KV as computed (full blocks enter the radix tree now), append sampled tokens,
+        finish sequences on EOS / stop_token_ids / max_tokens / max_model_len, fork n > 1 children after the prompt.
+        Returns every TokenOutput delta since the previous call. A result with `error` fails the batch's requests
+        with "abort" (logged)."""
+        if result.error is not None:
+            logger.error("step %d failed in the worker: %s", result.step_id, result.error)
+            for seq, *_ in self._inflight:
+                if seq.status == SeqStatus.RUNNING:
+                    self._finish(seq, "abort")
+            self._inflight = []
+            return self.drain_outputs()
+        sampled = dict(zip(result.seq_ids, result.token_ids, strict=True))
+        logprobs = dict(zip(result.seq_ids, result.logprobs, strict=True)) if result.logprobs else {}
+        self.counters["forward_tokens"] += result.num_forward_tokens
+        for seq, start, n, sample in self._inflight:
+            if seq.status != SeqStatus.RUNNING:
+                continue  # aborted or stopped while the step ran
+            self.manager.commit_computed(seq.seq_id, start + n)
+            if sample:
+                self._on_token(seq, sampled[seq.seq_id], logprobs.get(seq.seq_id))
+            elif seq.prefill_only and start + n == seq.target:
+                self._fork(seq)
+        self._inflight = []
+        return self.drain_outputs()
+
+    # ------------------------------------------------------------------ planning
+    def _plan(self, seq: SeqState, batch: list, copies: list, swap_out: list, budget: list[int]) -> bool:
+        """Reserve blocks for seq's next chunk and add it to the batch; False when seq was preempted or finished."""
+        computed = self.manager.num_computed_tokens(seq.seq_id)
+        remaining = seq.target - computed
+        is_decode = remaining == 1 and seq.num_output > 0
+        chunk = 1 if is_decode else min(remaining, self.args.chunked_prefill_size, budget[0])
+        if chunk <= 0:
+            return True
+        while True:
+            if self.manager.allocate(seq.seq_id, chunk) is not None:
+                try:
+                    pairs = self.manager.prepare_write(seq.seq_id, computed, computed + chunk)
+                    break
+                except NoFreeBlocksError:
+                    pass
+            if not self._preempt_for(seq, swap_out):
+                return False
+        if pairs and seq.in_worker:  # the worker's table copy cannot express a replaced entry: re-register seq
+            self._drops.append(seq.seq_id)
+            seq.in_worker = False
+        copies.extend(pairs)
+        table = self.manager.block_table(seq.seq_id)
+        new_blocks = table if not seq.in_worker else table[seq.sent_blocks :]
+        sample = not seq.prefill_only and computed + chunk == len(seq.token_ids)
+        first = not seq.in_worker
+        batch.append(ScheduledSeq(
+            seq.seq_id, seq.token_ids[computed : computed + chunk], computed, list(new_blocks), sample,
+            seq.req.params if first else None, len(seq.req.prompt_ids) if first else 0, seq.index if first else 0,
+        ))  # fmt: skip
+        seq.in_worker, seq.sent_blocks = True, len(table)
+        self._inflight.append((seq, computed, chunk, sample))
+        if not is_decode:
+            budget[0] -= chunk
+            self.counters["prefill_tokens_computed"] += chunk
+        return True
+
+    def _preempt_for(self, seq: SeqState, swap_out: list) -> bool:
+        """Free blocks for seq by preempting the most recently admitted running sequence not yet planned this step
+        (seq itself wins ties). Returns False when seq was the victim, or when seq alone holds blocks and so
+        finished "length" (it can never grow further)."""
+        planned = {id(f[0]) for f in self._inflight}
+        others = [s for s in self.running if s is not seq and id(s) not in planned]
+        if len(self.running) == 1:
+            self._finish(seq, "length")
+            return False
+        victim = max([seq, *others], key=lambda s: s.admitted_at)
+        self._preempt(victim, swap_out)
+        return victim is not seq
+
+    def _preempt(self, seq: SeqState, swap_out: list) -> None:
+        """Recompute: free seq (full computed blocks stay cached) and requeue it at the front. Swap: move its blocks
+        to the host pool (falls back to recompute when the host pool is full)."""
+        self.counters["preemptions"] += 1
+        self.running.remove(seq)
+        if seq.in_worker:
+            self._drops.append(seq.seq_id)
+        seq.in_worker, seq.sent_blocks = False, 0
+        if self.args.preemption_mode == "swap":
+            pairs = self.manager.swap_out(seq.seq_id)
+            if pairs is not None:
+                swap_out.extend(pairs)
+                seq.status = SeqStatus.SWAPPED
+                self.swapped.append(seq)
+                self.counters["swaps"] += 1
+                return
+        self.manager.free(seq.seq_id)
+        seq.status, seq.preempted = SeqStatus.WAITING, True
+        self._enter_waiting_step[seq.seq_id] = self._step_id
+        self.waiting.appendleft(seq)
+        logger.debug("preempted seq %d of %s (recompute)", seq.seq_id, seq.req.rid)
+
+    # ------------------------------------------------------------------ admission
+    def _admit(self, batch: list, copies: list, swap_out: list, budget: list[int]) -> None:
+        inflight = self._inflight_keys()
+        for seq in self._admission_order():
+            if len(self.running) >= self.args.max_running_requests or budget[0] <= 0:
+                return
+            req = seq.req
+            match = self.manager.match_prefix(seq.token_ids, req.cache_salt)
+            m = match.num_tokens // self.block_size
+            if m < len(req.block_keys) and req.block_keys[m] in inflight:
+                continue  # another sequence computes this block now: wait a step, then hit it
+            first_time = req.cached_tokens is None
+            need = -(-seq.target // self.block_size) - m
+            if not self.manager.can_allocate(need):
+                return
+            chunk = min(seq.target - match.num_tokens, self.args.chunked_prefill_size, budget[0])
+            cached = self.manager.add_sequence(seq.seq_id, seq.token_ids, req.cache_salt, num_new_tokens=chunk,
+                                               count_stats=first_time)  # fmt: skip
+            if cached is None:
+                return
+            self.waiting.remove(seq)
+            self._enter_waiting_step.pop(seq.seq_id, None)
+            seq.status, seq.admitted_at = SeqStatus.RUNNING, self._admit_counter
+            self._admit_counter += 1
+            self.running.append(seq)
+            if first_time:
+                req.cached_tokens = cached
+                self.counters["prompt_tokens"] += len(req.prompt_ids)
+                self.counters["cached_tokens"] += cached
+            elif seq.preempted:
+                self.counters["recomputed_tokens"] += len(seq.token_ids) - cached
+            if seq.prefill_only and cached == seq.target:
+                for child in self._fork(seq):
+                    self._plan(child, batch, copies, swap_out, budget)
+                continue
+            self._plan(seq, batch, copies, swap_out, budget)
+            inflight.update(req.block_keys[m:])
+
+    def _admission_order(self) -> list[SeqState]:
+        seqs = list(self.waiting)
+        if self.args.schedule_policy != "lpm" or len(seqs) > LPM_QUEUE_LIMIT or not self.args.enable_prefix_caching:
+            return seqs
+        starved = [s for s in seqs if self._step_id - self._waiting_since(s) >= self.lpm_starvation_steps]
+        rest = [s for s in seqs if self._step_id - self._waiting_since(s) < self.lpm_starvation_steps]
+        cached = {s.seq_id: self.manager.match_prefix(s.token_ids, s.req.cache_salt).num_tokens for s in rest}
+        rest.sort(key=lambda s: -cached[s.seq_id])  # stable: ties keep arrival order
+        return starved + rest
+
+    def _waiting_since(self, seq: SeqState) -> int:
+        return self._enter_waiting_step.get(seq.seq_id, seq.req.arrival_step)
+
+    def _inflight_keys(self) -> set[int]:
+        """Keys of full prompt blocks that running sequences have not finished computing yet."""
+        keys: set[int] = set()
+        if not self.args.enable_prefix_caching:
+            return keys
+        for seq in self.running:
+            computed = self.manager.num_computed_tokens(seq.seq_id)
+            keys.update(seq.req.block_keys[computed // self.block_size :])
+        return keys
+
+    # ------------------------------------------------------------------ tokens, finishing, forking
+    def _on_token(self, seq: SeqState, token: int, logprobs: TokenLogprobs | None) -> None:
+        req, params = seq.req, seq.req.params
+        seq.token_ids.append(token)
+        self.manager.append_tokens(seq.seq_id, [token])
+        self.counters["generated_tokens"] += 1
+        if req.first_token_time is None:
+            req.first_token_time = self.clock()
+        reason = None
+        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            reason = "stop"
+        elif seq.num_output >= params.max_tokens or len(seq.token_ids) >= self.max_model_len:
+            reason = "length"
+        out = TokenOutput(req.rid, seq.index, [token], logprobs=[logprobs] if params.logprobs is not None else None)
+        if not seq.usage_sent:
+            out.usage, seq.usage_sent = self._usage(seq), True
+        self._outputs.append(out)
+        if reason is not None:
+            self._finish(seq, reason)
+
+    def _finish(self, seq: SeqState, reason: str, keep_tokens: int | None = None) -> None:
+        """Release seq's blocks (caching none past keep_tokens), drop it from the worker, emit its last delta."""
+        if seq.status in (SeqStatus.RUNNING, SeqStatus.SWAPPED):
+            self.manager.free(seq.seq_id, keep_tokens=keep_tokens)
+        for queue in (self.running, self.waiting, self.swapped):
+            if seq in queue:
+                queue.remove(seq)
+        if seq.in_worker:
+            self._drops.append(seq.seq_id)
+        seq.status, seq.finish_reason, seq.in_worker = SeqStatus.FINISHED, reason, False
+        self._seqs.pop(seq.seq_id, None)
+        req = seq.req
+        req.live -= 1
+        if not seq.prefill_only:
+            self._outputs.append(TokenOutput(req.rid, seq.index, [], reason, self._usage(seq)))
+        elif reason != "forked":
+            for i in range(req.params.n):
+                self._outputs.append(TokenOutput(req.rid, i, [], reason, self._usage(seq)))
+        if req.live == 0:
+            self.requests.pop(req.rid, None)
+
+    def _fork(self, parent: SeqState) -> list[SeqState]:
+        """The parent's prompt[:-1] has KV: fork n children sharing its blocks; each runs the last prompt token."""
+        children = []
+        for i in range(parent.req.params.n):
+            child = self._new_seq(parent.req, i)
+            self.manager.fork(parent.seq_id, child.seq_id)
+            child.status, child.admitted_at = SeqStatus.RUNNING, parent.admitted_at
+            self.running.append(child)
+            children.append(child)
+        self._finish(parent, "forked")
+        return children
+
+    def _usage(self, seq: SeqState) -> Usage:
+        req = seq.req
+        return Usage(len(req.prompt_ids), req.cached_tokens or 0, max(0, seq.num_output))
+
+    def _new_seq(self, req: RequestState, index: int, prefill_only: bool = False) -> SeqState:
+        seq = SeqState(self._next_seq_id, req, index, list(req.prompt_ids), prefill_only)
+        self._next_seq_id += 1
+        self._seqs[seq.seq_id] = seq
+        req.seqs.append(seq)
+        req.live += 1
+        return seq
+
+    def _get(self, rid: str) -> RequestState:
+        req = self.requests.get(rid)
+        if req is None:
+            raise UnknownRequestError(rid)
+        return req
+
+    # ------------------------------------------------------------------ metrics
+    def request_metrics(self, rid: str) -> RequestMetrics:
+        """Figures of a live request (see RequestMetrics). Raises UnknownRequestError."""
+        return self._metrics(self._get(rid))
+
+    def _metrics(self, req: RequestState) -> RequestMetrics:
+        done = [s for s in req.seqs if not s.prefill_only]
+        ttft = None if req.first_token_time is None else req.first_token_time - req.arrival_time
+        return RequestMetrics(prompt_tokens=len(req.prompt_ids), cached_tokens=req.cached_tokens or 0,
+                              completion_tokens=sum(max(0, s.num_output) for s in done), ttft_s=ttft,
+                              finish_reasons={s.index: s.finish_reason for s in done})  # fmt: skip
+
+    def stats(self) -> dict[str, Any]:
+        """The manager's KVStats fields plus running, waiting, swapped, kv_usage, hit_rate (cached prompt tokens /
+        prompt tokens, each request counted once at its first admission), preemptions, tokens_per_s (generated
+        tokens per second since start) and the raw counters."""
+        kv = self.manager.stats()
+        out = {f: getattr(kv, f) for f in kv.__struct_fields__} if hasattr(kv, "__struct_fields__") else kv._asdict()
+        c = self.counters
+        usable = max(1, self.manager.num_blocks - 1)
+        out.update(c)
+        out.update(running=len(self.running), waiting=len(self.waiting), swapped=len(self.swapped),
+                   kv_usage=out.get("in_use_blocks", 0) / usable,
+                   hit_rate=c["cached_tokens"] / c["prompt_tokens"] if c["prompt_tokens"] else 0.0,
+                   tokens_per_s=c["generated_tokens"] / max(1e-9, self.clock() - self._start_time))  # fmt: skip
+        return out
