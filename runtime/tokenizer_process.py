@@ -272,7 +272,12 @@ def serve_tokenizer(server: TokenizerServer, from_scheduler: zmq.Socket, alive) 
                     frame = from_scheduler.recv(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                if not server.on_scheduler_message(decoder.decode(frame)):
+                try:
+                    msg = decoder.decode(frame)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    logger.error("dropping an undecodable internal frame: %s", exc)
+                    continue
+                if not server.on_scheduler_message(msg):
                     return
         if server.router in events:
             for _ in range(64):

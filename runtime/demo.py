@@ -1,0 +1,114 @@
+"""`make demo`: serve the embedded model, run a multi-turn chat through the client, show what the prefix cache saved.
+
+Launches the server (worker, scheduler, tokenizer processes), then runs several conversations that share one system
+prompt, 3 turns each, greedy, streaming each reply. Prints the replies and a table of prompt_tokens / cached_tokens /
+TTFT per turn: the first turn of the first conversation computes the whole prompt; later first turns reuse the
+system prompt's blocks; later turns reuse the whole previous exchange. Then shuts the server down.
+
+    .venv/bin/python -m runtime.demo                      # the embedded SmolLM2-135M-Instruct
+    .venv/bin/python -m runtime.demo --model /path/to/hf_folder --max-tokens 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from runtime.client import Client
+from runtime.config import ServerArgs
+from runtime.launch import Launcher, LaunchError
+
+SYSTEM_PROMPT = (
+    "You are a concise assistant for a small bakery called The Radix Loaf. The bakery opens at 7 am and closes at "
+    "6 pm, Tuesday to Sunday; it is closed on Mondays. It sells sourdough, rye, baguettes, croissants and cinnamon "
+    "buns, and takes orders for birthday cakes two days in advance. Answer in one or two short sentences, be "
+    "friendly, and never invent products the bakery does not sell."
+)
+CONVERSATIONS = [
+    ["When do you open on Saturday?", "And on Monday?", "Thanks! What bread would you suggest for sandwiches?"],
+    ["Do you sell croissants?", "Can I order a birthday cake for tomorrow?", "What is the earliest day then?"],
+    ["What kinds of bread do you have?", "Which one is the most traditional?", "Great, see you on Sunday."],
+    ["Do you have gluten-free bread?", "What about cinnamon buns?", "When do you close today?"],
+]
+
+
+def first_run_note(model: str) -> str | None:
+    """A line saying the embedded model will be converted once (tens of seconds), or None when it is cached."""
+    from runtime.loader import EMBEDDED_MODELS, cache_root
+
+    if model in EMBEDDED_MODELS and not any(cache_root().glob("*/source.json")):
+        return f"first run: converting the embedded model {model!r} to safetensors once (tens of seconds)"
+    return None
+
+
+def chat(client: Client, conversations: list[list[str]], max_tokens: int) -> list[tuple[int, int, int, int, float]]:
+    """Runs every conversation turn by turn (turn 1 of all, then turn 2, ...), streaming and printing replies.
+
+    Returns rows (conversation, turn, prompt_tokens, cached_tokens, ttft_s)."""
+    histories = [[{"role": "system", "content": SYSTEM_PROMPT}] for _ in conversations]
+    rows = []
+    for turn in range(max(len(c) for c in conversations)):
+        for i, conv in enumerate(conversations):
+            if turn >= len(conv):
+                continue
+            histories[i].append({"role": "user", "content": conv[turn]})
+            start, ttft, text, usage = time.perf_counter(), None, "", None
+            for chunk in client.stream(messages=histories[i], max_tokens=max_tokens, temperature=0.0):
+                if ttft is None and chunk.token_ids:
+                    ttft = time.perf_counter() - start
+                text += chunk.text
+                usage = chunk.usage or usage
+            histories[i].append({"role": "assistant", "content": text})
+            print(f"[conversation {i + 1}, turn {turn + 1}] user: {conv[turn]}\n  assistant: {text.strip()}",
+                  flush=True)
+            rows.append((i + 1, turn + 1, usage.prompt_tokens, usage.cached_tokens, ttft or 0.0))
+    return rows
+
+
+def print_table(rows: list[tuple[int, int, int, int, float]]) -> None:
+    print(f"\n{'conv':>4} {'turn':>4} {'prompt_tokens':>13} {'cached_tokens':>13} {'TTFT ms':>8}")
+    for conv, turn, prompt, cached, ttft in rows:
+        print(f"{conv:>4} {turn:>4} {prompt:>13} {cached:>13} {ttft * 1e3:>8.1f}")
+    prompt_total, cached_total = sum(r[2] for r in rows), sum(r[3] for r in rows)
+    print(f"hit rate: {cached_total}/{prompt_total} prompt tokens came from the cache "
+          f"({100 * cached_total / max(1, prompt_total):.1f}%)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Multi-turn chat demo of radixserve's prefix cache.")
+    parser.add_argument("--model", default="smollm2", help="embedded name, Hugging Face folder or .gguf file")
+    parser.add_argument("--conversations", type=int, default=3, help=f"1..{len(CONVERSATIONS)}")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per reply at most")
+    parser.add_argument("--num-blocks", type=int, default=512, help="KV blocks of the server")
+    parser.add_argument("--port", type=int, default=0, help="public port (0: any free port)")
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    note = first_run_note(ns.model)
+    if note:
+        print(note, flush=True)
+    t0 = time.perf_counter()
+    launcher = Launcher(ServerArgs(model=ns.model, num_blocks=ns.num_blocks, port=ns.port, log_interval_s=3600.0))
+    try:
+        endpoint = launcher.start()
+    except LaunchError as exc:
+        print(f"the server failed to start: {exc}", file=sys.stderr)
+        launcher.shutdown("start-up failed")
+        return 1
+    print(f"server ready at {endpoint} after {time.perf_counter() - t0:.1f} s ({ns.model})\n", flush=True)
+    try:
+        with Client(endpoint, timeout=300.0) as client:
+            rows = chat(client, CONVERSATIONS[: ns.conversations], ns.max_tokens)
+            stats = client.stats()
+        print_table(rows)
+        print(f"server: {stats.num_cached_blocks} cached blocks, {stats.num_free_blocks} free, "
+              f"{stats.num_used_blocks} in use")
+    finally:
+        launcher.shutdown("demo finished")
+    print(f"done in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
