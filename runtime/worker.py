@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -37,6 +38,14 @@ class SeqState:
     params: SamplingParams
     prompt_len: int
     sample_index: int
+
+
+class StepLogits(NamedTuple):
+    """ModelRunner.forward's result: logits float32 [len(sample_seqs), vocab] and the tokens run (num_tokens)."""
+
+    logits: torch.Tensor
+    sample_seqs: list[ScheduledSeq]
+    num_tokens: int
 
 
 def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -101,6 +110,27 @@ class ModelRunner:
         Mutates: the KV caches, the per-sequence block tables, forward_tokens_by_seq, the sampler's generator.
         Returns one token id per sequence with sample=True, in batch order (logprobs where asked).
         Raises:
+            WorkerError: as forward().
+        """
+        step = self.forward(batch)
+        rows = [SampleRequest(st.params, st.sample_index, s.start_pos + len(s.token_ids) - st.prompt_len)
+                for s in step.sample_seqs for st in (self.seqs[s.seq_id],)]
+        out = self.sampler(step.logits, rows) if rows else None
+        return ForwardResult(
+            step_id=batch.step_id,
+            seq_ids=[s.seq_id for s in step.sample_seqs],
+            token_ids=out.token_ids if out else [],
+            logprobs=out.logprobs if out else None,
+            num_forward_tokens=step.num_tokens,
+        )
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> StepLogits:
+        """Apply batch's drops, swaps and copies (in that order), register/extend block tables, run the model.
+
+        Mutates: the KV caches, the per-sequence block tables, forward_tokens_by_seq.
+        Returns the float32 logits [num sampling seqs, vocab] of each sample=True sequence's last token.
+        Raises:
             WorkerError: a sequence unknown to the worker without sampling_params, a block table too short for its
                 tokens, or a context beyond max_model_len.
         """
@@ -114,23 +144,14 @@ class ModelRunner:
             kernels.swap_blocks(self.host_v_cache, self.v_cache, batch.swap_in)
         if batch.copies:
             kernels.copy_blocks(self.k_cache, self.v_cache, batch.copies)
-        scheduled = [s for s in batch.seqs if s.token_ids]
         for s in batch.seqs:
             self._register(s)
+        scheduled = [s for s in batch.seqs if s.token_ids]
         if not scheduled:
-            return ForwardResult(step_id=batch.step_id, seq_ids=[], token_ids=[])
+            return StepLogits(torch.empty(0, self.config.vocab_size), [], 0)
         input_ids, meta, sample_seqs = self._prepare(scheduled)
         logits = self.model(input_ids, meta, self.k_cache, self.v_cache)
-        rows = [SampleRequest(st.params, st.sample_index, s.start_pos + len(s.token_ids) - st.prompt_len)
-                for s in sample_seqs for st in (self.seqs[s.seq_id],)]
-        out = self.sampler(logits, rows) if rows else None
-        return ForwardResult(
-            step_id=batch.step_id,
-            seq_ids=[s.seq_id for s in sample_seqs],
-            token_ids=out.token_ids if out else [],
-            logprobs=out.logprobs if out else None,
-            num_forward_tokens=int(input_ids.shape[0]),
-        )
+        return StepLogits(logits, sample_seqs, int(input_ids.shape[0]))
 
     def _register(self, s: ScheduledSeq) -> None:
         if s.sampling_params is not None:
