@@ -103,11 +103,37 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, pairs: list[tuple[int, int
     dst.index_copy_(dim, t[:, 1].to(dst.device), blocks)
 
 
-def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-    """cache [num_blocks, bs, kvh, d], tables long [S, n] -> [S, kvh, n * bs, d] (a strided view of one copy)."""
-    blocks = cache.index_select(0, tables.reshape(-1))
-    s, n = tables.shape
-    return blocks.view(s, n * cache.shape[1], cache.shape[2], cache.shape[3]).transpose(1, 2)
+# Gathered K/V are written into one reused buffer per (device, dtype): a fresh multi-MB allocation per call costs
+# page faults that, measured on CPU, took longer than the gather itself. The buffer is never shared between calls,
+# so the reference path must not run concurrently from two threads.
+_workspaces: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+# Decode sequences are gathered a few at a time so that the gathered K/V (about this many bytes) are still in the
+# CPU's L2 cache when attention reads them; benchmarks/attention_kernel.py measured group sizes on CPU.
+DECODE_GROUP_BYTES = 1 << 20
+
+
+def _workspace(like: torch.Tensor, numel: int) -> torch.Tensor:
+    key = (like.device, like.dtype)
+    buf = _workspaces.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(max(numel, 1 << 16), dtype=like.dtype, device=like.device)
+        _workspaces[key] = buf
+    return buf
+
+
+def _gather(k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor, num_seqs: int):
+    """Gather blocks (long [num_seqs * n]) of both caches into the workspace -> K, V [num_seqs, kvh, n * bs, d].
+
+    The results are strided views (token stride kvh * d) valid until the next gather."""
+    size = blocks.numel() * k_cache[0].numel()
+    buf = _workspace(k_cache, 2 * size)
+    shape = (blocks.numel(),) + tuple(k_cache.shape[1:])
+    k = torch.index_select(k_cache, 0, blocks, out=buf[:size].view(shape))
+    v = torch.index_select(v_cache, 0, blocks, out=buf[size : 2 * size].view(shape))
+    tokens = blocks.numel() // num_seqs * k_cache.shape[1]
+    view = (num_seqs, tokens, k_cache.shape[2], k_cache.shape[3])
+    return k.view(view).transpose(1, 2), v.view(view).transpose(1, 2)
 
 
 def _decode(
@@ -115,41 +141,74 @@ def _decode(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     tables: torch.Tensor,
-    lens: torch.Tensor,
-    max_len: int,
+    lens: list[int],
     scale: float,
 ) -> torch.Tensor:
-    """One query token per sequence. q [S, H, d], tables long [S, >=blocks], lens [S] -> [S, H, d]."""
+    """One query token per sequence, sequences sorted by decreasing length.
+
+    q [S, H, d], tables long [S, >= blocks], lens: S ints (tokens) -> [S, H, d]. Sequences are taken in groups whose
+    gathered K/V stay under DECODE_GROUP_BYTES (at least one sequence per group); a group pads to its longest
+    sequence and masks the padding. GQA: the G = H / kvh query heads of a KV head are its G query rows.
+    """
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    n_blocks = -(-max_len // block_size)
-    k = _gather(k_cache, tables[:, :n_blocks])
-    v = _gather(v_cache, tables[:, :n_blocks])
-    mask = None
-    if bool((lens != n_blocks * block_size).any()):
-        mask = (torch.arange(n_blocks * block_size, device=q.device) < lens[:, None]).view(num_seqs, 1, 1, -1)
+    token_bytes = 2 * num_kv_heads * head_dim * q.element_size()
     qg = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
-    return out.reshape(num_seqs, num_heads, head_dim)
+    out = torch.empty_like(qg)
+    lens_t = torch.tensor(lens, device=q.device)
+    start = 0
+    while start < num_seqs:
+        n_blocks = -(-lens[start] // block_size)
+        group = max(1, min(num_seqs - start, DECODE_GROUP_BYTES // (n_blocks * block_size * token_bytes)))
+        end = start + group
+        k, v = _gather(k_cache, v_cache, tables[start:end, :n_blocks].reshape(-1), group)
+        mask = None
+        if lens[end - 1] != n_blocks * block_size:
+            key_pos = torch.arange(n_blocks * block_size, device=q.device)
+            mask = (key_pos < lens_t[start:end, None]).view(group, 1, 1, -1)
+        out[start:end] = F.scaled_dot_product_attention(qg[start:end], k, v, attn_mask=mask, scale=scale)
+        start = end
+    return out.view(num_seqs, num_heads, head_dim)
+
+
+def _attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
+    """Attention with its log-sum-exp: q [B, h, n, d], k/v [B, h, m, d] (any strides, last dim contiguous) ->
+    (out [B, h, n, d] dtype of q, lse float32 [B, h, n]). causal is top-left aligned (query i sees keys <= i)."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+        return out, lse
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if causal:
+        n, m = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(n, m, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.exp(scores - lse[..., None]), v.float()).to(q.dtype), lse
 
 
 def _extend(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor, seq_len: int, scale: float
 ) -> torch.Tensor:
-    """One sequence with q [n, H, d] new tokens at positions seq_len - n .. seq_len - 1 -> [n, H, d]."""
+    """One sequence with q [n, H, d] new tokens at positions seq_len - n .. seq_len - 1 -> [n, H, d].
+
+    Split in two: all n queries over the cached prefix (no mask) and the n queries over the new keys (a square causal
+    mask), merged with the log-sum-exp rescaling of online softmax (Milakov & Gimelshein 2018; FlashAttention-2,
+    Dao 2023, sec. 3.1). K/V are broadcast to the G query heads of their KV head with a stride-0 expand, not copied.
+    """
     n, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     n_blocks = -(-seq_len // block_size)
-    k = _gather(k_cache, table[None, :n_blocks])[:, :, :seq_len]
-    v = _gather(v_cache, table[None, :n_blocks])[:, :, :seq_len]
-    # [n, kvh, G, d] -> [1, kvh, G * n, d]: the G query heads of a KV head share its K/V without repeating it.
-    qg = q.view(n, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(1, num_kv_heads, group * n, head_dim)
-    q_pos = torch.arange(seq_len - n, seq_len, device=q.device)
-    mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
-    mask = mask.repeat(group, 1)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
-    return out.view(num_kv_heads, group, n, head_dim).permute(2, 0, 1, 3).reshape(n, num_heads, head_dim)
+    k, v = _gather(k_cache, v_cache, table[:n_blocks], 1)
+    shape = (num_kv_heads, group, n_blocks * block_size, head_dim)
+    k, v = k[0, :, None].expand(shape), v[0, :, None].expand(shape)
+    qh = q.view(n, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [kvh, G, n, d]
+    prefix = seq_len - n
+    out, lse = _attend_lse(qh, k[:, :, prefix:seq_len], v[:, :, prefix:seq_len], True, scale)
+    if prefix > 0:
+        out_p, lse_p = _attend_lse(qh, k[:, :, :prefix], v[:, :, :prefix], False, scale)
+        total = torch.logaddexp(lse, lse_p)
+        out = out * torch.exp(lse - total)[..., None] + out_p * torch.exp(lse_p - total)[..., None]
+    return out.permute(2, 0, 1, 3).reshape(n, num_heads, head_dim)
 
 
 def paged_attention(
@@ -165,8 +224,9 @@ def paged_attention(
 ) -> torch.Tensor:
     """Paged causal attention; the contract is kernels.paged_attention's. Returns [num_tokens, num_heads, head_dim].
 
-    Decode sequences (one query token) run as one batched SDPA over their gathered blocks with a key-length mask;
-    extend/prefill sequences run one SDPA each with the bottom-right causal mask key_pos <= seq_len - n + i.
+    Decode sequences (one query token) run in groups, longest first, one SDPA per group over the group's gathered
+    blocks; extend/prefill sequences run one at a time (see _extend). Python loops run per group or per sequence,
+    never per token.
     """
     out = torch.empty_like(q)
     if q.shape[0] == 0:
@@ -176,10 +236,10 @@ def paged_attention(
     tables = block_tables.long()
     decode = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
     if decode:
+        decode.sort(key=lambda i: -lens[i])
         idx = torch.tensor(decode, device=q.device)
         tok = query_start_loc.long()[idx]
-        max_len = max(lens[i] for i in decode)
-        out[tok] = _decode(q[tok], k_cache, v_cache, tables[idx], seq_lens[idx].long(), max_len, scale)
+        out[tok] = _decode(q[tok], k_cache, v_cache, tables[idx], [lens[i] for i in decode], scale)
     for i in range(len(lens)):
         s, e = starts[i], starts[i + 1]
         if e - s > 1:
