@@ -1,0 +1,180 @@
+"""The wire: strict typed decoding, a typed ErrorResponse for every bad input, and no pickle anywhere."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import re
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+
+from runtime import protocol as p
+from runtime.client import ContextLengthError, InvalidRequestError
+from runtime.sampling_params import InvalidSamplingParams
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_MESSAGE_BYTES = 65536  # the tiny server's --max-message-bytes
+
+
+def enc(obj) -> bytes:
+    return msgspec.msgpack.encode(obj)
+
+
+def gen(**fields) -> bytes:
+    return enc({"type": "generate", "rid": "r", **fields})
+
+
+@pytest.fixture
+def dealer(tiny_server):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 30_000)
+    sock.connect(tiny_server.endpoint)
+    yield sock
+    sock.close()
+
+
+def ask(sock: zmq.Socket, frame: bytes):
+    """Sends one raw frame and returns the server's first reply (Heartbeats skipped)."""
+    sock.send(frame)
+    while True:
+        msg = msgspec.msgpack.decode(sock.recv(), type=p.ServerMessage)
+        if not isinstance(msg, p.Heartbeat):
+            return msg
+
+
+BAD_INPUTS = {
+    "random bytes": (b"\xc1\x00\xff\x13garbage", "", p.ERR_MALFORMED),
+    "wrong field type": (gen(prompt=123), "r", p.ERR_MALFORMED),
+    "wrong nested type": (gen(prompt="hi", sampling_params={"max_tokens": "8"}), "r", p.ERR_MALFORMED),
+    "unknown field": (gen(prompt="hi", colour="red"), "r", p.ERR_MALFORMED),
+    "unknown tag": (enc({"type": "launch_missiles", "rid": "r"}), "r", p.ERR_UNKNOWN_MESSAGE),
+    "not a map": (enc([1, 2, 3]), "", p.ERR_MALFORMED),
+    "over max_message_bytes": (gen(prompt="x" * (MAX_MESSAGE_BYTES + 1)), "", p.ERR_TOO_LARGE),
+    "no prompt field": (gen(), "r", p.ERR_INVALID),
+    "two prompt fields": (gen(prompt="hi", input_ids=[1, 2]), "r", p.ERR_INVALID),
+    "three prompt fields": (gen(prompt="hi", input_ids=[1], messages=[{"role": "user", "content": "x"}]), "r",
+                            p.ERR_INVALID),
+    "empty prompt": (gen(prompt=""), "r", p.ERR_INVALID),
+    "empty input_ids": (gen(input_ids=[]), "r", p.ERR_INVALID),
+    "empty messages": (gen(messages=[]), "r", p.ERR_INVALID),
+    "prompt longer than the context": (gen(input_ids=[5] * 1100), "r", p.ERR_CONTEXT),
+    "prompt exactly the context": (gen(input_ids=[5] * 1024), "r", p.ERR_CONTEXT),
+    "max_tokens 0": (gen(prompt="hi", sampling_params={"max_tokens": 0}), "r", p.ERR_INVALID),
+    "max_tokens negative": (gen(prompt="hi", sampling_params={"max_tokens": -3}), "r", p.ERR_INVALID),
+    "temperature NaN": (gen(prompt="hi", sampling_params={"temperature": math.nan}), "r", p.ERR_INVALID),
+    "temperature negative": (gen(prompt="hi", sampling_params={"temperature": -0.5}), "r", p.ERR_INVALID),
+    "token id = vocab size": (gen(input_ids=[1, 49152]), "r", p.ERR_INVALID),
+    "negative token id": (gen(input_ids=[-1, 3]), "r", p.ERR_INVALID),
+    "empty stop string": (gen(prompt="hi", sampling_params={"stop": [""]}), "r", p.ERR_INVALID),
+    "bad chat role type": (gen(messages=[{"role": 1, "content": "x"}]), "r", p.ERR_MALFORMED),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_input_gets_typed_error_and_server_keeps_serving(dealer, name):
+    frame, rid, code = BAD_INPUTS[name]
+    reply = ask(dealer, frame)
+    assert isinstance(reply, p.ErrorResponse)
+    assert (reply.rid, reply.code) == (rid, code), reply.message
+    ok = ask(dealer, enc(p.GenerateRequest(rid="ok", input_ids=[1, 2, 3],
+                                           sampling_params=p.SamplingParams(max_tokens=2, temperature=0.0,
+                                                                            ignore_eos=True))))
+    assert isinstance(ok, p.StreamChunk) and ok.rid == "ok" and ok.finish_reason == "length"
+    assert len(ok.token_ids) == 2
+
+
+def test_multipart_frame_is_malformed(dealer):
+    dealer.send_multipart([gen(prompt="hi"), b"extra"])
+    reply = msgspec.msgpack.decode(dealer.recv(), type=p.ServerMessage)
+    assert (reply.rid, reply.code) == ("", p.ERR_MALFORMED)
+
+
+def test_duplicate_rid_in_flight(dealer):
+    long = gen(input_ids=[7, 8, 9], sampling_params={"max_tokens": 200, "ignore_eos": True})
+    dealer.send(long)
+    reply = ask(dealer, long)
+    assert (reply.rid, reply.code) == ("r", p.ERR_DUPLICATE)
+    dealer.send(enc(p.AbortRequest("r")))
+
+
+def test_client_raises_typed_errors(tiny_server):
+    with tiny_server.client() as c:
+        with pytest.raises(ContextLengthError):
+            c.generate(input_ids=[5] * 1500, max_tokens=1)
+        with pytest.raises(InvalidRequestError) as info:
+            c.generate(input_ids=[10**6], max_tokens=1)
+        assert info.value.code == p.ERR_INVALID
+        with pytest.raises(InvalidSamplingParams):  # checked before anything is sent
+            c.generate(prompt="hi", max_tokens=0)
+        assert c.health() == "ok"
+
+
+def test_decode_client_frame_never_raises():
+    for frame in [b"", b"\x00", b"\xff" * 10, pickle.dumps({"a": 1}), enc(None), enc({"type": None})]:
+        out = p.decode_client_frame(frame, 1024)
+        assert isinstance(out, p.ErrorResponse) and out.code in p.ERROR_CODES
+
+
+class _CreatesFile:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def internal_endpoints(server) -> list[str]:
+    """The ipc endpoints of a running server, read from its children's command lines."""
+    pid = server.child_pids()["worker"]
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    spec = json.loads(argv[argv.index(b"--child") + 1])
+    return list(spec["endpoints"].values())
+
+
+def test_pickle_payload_is_never_unpickled(tiny_server, tmp_path):
+    marker = tmp_path / "unpickled"
+    payload = pickle.dumps(_CreatesFile(str(marker)))
+    ctx = zmq.Context.instance()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.RCVTIMEO, 30_000)
+    dealer.connect(tiny_server.endpoint)
+    reply = ask(dealer, payload)
+    assert isinstance(reply, p.ErrorResponse) and reply.code == p.ERR_MALFORMED
+    endpoints = internal_endpoints(tiny_server)
+    assert len(endpoints) == 6
+    for endpoint in endpoints:
+        if endpoint.endswith("/events"):
+            continue  # PUB: nothing is received there
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 1000)
+        push.connect(endpoint)
+        push.send(payload)
+        push.send(enc({"type": "forward_batch", "step_id": "x"}))  # a valid frame of the wrong types
+        push.close()
+    with tiny_server.client() as c:  # every process still serves: a full round trip
+        r = c.generate(input_ids=[11, 12, 13], max_tokens=3, temperature=0.0, ignore_eos=True)
+        assert len(r.token_ids) == 3 and c.health() == "ok"
+    dealer.close()
+    assert not marker.exists()
+
+
+PRODUCT_DIRS = ("radix", "kernels", "runtime", "router")
+PICKLE_USE = [
+    re.compile(r"^\s*(import|from)\s+(pickle|cPickle|_pickle|dill|cloudpickle|shelve|multiprocessing)\b", re.M),
+    re.compile(r"\b(send_pyobj|recv_pyobj|send_serialized|recv_serialized|pickle\.loads?|torch\.load)\s*\("),
+    re.compile(r"\bweights_only\s*=\s*False"),
+]
+
+
+def test_product_source_has_no_pickle():
+    files = [f for d in PRODUCT_DIRS for f in (ROOT / d).rglob("*.py")]
+    assert len(files) >= 10
+    offenders = [f"{f.relative_to(ROOT)}: {m.group(0).strip()}" for f in files for rx in PICKLE_USE
+                 for m in rx.finditer(f.read_text())]
+    assert offenders == []
