@@ -35,10 +35,11 @@ class _Completion:
 
     detok: Detokenizer
     stop: StopChecker | None
-    token_ids: list[int] = field(default_factory=list)  # non-stream: every token; stream: not yet sent
-    text: str = ""  # non-stream: every emitted character; stream: not yet sent
-    logprobs: list[p.TokenLogprobs | None] | None = None
-    num_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)  # not yet sent (non-stream: every token until the end)
+    text: str = ""  # not yet sent
+    logprobs: list[p.TokenLogprobs | None] | None = None  # not yet sent
+    sent_tokens: int = 0  # token ids already sent to the client
+    usage: p.Usage | None = None  # the latest usage the scheduler reported (prompt and cached tokens)
     finished: bool = False
 
 
@@ -208,34 +209,36 @@ class TokenizerServer:
         if req is None or req.completions[out.index].finished:
             return  # aborted, or already ended by a stop string
         comp = req.completions[out.index]
-        new_ids, finish = list(out.token_ids), out.finish_reason
-        new_text = comp.detok.step(new_ids)
-        total = comp.num_tokens + len(new_ids)
+        comp.usage = out.usage or comp.usage
+        finish = out.finish_reason
+        new_text = comp.detok.step(out.token_ids)
+        comp.token_ids.extend(out.token_ids)
+        if out.logprobs is not None:
+            comp.logprobs = (comp.logprobs or []) + list(out.logprobs)
         if comp.stop is not None:
             check = comp.stop.update(comp.detok.text, comp.detok.token_ends)
             new_text = check.new_text
             if check.stopped:
-                new_ids = new_ids[: max(0, check.keep_tokens - comp.num_tokens)]
-                total = check.keep_tokens
+                keep_unsent = max(0, check.keep_tokens - comp.sent_tokens)
+                del comp.token_ids[keep_unsent:]
+                if comp.logprobs is not None:
+                    del comp.logprobs[keep_unsent:]
                 if finish is None:  # the scheduler still runs it: finish it keeping only these tokens
                     self.to_scheduler.send(self._encoder.encode(p.Stop(out.rid, out.index, check.keep_tokens)))
                 finish = "stop"
             elif finish is not None:
                 new_text += comp.stop.flush(comp.detok.text)
-        comp.num_tokens = total
-        comp.token_ids.extend(new_ids)
         comp.text += new_text
-        if out.logprobs is not None:
-            comp.logprobs = (comp.logprobs or []) + list(out.logprobs[: len(new_ids)])
         if finish is None and not (req.stream and (comp.text or comp.token_ids)):
             return
         usage = None
         if finish is not None:
             comp.finished = True
-            u = out.usage or p.Usage(0, 0, 0)
-            usage = p.Usage(u.prompt_tokens, u.cached_tokens, comp.num_tokens)
+            u = comp.usage or p.Usage(0, 0, 0)
+            usage = p.Usage(u.prompt_tokens, u.cached_tokens, comp.sent_tokens + len(comp.token_ids))
         self.send(req.identity, p.StreamChunk(rid=req.rid, index=out.index, text=comp.text, token_ids=comp.token_ids,
                                               logprobs=comp.logprobs, finish_reason=finish, usage=usage))
+        comp.sent_tokens += len(comp.token_ids)
         comp.text, comp.token_ids, comp.logprobs = "", [], None
         if all(c.finished for c in req.completions):
             self.abort_quietly(out.rid)
