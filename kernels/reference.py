@@ -69,8 +69,9 @@ def store_kv(
     v_cache.index_put_((blocks, offsets), v)
 
 
-def _pairs_tensor(pairs: list[tuple[int, int]] | torch.Tensor, src_blocks: int, dst_blocks: int) -> torch.Tensor:
-    t = torch.as_tensor(pairs, dtype=torch.long, device="cpu").reshape(-1, 2)
+def check_pairs(pairs: list[tuple[int, int]] | torch.Tensor, src_blocks: int, dst_blocks: int) -> torch.Tensor:
+    """Pairs as int64 [n, 2] on the CPU; raises KernelInputError for an id out of range or a dst listed twice."""
+    t = torch.as_tensor(pairs, dtype=torch.long).cpu().reshape(-1, 2)
     if t.numel():
         _require(int(t.min()) >= 0, "block ids must be >= 0")
         _require(int(t[:, 0].max()) < src_blocks, f"src block out of range (num_blocks {src_blocks})")
@@ -82,7 +83,7 @@ def _pairs_tensor(pairs: list[tuple[int, int]] | torch.Tensor, src_blocks: int, 
 def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, pairs: list[tuple[int, int]] | torch.Tensor) -> None:
     """Copy blocks (src, dst) within each cache along dim -4 (all reads before writes). Mutates the caches."""
     _require(k_cache.shape == v_cache.shape and k_cache.dim() >= 4, "k_cache/v_cache must be equal, >= 4-D")
-    t = _pairs_tensor(pairs, k_cache.shape[-4], k_cache.shape[-4]).to(k_cache.device)
+    t = check_pairs(pairs, k_cache.shape[-4], k_cache.shape[-4]).to(k_cache.device)
     if t.numel() == 0:
         return
     dim = k_cache.dim() - 4
@@ -95,7 +96,7 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, pairs: list[tuple[int, int
     _require(src.dim() >= 4 and src.dim() == dst.dim(), "src and dst must have the same rank, >= 4")
     _require(src.shape[:-4] == dst.shape[:-4] and src.shape[-3:] == dst.shape[-3:], "src/dst shapes differ")
     _require(src.dtype == dst.dtype, f"src dtype {src.dtype} != dst dtype {dst.dtype}")
-    t = _pairs_tensor(pairs, src.shape[-4], dst.shape[-4])
+    t = check_pairs(pairs, src.shape[-4], dst.shape[-4])
     if t.numel() == 0:
         return
     dim = src.dim() - 4

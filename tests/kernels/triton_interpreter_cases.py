@@ -1,0 +1,78 @@
+"""Triton kernels on the CPU under TRITON_INTERPRET=1, against the reference and dense attention (tiny shapes).
+
+Run by test_triton_interpreter.py in a subprocess, so the interpreter setting never leaks into the rest of the suite.
+TRITON_INTERPRET must be set before triton is imported, hence the assignment above the imports.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from kernel_cases import PAIRWISE, dense_attention, make_batch, mixed_spec  # noqa: E402
+from test_scattered_blocks import run_c10  # noqa: E402
+
+import kernels  # noqa: E402
+from kernels import reference  # noqa: E402
+from kernels.triton_decode import decode_attention  # noqa: E402
+
+
+@pytest.mark.parametrize(("ratio", "head_dim", "block_size"), PAIRWISE)
+def test_mixed_batch_extend_kernel(ratio: int, head_dim: int, block_size: int) -> None:
+    batch = make_batch(mixed_spec(block_size), block_size, num_kv_heads=1, group=ratio, head_dim=head_dim)
+    out = kernels.paged_attention(*batch.args(), backend="triton")
+    ref = kernels.paged_attention(*batch.args(), backend="reference")
+    torch.testing.assert_close(out.double(), dense_attention(batch), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("ratio", "head_dim", "block_size"), PAIRWISE)
+def test_decode_batch_split_kv(ratio: int, head_dim: int, block_size: int) -> None:
+    bs = block_size
+    spec = [(2 * bs - 1, 1), (2 * bs, 1), (5 * bs - 2, 1), (0, 1), (8 * bs, 1)]
+    batch = make_batch(spec, bs, num_kv_heads=1, group=ratio, head_dim=head_dim, seed=ratio + bs)
+    expected = dense_attention(batch)
+    for num_splits in (1, 3):
+        out = decode_attention(*batch.args(), max_seq_len=8 * bs + 1, num_splits=num_splits)
+        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    out = kernels.paged_attention(*batch.args(), max_query_len=1, max_seq_len=8 * bs + 1, backend="triton")
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_two_kv_heads_and_hints() -> None:
+    batch = make_batch(mixed_spec(8), 8, num_kv_heads=2, group=3, head_dim=64, seed=7)
+    out = kernels.paged_attention(*batch.args(), max_query_len=15, max_seq_len=24, backend="triton")
+    torch.testing.assert_close(out.double(), dense_attention(batch), atol=1e-5, rtol=1e-5)
+
+
+def test_store_kv_kernel_matches_reference() -> None:
+    gen = torch.Generator().manual_seed(3)
+    k_cache = torch.randn(6, 8, 3, 64, generator=gen)
+    v_cache = torch.randn(6, 8, 3, 64, generator=gen)
+    k = torch.randn(5, 3, 64, generator=gen)
+    v = torch.randn(5, 3, 64, generator=gen)
+    slots = torch.tensor([17, -1, 40, 7, -1])
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    reference.store_kv(k, v, k_ref, v_ref, slots)
+    kernels.store_kv(k, v, k_cache, v_cache, slots, backend="triton")
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
+def test_copy_blocks_kernel_on_layer_and_all_layer_caches() -> None:
+    gen = torch.Generator().manual_seed(4)
+    all_k = torch.randn(2, 6, 8, 1, 64, generator=gen)
+    all_v = torch.randn(2, 6, 8, 1, 64, generator=gen)
+    k_ref, v_ref = all_k.clone(), all_v.clone()
+    reference.copy_blocks(k_ref, v_ref, [(1, 4), (2, 5)])
+    kernels.copy_blocks(all_k, all_v, [(1, 4), (2, 5)], backend="triton")
+    assert torch.equal(all_k, k_ref) and torch.equal(all_v, v_ref)
+    reference.copy_blocks(k_ref[1], v_ref[1], [(3, 2), (2, 1)])  # chained: falls back to read-all-then-write
+    kernels.copy_blocks(all_k[1], all_v[1], [(3, 2), (2, 1)], backend="triton")
+    assert torch.equal(all_k, k_ref) and torch.equal(all_v, v_ref)
+
+
+def test_c10_scattered_blocks_triton() -> None:
+    run_c10("triton")
