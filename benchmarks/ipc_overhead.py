@@ -113,9 +113,8 @@ def measure(push: zmq.Socket, pull: zmq.Socket, batch: int, context: int, steps:
 def decode_step_ms(batch: int) -> float | None:
     """Median decode step (ms) of the embedded model at `batch` sequences of 64 tokens (None if unavailable)."""
     try:
-        from runtime.worker import ModelRunner
-
         from runtime.config import ServerArgs
+        from runtime.worker import ModelRunner
     except ImportError:
         return None
     blocks = 64 // BLOCK_SIZE + 1
@@ -154,7 +153,8 @@ def main(argv: list[str] | None = None) -> dict:
         pull.bind(ep_out)
         push = ctx.socket(zmq.PUSH)
         push.connect(ep_in)
-        worker = subprocess.Popen([sys.executable, "-m", "benchmarks.ipc_overhead", "--worker", ep_in, ep_out])
+        worker = subprocess.Popen([sys.executable, "-m", "benchmarks.ipc_overhead", "--worker", ep_in, ep_out],
+                                  cwd=Path(__file__).resolve().parents[1])
         try:
             rows = [measure(push, pull, ns.batch, c, ns.steps) for c in ns.contexts]
         finally:

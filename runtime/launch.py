@@ -185,6 +185,8 @@ class Launcher:
     def shutdown(self, reason: str, code: str = p.ERR_SHUTDOWN, grace_s: float = 3.0) -> None:
         """Tells the tokenizer (it errors every request in flight), then stops every child: SIGTERM, then SIGKILL
         after grace_s seconds. Removes the ipc dir. Safe to call twice."""
+        if self.ctx.closed:
+            return
         tok = self.procs.get("tokenizer")
         if tok is not None and tok.poll() is None:
             push = self.ctx.socket(zmq.PUSH)
@@ -206,8 +208,7 @@ class Launcher:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self.reports.close(linger=0)
-        self.ctx.term()
+        self.ctx.destroy(linger=0)  # closes every socket of this launcher, then terminates the context
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
     def serve_forever(self) -> int:

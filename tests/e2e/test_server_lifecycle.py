@@ -1,0 +1,135 @@
+"""Start, stop and failure of the whole server; the launch flags; the demo script and the IPC benchmark's smoke mode."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.client import ServerFailedError
+from runtime.config import ServerArgs
+from runtime.launch import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def alive(pid: int) -> bool:
+    """True while pid exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids, timeout_s: float = 20.0) -> list[int]:
+    """Polls until none of pids is alive (or the timeout); returns those still alive."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
+
+
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime (clock ticks)
+
+
+def test_every_server_arg_is_a_flag():
+    parser = build_parser()
+    dests = {a.dest for a in parser._actions}
+    assert {f.name for f in dataclasses.fields(ServerArgs)} <= dests
+    ns = parser.parse_args(["--no-enable-prefix-caching", "--num-blocks", "64", "--schedule-policy", "lpm",
+                            "--preemption-mode", "swap", "--kv-cache-memory", "1048576", "--dtype", "bfloat16",
+                            "--max-model-len", "256", "--host", "0.0.0.0"])
+    assert (ns.enable_prefix_caching, ns.num_blocks, ns.schedule_policy, ns.preemption_mode) == (False, 64, "lpm",
+                                                                                                "swap")
+    assert (ns.kv_cache_memory, ns.dtype, ns.max_model_len, ns.host) == (1048576, "bfloat16", 256, "0.0.0.0")
+    defaults = parser.parse_args([])
+    assert defaults.enable_prefix_caching is True and defaults.num_blocks is None and defaults.port == 5557
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--schedule-policy", "random"])
+
+
+def test_idle_server_uses_almost_no_cpu(tiny_server):
+    with tiny_server.client() as c:
+        assert c.health() == "ok"
+    pids = [tiny_server.proc.pid, *tiny_server.child_pids().values()]
+    assert len(pids) == 4
+    hz = os.sysconf("SC_CLK_TCK")
+    before = [cpu_ticks(pid) for pid in pids]
+    time.sleep(3.0)
+    used_s = sum(cpu_ticks(pid) - b for pid, b in zip(pids, before, strict=True)) / hz
+    assert used_s <= 0.15  # 4 processes over 3 s: at most 5% of one core together
+
+
+def test_ctrl_c_leaves_no_process(tiny_llama_dir, launch):
+    server = launch(str(tiny_llama_dir), "--num-blocks", "64")
+    children = server.child_pids()
+    assert sorted(children) == ["scheduler", "tokenizer", "worker"]
+    assert server.stop() == 0
+    assert wait_gone(children.values()) == []
+
+
+def test_killed_launcher_takes_its_children(tiny_llama_dir, launch):
+    server = launch(str(tiny_llama_dir), "--num-blocks", "64")
+    children = server.child_pids()
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait()
+    assert wait_gone(children.values()) == []
+
+
+def test_killed_worker_fails_clients_and_launcher_exits_nonzero(tiny_llama_dir, launch):
+    server = launch(str(tiny_llama_dir), "--num-blocks", "64")
+    children = server.child_pids()
+    with server.client(timeout=30) as c:
+        stream = c.stream(input_ids=[1, 2, 3], ignore_eos=True, temperature=0.0, max_tokens=1000)
+        next(stream)
+        os.kill(children["worker"], signal.SIGKILL)
+        with pytest.raises(ServerFailedError) as info:
+            for _ in stream:
+                pass
+    assert "worker" in info.value.message
+    assert server.proc.wait(30) == 1
+    assert wait_gone(children.values()) == []
+
+
+def test_model_that_fails_to_load_exits_nonzero(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "runtime.launch", "--model", str(tmp_path / "missing"), "--port",
+                           "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "failed to start" in proc.stderr and "not found" in proc.stderr
+
+
+def test_demo_script_runs_on_a_tiny_model(tiny_llama_dir):
+    proc = subprocess.run([sys.executable, "-m", "runtime.demo", "--model", str(tiny_llama_dir), "--max-tokens", "6",
+                           "--conversations", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = re.findall(r"^\s+(\d) +(\d) +(\d+) +(\d+) +[\d.]+$", proc.stdout, re.M)
+    assert [(int(c), int(t)) for c, t, _, _ in rows] == [(1, 1), (2, 1), (1, 2), (2, 2), (1, 3), (2, 3)]
+    prompt = {(int(c), int(t)): int(p) for c, t, p, _ in rows}
+    cached = {(int(c), int(t)): int(k) for c, t, _, k in rows}
+    assert cached[(1, 1)] == 0
+    assert cached[(2, 1)] >= 64  # the shared system prompt
+    for turn in (2, 3):  # the previous turn's prompt, whole blocks
+        for conv in (1, 2):
+            assert cached[(conv, turn)] >= prompt[(conv, turn - 1)] // 16 * 16
+    assert "conversation 2, turn 3" in proc.stdout
+
+
+def test_ipc_overhead_smoke():
+    from benchmarks.ipc_overhead import main
+
+    out = main(["--smoke"])
+    rows = out["rows"]
+    assert [(r["batch"], r["context"]) for r in rows] == [(8, 64), (8, 256)]
+    assert all(r["us_per_step"] > 0 for r in rows)
+    # the step message grows with the batch, not the context (only wider integers for larger positions)
+    assert rows[1]["bytes_per_step"] <= rows[0]["bytes_per_step"] * 1.2
