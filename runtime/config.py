@@ -43,6 +43,8 @@ class ServerArgs:
     preemption_mode: Literal["recompute", "swap"] = _opt("recompute", "when no block can be freed: recompute or swap")
     host: str = _opt("127.0.0.1", "address the public endpoint binds to")
     port: int = _opt(5557, "TCP port of the public endpoint")
+    events_port: int | None = _opt(None, "TCP port of the scheduler's KV events / stats PUB socket, bound on host "
+                                         "beside the public endpoint for routers (None: ipc only; 0: a free port)")
     seed: int = _opt(0, "seed of the server's own randomness (requests without a seed)")
     max_message_bytes: int = _opt(8 * 2**20, "largest client message accepted (bytes)")
     log_interval_s: float = _opt(5.0, "seconds between stats log lines")
@@ -63,6 +65,7 @@ class ServerArgs:
             ("max_prefill_tokens", self.max_prefill_tokens >= 1, ">= 1"),
             ("chunked_prefill_size", self.chunked_prefill_size >= 1, ">= 1"),
             ("port", 0 <= self.port < 65536, "in [0, 65536)"),
+            ("events_port", self.events_port is None or 0 <= self.events_port < 65536, "None or in [0, 65536)"),
             ("max_message_bytes", self.max_message_bytes >= 1024, ">= 1024"),
         ]
         for name, ok, rule in checks:
