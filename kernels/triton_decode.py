@@ -162,12 +162,17 @@ def decode_attention(
     scale: float,
     max_seq_len: int,
     num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """Decode attention (one query token per sequence) with split-KV. Shapes as kernels.paged_attention.
 
     Args:
         max_seq_len: longest seq_len in the batch (tokens); sizes the split.
         num_splits: context slices per sequence (None: choose_splits for the device).
+        block_n, num_warps, num_stages: launch configuration (tokens per K/V tile; None: 64); the benchmark's
+            --sweep measures alternatives.
     Returns:
         [num_tokens, num_heads, head_dim], dtype of q. Allocates float32 partials of
         num_seqs * num_heads * num_splits * head_dim elements when num_splits > 1.
@@ -177,7 +182,7 @@ def decode_attention(
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
-    block_n = 64 if block_d <= 64 else 32
+    block_n = block_n or 64
     if num_splits is None:
         target = 4 * torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
         num_splits = choose_splits(num_seqs, num_kv_heads, max_seq_len, block_n, target)
@@ -197,7 +202,7 @@ def decode_attention(
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, DIRECT=direct,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if not direct:
         _decode_merge_kernel[(num_seqs, num_heads)](

@@ -1,0 +1,315 @@
+"""Paged attention decode: the cost of reading K/V through block tables, against SDPA over contiguous K/V.
+
+CUDA: the Triton split-KV decode kernel (kernels/triton_decode.py) for batch {1, 8, 64, 256} x context {512, 4096,
+32768} with Llama-3-8B heads (32 q / 8 kv / 128) and SmolLM2 heads (9 q / 3 kv / 64), bf16: time
+(triton.testing.do_bench, median), achieved bandwidth (bytes of K/V read / time), the fraction of the device's
+measured copy bandwidth (2 x bytes / time of a large device-to-device copy), and the time of torch's
+scaled_dot_product_attention over a contiguous K/V of the same size (GQA folded the same way: the G query heads of a
+KV head are its G query rows). Target on an H200 at batch 64 x 4096: >= 0.8 of copy bandwidth, no slower than SDPA.
+
+CPU: the reference path (kernels/reference.py, fp32) against SDPA over contiguous K/V with the same GQA handling, same
+shapes scaled down: the cost of paging on CPU (target: ratio <= 1.5 at batch 32 x 512). Each timing walks a stack of
+layers (as a model does), so K/V come from memory, not from a cache that one layer's data would fit in; the
+reference's gather workspace is reused across layers, as in serving. Also one extend row (a 512-token chunk over a
+cached prefix). Rows with backend "reference[gather-all]" are the formulation the reference replaced (one gather of
+the whole batch, then one SDPA), measured beside it.
+
+    .venv/bin/python -m benchmarks.attention_kernel            # -> benchmarks/results/attention_kernel.json
+    .venv/bin/python -m benchmarks.attention_kernel --quick    # CPU: under a minute
+    .venv/bin/python -m benchmarks.attention_kernel --smoke    # seconds; writes nothing unless --out is given
+    .venv/bin/python -m benchmarks.attention_kernel --sweep    # CUDA: also try decode launch configurations
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+from kernels import reference
+
+logger = logging.getLogger(__name__)
+
+RESULTS = Path(__file__).parent / "results" / "attention_kernel.json"
+HEADS = {"llama3-8b": (32, 8, 128), "smollm2": (9, 3, 64)}
+BLOCK_SIZE = 16
+
+
+def _heads_label(name: str) -> str:
+    h, kvh, d = HEADS[name]
+    return f"{name} {h}q/{kvh}kv/{d}"
+
+
+def _kv_bytes(batch: int, context: int, kvh: int, d: int, elem: int) -> int:
+    return 2 * batch * context * kvh * d * elem
+
+
+def _paged_decode_inputs(batch: int, context: int, heads: str, dtype: torch.dtype, device: str, layers: int = 1):
+    """Caches [layers, num_blocks, BLOCK_SIZE, kvh, d] with each sequence's blocks at shuffled positions."""
+    h, kvh, d = HEADS[heads]
+    blocks_per_seq = -(-context // BLOCK_SIZE)
+    num_blocks = batch * blocks_per_seq + 1
+    shape = (layers, num_blocks, BLOCK_SIZE, kvh, d)
+    k_cache = torch.empty(shape, dtype=dtype, device=device).normal_()
+    v_cache = torch.empty(shape, dtype=dtype, device=device).normal_()
+    perm = torch.randperm(num_blocks - 1, device=device) + 1
+    tables = perm.view(batch, blocks_per_seq).to(torch.int32)
+    q = torch.randn(batch, h, d, dtype=dtype, device=device)
+    seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+    qsl = torch.arange(batch + 1, dtype=torch.int32, device=device)
+    return q, k_cache, v_cache, tables, seq_lens, qsl
+
+
+def _contiguous(batch: int, context: int, heads: str, dtype: torch.dtype, device: str, layers: int = 1):
+    _, kvh, d = HEADS[heads]
+    shape = (layers, batch, kvh, context, d)
+    return (torch.empty(shape, dtype=dtype, device=device).normal_(), torch.empty(shape, dtype=dtype, device=device)
+            .normal_())  # fmt: skip
+
+
+def _row(backend, batch, context, heads, phase, seconds, nbytes, copy_gbps, baseline_s) -> dict:
+    gbps = nbytes / seconds / 1e9
+    return {
+        "backend": backend,
+        "phase": phase,
+        "batch": batch,
+        "context": context,
+        "heads": _heads_label(heads),
+        "seconds": seconds,
+        "gbps": round(gbps, 2),
+        "fraction_of_copy_bw": round(gbps / copy_gbps, 3),
+        "vs_contiguous": round(seconds / baseline_s, 3),
+    }
+
+
+# ---------------------------------------------------------------- CPU
+
+
+def _cpu_time(fns: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:
+    """Median seconds of each fn, the fns interleaved round by round so that load from other processes hits all."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def _cpu_copy_gbps(nbytes: int) -> float:
+    src = torch.empty(nbytes // 4).normal_()
+    dst = torch.empty_like(src)
+    t = _cpu_time({"copy": lambda: dst.copy_(src)}, 5)["copy"]
+    return 2 * nbytes / t / 1e9
+
+
+def _layers_for(nbytes_per_layer: int, budget: int) -> int:
+    return max(2, min(30, budget // max(1, nbytes_per_layer)))
+
+
+def cpu_decode_rows(batch: int, context: int, heads: str, rounds: int, budget: int, copy_gbps: float) -> list[dict]:
+    h, kvh, d = HEADS[heads]
+    nbytes = _kv_bytes(batch, context, kvh, d, 4)
+    layers = _layers_for(nbytes, budget)
+    inputs = _paged_decode_inputs(batch, context, heads, torch.float32, "cpu", layers)
+    q, k_cache, v_cache, tables, seq_lens, qsl = inputs
+    k_cont, v_cont = _contiguous(batch, context, heads, torch.float32, "cpu", layers)
+    scale = d**-0.5
+    qg = q.view(batch, kvh, h // kvh, d)
+
+    def paged() -> None:
+        for layer in range(layers):
+            kernels.paged_attention(q, k_cache[layer], v_cache[layer], tables, seq_lens, qsl, scale, 1, context)
+
+    def gather_all() -> None:
+        saved, reference.DECODE_GROUP_BYTES = reference.DECODE_GROUP_BYTES, 1 << 62
+        try:
+            paged()
+        finally:
+            reference.DECODE_GROUP_BYTES = saved
+
+    def contiguous() -> None:
+        for layer in range(layers):
+            F.scaled_dot_product_attention(qg, k_cont[layer], v_cont[layer], scale=scale)
+
+    t = _cpu_time({"reference": paged, "reference[gather-all]": gather_all, "sdpa_contiguous": contiguous}, rounds)
+    base = t["sdpa_contiguous"] / layers
+    return [
+        _row(name, batch, context, heads, "decode", t[name] / layers, nbytes, copy_gbps, base)
+        for name in ("reference", "reference[gather-all]", "sdpa_contiguous")
+    ]
+
+
+def cpu_extend_rows(new: int, cached: int, heads: str, rounds: int, copy_gbps: float) -> list[dict]:
+    """One sequence: `new` query tokens over `cached` prefix tokens; SDPA gets a bottom-right causal bool mask."""
+    h, kvh, d = HEADS[heads]
+    context = new + cached
+    nbytes = _kv_bytes(1, context, kvh, d, 4)
+    _, k_cache, v_cache, tables, seq_lens, _ = _paged_decode_inputs(1, context, heads, torch.float32, "cpu")
+    q = torch.randn(new, h, d)
+    qsl = torch.tensor([0, new], dtype=torch.int32)
+    k_cont, v_cont = _contiguous(1, context, heads, torch.float32, "cpu")
+    scale = d**-0.5
+    qh = q.view(new, kvh, h // kvh, d).permute(1, 2, 0, 3)[None]  # [1, kvh, G, new, d]
+    mask = torch.arange(context)[None, :] <= torch.arange(cached, context)[:, None]
+
+    def paged() -> None:
+        kernels.paged_attention(q, k_cache[0], v_cache[0], tables, seq_lens, qsl, scale, new, context)
+
+    def contiguous() -> None:
+        k = k_cont[0][:, :, None].expand(1, kvh, h // kvh, context, d)
+        v = v_cont[0][:, :, None].expand(1, kvh, h // kvh, context, d)
+        F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
+
+    t = _cpu_time({"reference": paged, "sdpa_contiguous": contiguous}, rounds)
+    return [
+        _row(name, 1, context, heads, f"extend {new} on {cached}", t[name], nbytes, copy_gbps, t["sdpa_contiguous"])
+        for name in ("reference", "sdpa_contiguous")
+    ]
+
+
+def run_cpu(mode: str) -> tuple[dict, list[dict]]:
+    if mode == "smoke":
+        decode, extend, rounds, budget = [("smollm2", 2, 64)], [(16, 48)], 1, 1 << 20
+    elif mode == "quick":
+        decode, extend, rounds, budget = [("smollm2", 8, 512), ("smollm2", 32, 512)], [(512, 1536)], 5, 256 << 20
+    else:
+        decode = [("smollm2", b, c) for b in (1, 8, 32, 64) for c in (512, 2048)]
+        decode += [("llama3-8b", b, 512) for b in (1, 8)]
+        extend, rounds, budget = [(512, 1536), (128, 4096)], 9, 512 << 20
+    copy_gbps = _cpu_copy_gbps(min(budget, 256 << 20))
+    rows = []
+    for heads, batch, context in decode:
+        rows += cpu_decode_rows(batch, context, heads, rounds, budget, copy_gbps)
+        logger.info("cpu decode %s batch %d context %d: %s", heads, batch, context, rows[-3:])
+    for new, cached in extend:
+        rows += cpu_extend_rows(new, cached, "smollm2", rounds, copy_gbps)
+    device = {
+        "type": "cpu",
+        "name": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "copy_gbps": round(copy_gbps, 2),
+        "dtype": "float32",
+    }
+    return device, rows
+
+
+# ---------------------------------------------------------------- CUDA
+
+
+def _cuda_time(fn: Callable[[], object]) -> float:
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e3
+
+
+def _cuda_copy_gbps() -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / _cuda_time(lambda: dst.copy_(src)) / 1e9
+
+
+def _cuda_sdpa_seconds(batch: int, context: int, heads: str) -> float:
+    h, kvh, d = HEADS[heads]
+    k_cont, v_cont = _contiguous(batch, context, heads, torch.bfloat16, "cuda")
+    qg = torch.randn(batch, kvh, h // kvh, d, dtype=torch.bfloat16, device="cuda")
+    return _cuda_time(lambda: F.scaled_dot_product_attention(qg, k_cont[0], v_cont[0], scale=d**-0.5))
+
+
+def cuda_decode_rows(batch: int, context: int, heads: str, copy_gbps: float, sweep: bool) -> list[dict]:
+    _, kvh, d = HEADS[heads]
+    nbytes = _kv_bytes(batch, context, kvh, d, 2)
+    t_sdpa = _cuda_sdpa_seconds(batch, context, heads)  # its contiguous K/V are freed on return
+    q, k_cache, v_cache, tables, seq_lens, qsl = _paged_decode_inputs(batch, context, heads, torch.bfloat16, "cuda")
+    args = (q, k_cache[0], v_cache[0], tables, seq_lens, qsl, d**-0.5)
+    t_triton = _cuda_time(lambda: kernels.paged_attention(*args, 1, context, backend="triton"))
+    rows = [
+        _row("triton", batch, context, heads, "decode", t_triton, nbytes, copy_gbps, t_sdpa),
+        _row("sdpa_contiguous", batch, context, heads, "decode", t_sdpa, nbytes, copy_gbps, t_sdpa),
+    ]
+    if sweep:
+        rows += _sweep(args, context, nbytes, copy_gbps, t_sdpa, heads)
+    return rows
+
+
+def run_cuda(mode: str, sweep: bool) -> tuple[dict, list[dict]]:
+    batches, contexts = ((1, 8, 64, 256), (512, 4096, 32768)) if mode == "full" else ((1, 64), (512, 4096))
+    if mode == "smoke":
+        batches, contexts = (8,), (512,)
+    copy_gbps = _cuda_copy_gbps()
+    rows = []
+    for heads in HEADS:
+        _, kvh, d = HEADS[heads]
+        for batch in batches:
+            for context in contexts:
+                nbytes = _kv_bytes(batch, context, kvh, d, 2)
+                if 2.3 * nbytes > torch.cuda.mem_get_info()[0]:
+                    logger.warning("skip %s batch %d context %d: %.1f GB of K/V", heads, batch, context, nbytes / 1e9)
+                    continue
+                rows += cuda_decode_rows(batch, context, heads, copy_gbps, sweep and batch == 64 and context == 4096)
+                logger.info("cuda %s", rows[-2:])
+                torch.cuda.empty_cache()
+    props = torch.cuda.get_device_properties(0)
+    device = {"type": "cuda", "name": props.name, "sm_count": props.multi_processor_count,
+              "copy_gbps": round(copy_gbps, 1), "dtype": "bfloat16"}  # fmt: skip
+    return device, rows
+
+
+def _sweep(args: tuple, context: int, nbytes: int, copy_gbps: float, t_sdpa: float, heads: str) -> list[dict]:
+    """Launch configurations of the decode kernel at one shape (rows named triton[block_n,warps,stages,splits])."""
+    from kernels.triton_decode import decode_attention
+
+    rows = []
+    for block_n in (32, 64, 128):
+        for warps in (4, 8):
+            for stages in (2, 3):
+                for splits in (None, 1, 4, 8):
+                    config = dict(num_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages)
+                    t = _cuda_time(lambda c=config: decode_attention(*args, max_seq_len=context, **c))
+                    name = f"triton[{block_n},{warps},{stages},{splits}]"
+                    rows.append(_row(name, args[0].shape[0], context, heads, "decode", t, nbytes, copy_gbps, t_sdpa))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark; returns the result dict and writes it to --out (default results/ unless --smoke)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer shapes (CPU: under a minute)")
+    parser.add_argument("--smoke", action="store_true", help="seconds-long run; writes only with --out")
+    parser.add_argument("--sweep", action="store_true", help="CUDA: also time decode launch configurations")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--out", type=Path, default=None, help=f"JSON path (default {RESULTS})")
+    args = parser.parse_args(argv)
+    mode = "smoke" if args.smoke else ("quick" if args.quick else "full")
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    info, rows = run_cuda(mode, args.sweep) if device == "cuda" else run_cpu(mode)
+    result = {"device": info, "mode": mode, "block_size": BLOCK_SIZE, "rows": rows}
+    out = args.out if args.out is not None else (None if args.smoke else RESULTS)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    res = main()
+    for r in res["rows"]:
+        logger.info("%-24s %-34s batch %4d ctx %6d  %10.3f ms  %8.2f GB/s  %5.3f of copy  %5.2fx contiguous",
+                    r["backend"], r["heads"] + " " + r["phase"], r["batch"], r["context"], r["seconds"] * 1e3,
+                    r["gbps"], r["fraction_of_copy_bw"], r["vs_contiguous"])  # fmt: skip
