@@ -110,23 +110,26 @@ def measure(push: zmq.Socket, pull: zmq.Socket, batch: int, context: int, steps:
             "bytes_per_step": round(statistics.mean(sizes), 1)}
 
 
-def decode_step_ms(batch: int) -> float | None:
-    """Median decode step (ms) of the embedded model at `batch` sequences of 64 tokens (None if unavailable)."""
+def decode_step_ms(batch: int, prompt_len: int = 15, steps: int = 5) -> float | None:
+    """Median decode step (ms) of the embedded model at `batch` sequences of prompt_len + step tokens (None when the
+    ModelRunner is unavailable). A short context makes the step cheaper, so the overhead ratio is an upper bound."""
     try:
         from runtime.config import ServerArgs
         from runtime.worker import ModelRunner
     except ImportError:
         return None
-    blocks = 64 // BLOCK_SIZE + 1
+    blocks = -(-(prompt_len + steps + 1) // BLOCK_SIZE)
     runner = ModelRunner(ServerArgs(model="smollm2", num_blocks=batch * blocks + 1))
-    sp = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
-    seqs = [p.ScheduledSeq(i, [1] * 63, 0, list(range(1 + i * blocks, 1 + (i + 1) * blocks)), True, sp, 63, 0)
-            for i in range(batch)]
+    sp = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
+    seqs = [p.ScheduledSeq(i, [1] * prompt_len, 0, list(range(1 + i * blocks, 1 + (i + 1) * blocks)), True, sp,
+                           prompt_len, 0) for i in range(batch)]
     runner.execute(p.ForwardBatch(0, seqs))
     times = []
-    for step in range(1, 6):
+    for step in range(1, steps + 1):
         t0 = time.perf_counter()
-        runner.execute(p.ForwardBatch(step, [p.ScheduledSeq(i, [1], 62 + step, [], True) for i in range(batch)]))
+        batch_msg = p.ForwardBatch(step, [p.ScheduledSeq(i, [1], prompt_len + step - 1, [], True)
+                                          for i in range(batch)])
+        runner.execute(batch_msg)
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
 

@@ -1,9 +1,10 @@
 """`make demo`: serve the embedded model, run a multi-turn chat through the client, show what the prefix cache saved.
 
 Launches the server (worker, scheduler, tokenizer processes), then runs several conversations that share one system
-prompt, 3 turns each, greedy, streaming each reply. Prints the replies and a table of prompt_tokens / cached_tokens /
-TTFT per turn: the first turn of the first conversation computes the whole prompt; later first turns reuse the
-system prompt's blocks; later turns reuse the whole previous exchange. Then shuts the server down.
+prompt, 3 turns each, greedy, streaming each reply; the conversations' turns run side by side through AsyncClient so
+the server batches them. Prints the replies and a table of prompt_tokens / cached_tokens / TTFT per turn: later turns
+reuse the whole previous exchange, and every first turn but one reuses the system prompt's blocks (the scheduler
+holds back a request whose prefix another request is computing right now). Then shuts the server down.
 
     .venv/bin/python -m runtime.demo                      # the embedded SmolLM2-135M-Instruct
     .venv/bin/python -m runtime.demo --model /path/to/hf_folder --max-tokens 8
@@ -12,13 +13,15 @@ system prompt's blocks; later turns reuse the whole previous exchange. Then shut
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 import time
 
-from runtime.client import Client
+from runtime.client import AsyncClient
 from runtime.config import ServerArgs
 from runtime.launch import Launcher, LaunchError
+from runtime.protocol import Usage
 
 SYSTEM_PROMPT = (
     "You are a concise assistant for a small bakery called The Radix Loaf. The bakery opens at 7 am and closes at "
@@ -43,28 +46,37 @@ def first_run_note(model: str) -> str | None:
     return None
 
 
-def chat(client: Client, conversations: list[list[str]], max_tokens: int) -> list[tuple[int, int, int, int, float]]:
-    """Runs every conversation turn by turn (turn 1 of all, then turn 2, ...), streaming and printing replies.
+async def _reply(client: AsyncClient, messages: list[dict[str, str]], max_tokens: int) -> tuple[str, Usage, float]:
+    """Streams one reply; returns (text, usage, TTFT in seconds)."""
+    start, ttft, text, usage = time.perf_counter(), None, "", None
+    async for chunk in client.stream(messages=messages, max_tokens=max_tokens, temperature=0.0):
+        if ttft is None and chunk.token_ids:
+            ttft = time.perf_counter() - start
+        text += chunk.text
+        usage = chunk.usage or usage
+    return text, usage, ttft or 0.0
 
-    Returns rows (conversation, turn, prompt_tokens, cached_tokens, ttft_s)."""
+
+async def chat(endpoint: str, conversations: list[list[str]], max_tokens: int):
+    """Runs the conversations side by side, turn by turn (the turn-t requests of all conversations are in flight
+    together, so the server batches them), printing the replies.
+
+    Returns (rows (conversation, turn, prompt_tokens, cached_tokens, ttft_s), the server's ServerStats)."""
     histories = [[{"role": "system", "content": SYSTEM_PROMPT}] for _ in conversations]
     rows = []
-    for turn in range(max(len(c) for c in conversations)):
-        for i, conv in enumerate(conversations):
-            if turn >= len(conv):
-                continue
-            histories[i].append({"role": "user", "content": conv[turn]})
-            start, ttft, text, usage = time.perf_counter(), None, "", None
-            for chunk in client.stream(messages=histories[i], max_tokens=max_tokens, temperature=0.0):
-                if ttft is None and chunk.token_ids:
-                    ttft = time.perf_counter() - start
-                text += chunk.text
-                usage = chunk.usage or usage
-            histories[i].append({"role": "assistant", "content": text})
-            print(f"[conversation {i + 1}, turn {turn + 1}] user: {conv[turn]}\n  assistant: {text.strip()}",
-                  flush=True)
-            rows.append((i + 1, turn + 1, usage.prompt_tokens, usage.cached_tokens, ttft or 0.0))
-    return rows
+    async with AsyncClient(endpoint, timeout=300.0) as client:
+        for turn in range(max(len(c) for c in conversations)):
+            active = [i for i, conv in enumerate(conversations) if turn < len(conv)]
+            for i in active:
+                histories[i].append({"role": "user", "content": conversations[i][turn]})
+            replies = await asyncio.gather(*(_reply(client, histories[i], max_tokens) for i in active))
+            for i, (text, usage, ttft) in zip(active, replies, strict=True):
+                histories[i].append({"role": "assistant", "content": text})
+                print(f"[conversation {i + 1}, turn {turn + 1}] user: {conversations[i][turn]}\n"
+                      f"  assistant: {text.strip()}", flush=True)
+                rows.append((i + 1, turn + 1, usage.prompt_tokens, usage.cached_tokens, ttft))
+        stats = await client.stats()
+    return rows, stats
 
 
 def print_table(rows: list[tuple[int, int, int, int, float]]) -> None:
@@ -98,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"server ready at {endpoint} after {time.perf_counter() - t0:.1f} s ({ns.model})\n", flush=True)
     try:
-        with Client(endpoint, timeout=300.0) as client:
-            rows = chat(client, CONVERSATIONS[: ns.conversations], ns.max_tokens)
-            stats = client.stats()
+        rows, stats = asyncio.run(chat(endpoint, CONVERSATIONS[: ns.conversations], ns.max_tokens))
         print_table(rows)
         print(f"server: {stats.num_cached_blocks} cached blocks, {stats.num_free_blocks} free, "
               f"{stats.num_used_blocks} in use")

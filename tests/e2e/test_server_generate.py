@@ -6,6 +6,7 @@ import asyncio
 import threading
 
 from runtime.client import AsyncClient, Client
+from runtime.protocol import Usage
 
 BLOCK = 16
 REPLACEMENT = "\ufffd"
@@ -29,7 +30,9 @@ def test_stream_equals_generate_with_multibyte_text(smol_server):
     assert any(ord(ch) > 0x2E80 for ch in full.text)  # CJK / emoji came out
     assert all(REPLACEMENT not in ch.text for ch in chunks)
     assert chunks[-1].finish_reason == full.finish_reason
-    assert chunks[-1].usage == full.usage
+    prompt = full.usage.prompt_tokens  # the second request reuses the first one's full prompt blocks
+    assert full.usage == Usage(prompt, 0, len(full.token_ids))
+    assert chunks[-1].usage == Usage(prompt, (prompt - 1) // BLOCK * BLOCK, len(full.token_ids))
     assert full.usage.completion_tokens == len(full.token_ids)
 
 
