@@ -23,6 +23,7 @@ import msgspec
 from radix.block_pool import BlockPool, NoFreeBlocksError
 from radix.events import KvEvent, KvEventLog, KvSnapshot
 from radix.hashing import BlockHash, HashFn, blake2b_128, block_key, extra_keys_for_block, hash_block
+from radix.sequence import SeqState
 from radix.tree import RadixTree
 
 logger = logging.getLogger(__name__)
@@ -67,30 +68,6 @@ class KVStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return self.prefix_hits_tokens / self.prefix_queries_tokens if self.prefix_queries_tokens else 0.0
 
 
-class _Seq:
-    __slots__ = (
-        "token_ids", "block_table", "num_computed", "cache_salt",
-        "block_hashes", "num_cached_blocks", "shadow", "host_table",
-    )  # fmt: skip
-
-    def __init__(self, token_ids: list[int], block_table: list[int], num_computed: int, cache_salt: str | None):
-        self.token_ids = token_ids
-        self.block_table = block_table
-        self.num_computed = num_computed
-        self.cache_salt = cache_salt
-        self.block_hashes: list[BlockHash] = []  # chained hashes of blocks [0, num_cached_blocks)
-        self.num_cached_blocks = 0  # leading blocks resident in the tree (as themselves or as a shadow)
-        self.shadow: list[int] = []  # resident duplicates this sequence references (see module docstring)
-        self.host_table: list[int] | None = None  # set while swapped out
-
-    def copy(self) -> _Seq:
-        child = _Seq(list(self.token_ids), list(self.block_table), self.num_computed, self.cache_salt)
-        child.block_hashes = list(self.block_hashes)
-        child.num_cached_blocks = self.num_cached_blocks
-        child.shadow = list(self.shadow)
-        return child
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -130,7 +107,7 @@ class KVCacheManager:
         self._host_pool = BlockPool(num_host_blocks, reserve_null=False)
         self._events = KvEventLog(enabled=enable_prefix_caching)
         self._tree = RadixTree(self._pool, block_size, hash_fn, self._events)
-        self._seqs: dict[int, _Seq] = {}
+        self._seqs: dict[int, SeqState] = {}
         self._queries_tokens = 0
         self._hits_tokens = 0
 
@@ -182,7 +159,7 @@ class KVCacheManager:
         if need > self._pool.num_free + tree.num_evictable - idle_matched:
             return None
         tree.lock(match.block_ids)
-        seq = _Seq(list(token_ids), match.block_ids + self._take_blocks(need), cached, cache_salt)
+        seq = SeqState(list(token_ids), match.block_ids + self._take_blocks(need), cached, cache_salt)
         seq.block_hashes = match.block_hashes
         seq.num_cached_blocks = len(match.block_ids)
         self._seqs[seq_id] = seq
@@ -418,13 +395,13 @@ class KVCacheManager:
         return self._tree
 
     # ----------------------------------------------------------------- internals
-    def _get(self, seq_id: int) -> _Seq:
+    def _get(self, seq_id: int) -> SeqState:
         seq = self._seqs.get(seq_id)
         if seq is None:
             raise UnknownSequenceError(f"unknown sequence {seq_id}")
         return seq
 
-    def _live(self, seq_id: int) -> _Seq:
+    def _live(self, seq_id: int) -> SeqState:
         seq = self._get(seq_id)
         if seq.host_table is not None:
             raise ValueError(f"sequence {seq_id} is swapped out")
@@ -436,7 +413,7 @@ class KVCacheManager:
             self._tree.evict(short)
         return self._pool.allocate(n)
 
-    def _cache_full_blocks(self, seq: _Seq, num_full_blocks: int) -> None:
+    def _cache_full_blocks(self, seq: SeqState, num_full_blocks: int) -> None:
         start, end = seq.num_cached_blocks, min(num_full_blocks, len(seq.block_table))
         if not self.enable_prefix_caching or end <= start:
             return
@@ -457,7 +434,7 @@ class KVCacheManager:
         seq.block_hashes.extend(hashes[: len(resident)])
         seq.num_cached_blocks += len(resident)
 
-    def _uncache_past(self, seq: _Seq, keep_blocks: int) -> None:
+    def _uncache_past(self, seq: SeqState, keep_blocks: int) -> None:
         rc, tree = self._pool.ref_counts, self._tree
         own = []  # blocks past keep_blocks that only this sequence (and the tree) holds, deepest first
         for i in range(seq.num_cached_blocks - 1, keep_blocks - 1, -1):
