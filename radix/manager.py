@@ -232,6 +232,18 @@ class KVCacheManager:
         seq.num_computed = num_tokens
         self._cache_full_blocks(seq, num_tokens // self.block_size)
 
+    def cache_computed_blocks(self, seq_id: int, num_tokens: int) -> None:
+        """Insert the full blocks among the first num_tokens tokens (all computed) into the tree without moving
+        num_computed_tokens; commit_computed does this itself. O(new full blocks * B).
+
+        Raises:
+            ValueError: num_tokens above num_computed_tokens; swapped out.
+        """
+        seq = self._live(seq_id)
+        if not 0 <= num_tokens <= seq.num_computed:
+            raise ValueError(f"cannot cache {num_tokens} tokens: only {seq.num_computed} are computed")
+        self._cache_full_blocks(seq, num_tokens // self.block_size)
+
     def fork(self, parent_id: int, child_id: int) -> None:
         """Register child_id as a copy of parent_id (parallel sampling): same tokens, same block table, every
         referenced block's ref count + 1. O(blocks). Raises UnknownSequenceError, ValueError (child exists,

@@ -185,6 +185,21 @@ def test_prepare_write_without_room_raises_and_changes_nothing():
     m.check_invariants()
 
 
+def test_cache_computed_blocks_is_idempotent_and_bounded():
+    m = KVCacheManager(11, block_size=4)
+    assert m.add_sequence(1, toks(1, 10)) == 0
+    m.commit_computed(1, 9)
+    assert m.stats().cached_blocks == 2
+    refs = [m.ref_count(b) for b in m.block_table(1)]
+    assert refs == [2, 2, 1]
+    m.cache_computed_blocks(1, 9)
+    assert m.stats().cached_blocks == 2 and [m.ref_count(b) for b in m.block_table(1)] == refs
+    assert m.num_computed_tokens(1) == 9
+    with pytest.raises(ValueError):
+        m.cache_computed_blocks(1, 10)
+    m.check_invariants()
+
+
 def test_free_releases_and_caches_only_full_computed_blocks():
     m = KVCacheManager(11, block_size=4)
     assert m.add_sequence(1, toks(1, 10)) == 0
