@@ -270,18 +270,17 @@ def run_cuda(mode: str, sweep: bool) -> tuple[dict, list[dict]]:
 
 
 def _sweep(args: tuple, context: int, nbytes: int, copy_gbps: float, t_sdpa: float, heads: str) -> list[dict]:
-    """Launch configurations of the decode kernel at one shape (rows named triton[block_n,warps,stages,splits])."""
+    """Launch configurations of the decode kernel at one shape (rows named triton[block_n=..,warps=..,...])."""
     from kernels.triton_decode import decode_attention
 
+    configs = [(block_n, warps, stages, None) for block_n in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)]
+    configs += [(64, 4, 2, splits) for splits in (1, 8, 16)]
     rows = []
-    for block_n in (32, 64, 128):
-        for warps in (4, 8):
-            for stages in (2, 3):
-                for splits in (None, 1, 4, 8):
-                    config = dict(num_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages)
-                    t = _cuda_time(lambda c=config: decode_attention(*args, max_seq_len=context, **c))
-                    name = f"triton[{block_n},{warps},{stages},{splits}]"
-                    rows.append(_row(name, args[0].shape[0], context, heads, "decode", t, nbytes, copy_gbps, t_sdpa))
+    for block_n, warps, stages, splits in configs:
+        config = dict(num_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages)
+        t = _cuda_time(lambda c=config: decode_attention(*args, max_seq_len=context, **c))
+        name = f"triton[block_n={block_n},warps={warps},stages={stages},splits={splits or 'auto'}]"
+        rows.append(_row(name, args[0].shape[0], context, heads, "decode", t, nbytes, copy_gbps, t_sdpa))
     return rows
 
 
@@ -300,6 +299,14 @@ def main(argv: list[str] | None = None) -> dict:
     info, rows = run_cuda(mode, args.sweep) if device == "cuda" else run_cpu(mode)
     result = {"device": info, "mode": mode, "block_size": BLOCK_SIZE, "rows": rows}
     out = args.out if args.out is not None else (None if args.smoke else RESULTS)
+    if out is not None and out.exists():
+        # Keep the latest run of the other device type (CPU figures survive a GPU run and the reverse).
+        old = json.loads(out.read_text())
+        kept = {t: r for t, r in old.get("other_runs", {}).items() if t != info["type"]}
+        if old.get("device", {}).get("type") not in (None, info["type"]):
+            kept[old["device"]["type"]] = {k: old[k] for k in ("device", "mode", "rows")}
+        if kept:
+            result["other_runs"] = kept
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
