@@ -248,13 +248,18 @@ class Scheduler:
         preempted_before = self.counters["preemptions"]
         for seq in sorted(self.running, key=lambda s: s.admitted_at):
             if seq.status == SeqStatus.RUNNING:
-                self._plan(seq, batch, copies, swap_out, budget)
-        if self.counters["preemptions"] == preempted_before:
+                self._plan(seq, batch, copies, swap_out, budget, may_preempt=True)
+        if self.counters["preemptions"] == preempted_before or not batch:
             while self.swapped and len(self.running) < self.args.max_running_requests:
-                pairs = self.manager.swap_in(self.swapped[0].seq_id)
+                seq = self.swapped[0]
+                # its blocks plus one to grow into, else it would be swapped straight out again
+                if not self.manager.can_allocate(-(-self.manager.num_computed_tokens(seq.seq_id) // self.block_size)
+                                                 + 1):  # fmt: skip
+                    break
+                pairs = self.manager.swap_in(seq.seq_id)
                 if pairs is None:
                     break
-                seq = self.swapped.popleft()
+                self.swapped.popleft()
                 swap_in.extend(pairs)
                 seq.status, seq.in_worker = SeqStatus.RUNNING, False
                 self.running.append(seq)
@@ -295,8 +300,11 @@ class Scheduler:
         return self.drain_outputs()
 
     # ------------------------------------------------------------------ planning
-    def _plan(self, seq: SeqState, batch: list, copies: list, swap_out: list, budget: list[int]) -> bool:
-        """Reserve blocks for seq's next chunk and add it to the batch; False when seq was preempted or finished."""
+    def _plan(self, seq: SeqState, batch: list, copies: list, swap_out: list, budget: list[int],
+              may_preempt: bool = False) -> bool:  # fmt: skip
+        """Reserve blocks for seq's next chunk and add it to the batch; False when seq was preempted or finished, or
+        (may_preempt False) could not get its blocks this step. Preemption is only allowed in the running phase, so
+        a step never swaps a sequence out after swapping one in (the worker copies swap_out before swap_in)."""
         computed = self.manager.num_computed_tokens(seq.seq_id)
         remaining = seq.target - computed
         is_decode = remaining == 1 and seq.num_output > 0
@@ -310,7 +318,7 @@ class Scheduler:
                     break
                 except NoFreeBlocksError:
                     pass
-            if not self._preempt_for(seq, swap_out):
+            if not may_preempt or not self._preempt_for(seq, swap_out):
                 return False
         if pairs and seq.in_worker:  # the worker's table copy cannot express a replaced entry: re-register seq
             self._drops.append(seq.seq_id)

@@ -1,0 +1,305 @@
+"""Engine: the public in-process API. The same Scheduler, ModelRunner, Detokenizer and StopChecker as the server's
+processes, wired together in one process with no sockets (the Engine's step loop is the scheduler loop).
+
+    engine = Engine(model="smollm2", block_size=16, enable_prefix_caching=True)   # any ServerArgs field
+    outs = engine.generate(input_ids=[[...]], sampling_params=SamplingParams(max_tokens=32, temperature=0.0))
+    outs[0].text, outs[0].token_ids, outs[0].finish_reason, outs[0].usage.cached_tokens, outs[0].outputs
+    for chunk in engine.stream(prompts=["..."]): chunk.text, chunk.token_ids
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from radix.manager import KVCacheManager
+from runtime.config import ServerArgs
+from runtime.protocol import StreamChunk, TokenLogprobs, TokenOutput, Usage
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler import RequestRejected, Scheduler
+from runtime.tokenizer import Detokenizer, StopChecker, apply_chat_template
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Engine", "RequestOutput", "CompletionOutput", "EngineError", "RequestRejected"]
+
+
+class EngineError(RuntimeError):
+    """The engine cannot continue (the scheduler stalled, the worker failed a step, or text input without a
+    tokenizer)."""
+
+
+@dataclass
+class CompletionOutput:
+    """One completion of a request: index (0..n-1), text (stop strings removed), token_ids (completion tokens,
+    truncated at a stop string's kept tokens; an EOS / stop token id is kept), finish_reason ("stop", "length",
+    "abort"), logprobs (aligned with token_ids when asked)."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprobs | None] | None = None
+
+
+@dataclass
+class RequestOutput:
+    """A finished request: every completion, usage (completion_tokens summed over completions), ttft_s (seconds).
+    text, token_ids and finish_reason are outputs[0]'s."""
+
+    rid: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    usage: Usage
+    ttft_s: float | None = None
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
+
+
+class _Completion:
+    """Text state of one completion: detokenizer, stop checker, collected tokens."""
+
+    def __init__(self, index: int, tokenizer: Any, params: SamplingParams, stop_ids: frozenset[int]) -> None:
+        self.out = CompletionOutput(index, logprobs=[] if params.logprobs is not None else None)
+        self.detok = Detokenizer(tokenizer) if tokenizer is not None else None
+        self.stopper = StopChecker(params.stop) if params.stop and tokenizer is not None else None
+        self.stop_ids = stop_ids
+        self.usage: Usage | None = None
+        self.stopping = False
+        self.first_token_time: float | None = None
+
+
+class Engine:
+    """In-process serving engine. Keyword arguments are ServerArgs fields (InvalidConfig names an unknown one).
+
+    Attributes: args (ServerArgs), runner (ModelRunner), manager (KVCacheManager), scheduler (Scheduler),
+    tokenizer (transformers tokenizer, or None when the model folder has none: then only input_ids work and text is
+    ""). Not thread-safe: one caller drives it.
+    Raises (at construction): runtime.loader.ModelLoadError subclasses, runtime.config.InvalidConfig.
+    """
+
+    def __init__(self, model: str = "smollm2", **kwargs: Any) -> None:
+        from runtime.loader import ModelLoadError, load_tokenizer
+        from runtime.worker import ModelRunner
+
+        self.args = ServerArgs.from_kwargs(model=model, **kwargs)
+        self.runner = ModelRunner(self.args)
+        ready = self.runner.ready
+        self.manager = KVCacheManager(ready.num_blocks, ready.block_size, self.args.enable_prefix_caching,
+                                      ready.num_host_blocks)  # fmt: skip
+        self.scheduler = Scheduler(self.manager, self.args, ready.max_model_len, ready.eos_token_ids)
+        try:
+            self.tokenizer = load_tokenizer(model)
+        except ModelLoadError as e:
+            logger.warning("no tokenizer for %s (%s): input_ids only, no text", model, e)
+            self.tokenizer = None
+        self._eos = frozenset(ready.eos_token_ids)
+        self._rids = itertools.count()
+        self._live: dict[str, tuple[SamplingParams, list[int], list[_Completion]]] = {}
+        self._done: dict[str, RequestOutput] = {}
+        self._submit_time: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ high level
+    def generate(self, prompts: str | Sequence[str] | None = None, *, input_ids: Sequence[Sequence[int]] | None = None,
+                 messages: Sequence[list[dict[str, Any]]] | None = None,
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 cache_salt: str | None | Sequence[str | None] = None) -> list[RequestOutput]:  # fmt: skip
+        """Run requests to completion; one RequestOutput per prompt, in order. Exactly one of prompts, input_ids,
+        messages (chat template applied). sampling_params / cache_salt: one for all, or one per prompt.
+        Raises RequestRejected (nothing queued) when a prompt can never run, EngineError."""
+        rids = self._submit(prompts, input_ids, messages, sampling_params, cache_salt)
+        while not all(r in self._done for r in rids):
+            self.step()
+        return [self._done.pop(r) for r in rids]
+
+    def stream(self, prompts: str | Sequence[str] | None = None, *, input_ids: Sequence[Sequence[int]] | None = None,
+               messages: Sequence[list[dict[str, Any]]] | None = None,
+               sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+               cache_salt: str | None | Sequence[str | None] = None) -> Iterator[StreamChunk]:  # fmt: skip
+        """Like generate, but yields StreamChunks (rid, index, new text, new token_ids, finish_reason, usage on the
+        last chunk of each completion) as steps finish. Abandoning the iterator aborts the unfinished requests."""
+        rids = self._submit(prompts, input_ids, messages, sampling_params, cache_salt)
+        mine = set(rids)
+        try:
+            while not all(r in self._done for r in rids):
+                for chunk in self.step():
+                    if chunk.rid in mine:
+                        yield chunk
+        finally:
+            for r in rids:
+                if r in self._live:
+                    self.abort(r)
+            for r in rids:
+                self._done.pop(r, None)
+
+    # ------------------------------------------------------------------ low level
+    def add_request(self, *, prompt: str | None = None, input_ids: Sequence[int] | None = None,
+                    messages: list[dict[str, Any]] | None = None, sampling_params: SamplingParams | None = None,
+                    cache_salt: str | None = None, rid: str | None = None) -> str:  # fmt: skip
+        """Queue one request (exactly one of prompt, input_ids, messages); returns its rid. Drive with step().
+        Raises RequestRejected, ValueError, EngineError (text without a tokenizer)."""
+        ids = self._encode(prompt, input_ids, messages)
+        params = sampling_params or SamplingParams()
+        rid = rid if rid is not None else f"req-{next(self._rids)}"
+        self.scheduler.add_request(rid, ids, params, cache_salt)
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos)
+        comps = [_Completion(i, self.tokenizer, params, stop_ids) for i in range(params.n)]
+        self._live[rid] = (params, ids, comps)
+        self._submit_time[rid] = time.monotonic()
+        return rid
+
+    def step(self) -> list[StreamChunk]:
+        """Run one scheduler step (schedule, forward, process) and return the StreamChunks it produced.
+        Raises EngineError when requests remain but nothing can run."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            outs = self.scheduler.drain_outputs()
+            if not outs and self.scheduler.has_unfinished():
+                raise EngineError(f"scheduler stalled: {self.scheduler.stats()}")
+        else:
+            outs = self.scheduler.process_result(self.runner.execute(batch))
+        chunks = [c for o in outs if (c := self._on_output(o)) is not None]
+        chunks += [c for o in self.scheduler.drain_outputs() if (c := self._on_output(o)) is not None]
+        return chunks
+
+    def abort(self, rid: str) -> None:
+        """Abort a queued or running request; its completions finish with "abort". Raises UnknownRequestError."""
+        self.scheduler.abort(rid)
+        for o in self.scheduler.drain_outputs():
+            self._on_output(o)
+
+    def result(self, rid: str) -> RequestOutput:
+        """The RequestOutput of a request finished through step() (removed once taken). Raises KeyError."""
+        return self._done.pop(rid)
+
+    def stats(self) -> dict[str, Any]:
+        """The KV manager's stats plus running, waiting, hit_rate, preemptions, token counters (Scheduler.stats)."""
+        return self.scheduler.stats()
+
+    def shutdown(self) -> None:
+        """Abort everything and release the model and KV cache. The engine is unusable afterwards."""
+        for rid in list(self._live):
+            self.abort(rid)
+        self.runner = None
+        logger.info("engine shut down")
+
+    # ------------------------------------------------------------------ internals
+    def _on_output(self, o: TokenOutput) -> StreamChunk | None:
+        """Detokenize one scheduler delta, apply stop strings (telling the scheduler how many tokens to keep)."""
+        entry = self._live.get(o.rid)
+        if entry is None:
+            return None
+        comp = entry[2][o.index]
+        if o.usage is not None:
+            comp.usage = o.usage
+        if comp.out.finish_reason is not None:
+            return None
+        if o.token_ids and comp.first_token_time is None:
+            comp.first_token_time = time.monotonic()
+        prev = len(comp.out.token_ids)
+        tokens = list(o.token_ids) if not comp.stopping else []
+        comp.out.token_ids.extend(tokens)
+        if comp.out.logprobs is not None and o.logprobs and tokens:
+            comp.out.logprobs.extend(o.logprobs)
+        new_text = ""
+        if comp.detok is not None and tokens:
+            delta = comp.detok.step([t for t in tokens if t not in comp.stop_ids])
+            if comp.stopper is None:
+                new_text = delta
+            else:
+                check = comp.stopper.update(comp.detok.text, comp.detok.token_ends)
+                new_text = check.new_text
+                if check.stopped and o.finish_reason is None:
+                    # the scheduler finishes it now; its final delta (reason "stop", usage) follows in this step
+                    self.scheduler.stop(o.rid, check.keep_tokens, o.index)
+                    comp.stopping = True
+                    del comp.out.token_ids[check.keep_tokens :]
+                    if comp.out.logprobs is not None:
+                        del comp.out.logprobs[check.keep_tokens :]
+                    tokens = tokens[: max(0, check.keep_tokens - prev)]
+        reason = o.finish_reason
+        if reason is not None and comp.stopper is not None and comp.detok is not None:
+            new_text += comp.stopper.flush(comp.detok.text)
+        comp.out.text += new_text
+        chunk = StreamChunk(rid=o.rid, index=o.index, text=new_text, token_ids=tokens, finish_reason=reason)
+        if reason is not None:
+            comp.out.finish_reason = reason
+            chunk.usage = Usage(len(entry[1]), comp.usage.cached_tokens if comp.usage else 0, len(comp.out.token_ids))
+            if all(c.out.finish_reason is not None for c in entry[2]):
+                self._finish_request(o.rid)
+        return chunk
+
+    def _finish_request(self, rid: str) -> None:
+        params, prompt_ids, comps = self._live.pop(rid)
+        usages = [c.usage for c in comps if c.usage is not None]
+        cached = usages[0].cached_tokens if usages else 0
+        usage = Usage(len(prompt_ids), cached, sum(len(c.out.token_ids) for c in comps))
+        firsts = [c.first_token_time for c in comps if c.first_token_time is not None]
+        ttft = min(firsts) - self._submit_time.pop(rid) if firsts else None
+        self._submit_time.pop(rid, None)
+        self._done[rid] = RequestOutput(rid, prompt_ids, [c.out for c in comps], usage, ttft)
+
+    def _encode(self, prompt: str | None, input_ids: Sequence[int] | None,
+                messages: list[dict[str, Any]] | None) -> list[int]:  # fmt: skip
+        given = [x is not None for x in (prompt, input_ids, messages)]
+        if sum(given) != 1:
+            raise ValueError("pass exactly one of prompt, input_ids, messages")
+        if input_ids is not None:
+            return [int(t) for t in input_ids]
+        if self.tokenizer is None:
+            raise EngineError(f"model {self.args.model!r} has no tokenizer: pass input_ids")
+        if messages is not None:
+            return apply_chat_template(self.tokenizer, list(messages))
+        return list(self.tokenizer.encode(prompt))
+
+    def _submit(self, prompts, input_ids, messages, sampling_params, cache_salt) -> list[str]:
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        given = [(k, v) for k, v in (("prompt", prompts), ("input_ids", input_ids), ("messages", messages))
+                 if v is not None]  # fmt: skip
+        if len(given) != 1:
+            raise ValueError("pass exactly one of prompts, input_ids, messages")
+        kind, items = given[0]
+        items = list(items)
+        params = _per_item(sampling_params, len(items), SamplingParams)
+        salts = _per_item(cache_salt, len(items), str)
+        encoded = [self._encode(**{kind: x, **{k: None for k in ("prompt", "input_ids", "messages") if k != kind}})
+                   for x in items]  # fmt: skip
+        self._check_admissible(encoded)
+        return [self.add_request(input_ids=ids, sampling_params=p or SamplingParams(), cache_salt=s)
+                for ids, p, s in zip(encoded, params, salts, strict=True)]  # fmt: skip
+
+    def _check_admissible(self, encoded: list[list[int]]) -> None:
+        """Reject the whole call before queueing anything when one prompt can never run (RequestRejected)."""
+        from runtime.protocol import ERR_CONTEXT, ERR_INVALID
+
+        usable, bs = self.manager.num_blocks - 1, self.manager.block_size
+        for i, ids in enumerate(encoded):
+            if not ids:
+                raise RequestRejected(ERR_INVALID, f"prompt {i} is empty")
+            if len(ids) >= self.scheduler.max_model_len or -(-len(ids) // bs) > usable:
+                raise RequestRejected(ERR_CONTEXT, f"prompt {i} has {len(ids)} tokens: beyond max_model_len "
+                                      f"{self.scheduler.max_model_len} or the KV pool ({usable} blocks of {bs})")
+
+
+def _per_item(value: Any, n: int, single: type) -> list[Any]:
+    if value is None or isinstance(value, single):
+        return [value] * n
+    values = list(value)
+    if len(values) != n:
+        raise ValueError(f"got {len(values)} values for {n} prompts")
+    return values
