@@ -147,3 +147,13 @@ def test_errors_for_short_tables_and_long_contexts(tiny):
         runner.execute(ForwardBatch(0, [_new(1, range(6), [1])]))
     with pytest.raises(WorkerError, match="exceeds max_model_len 8"):
         runner.execute(ForwardBatch(1, [_new(2, range(9), [1, 2, 3])]))
+
+
+def test_decode_throughput_benchmark_smoke(tiny):
+    from benchmarks.decode_throughput import main
+
+    result = main(["--smoke", "--model", tiny])
+    assert [(r["engine"], r["batch"]) for r in result["rows"]] == [
+        ("radixserve", 1), ("transformers", 1), ("radixserve", 2), ("transformers", 2)]
+    assert all(r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 for r in result["rows"])
+    assert result["ratio_vs_transformers"] > 0 and result["ratio_batch"] == 2
