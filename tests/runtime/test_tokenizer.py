@@ -6,14 +6,6 @@ import pytest
 
 from runtime.tokenizer import REPLACEMENT_CHAR, ChatTemplateError, Detokenizer, StopChecker, apply_chat_template
 
-
-@pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    from runtime.loader import load_tokenizer
-
-    return load_tokenizer("smollm2")
-
-
 TEXT = "héllo 日本語 🎉 world\nUser: ok"
 
 
