@@ -34,9 +34,10 @@ class SchedulerServer:
     """
 
     def __init__(self, scheduler: Any, to_worker: zmq.Socket, to_tokenizer: zmq.Socket, pub: zmq.Socket | None,
-                 stats_interval_s: float) -> None:
+                 stats_interval_s: float, events_port: int = 0) -> None:
         self.scheduler, self.to_worker, self.to_tokenizer, self.pub = scheduler, to_worker, to_tokenizer, pub
         self.stats_interval_s = stats_interval_s
+        self.events_port = events_port  # TCP port of pub for routers (0: ipc only)
         self.in_flight = False
         self._encoder = msgspec.msgpack.Encoder()
         self._last_stats = (time.monotonic(), 0)  # (time, forward tokens) at the last published stats
@@ -68,6 +69,9 @@ class SchedulerServer:
             self._send(p.HealthResponse(msg.rid, "ok"))
         elif isinstance(msg, p.StatsRequest):
             self._send(p.StatsResponse(msg.rid, self.server_stats()))
+        elif isinstance(msg, p.KvSnapshotRequest):
+            manager = sched.manager
+            self._send(p.KvSnapshotResponse(msg.rid, manager.block_size, self.events_port, manager.kv_snapshot()))
 
     def try_schedule(self) -> None:
         """Sends the next ForwardBatch when none is in flight and the scheduler has one."""
@@ -80,9 +84,18 @@ class SchedulerServer:
         self.flush_outputs(self.scheduler.drain_outputs())
 
     def on_result(self, result: p.ForwardResult) -> None:
-        """Applies the worker's result and forwards the step's TokenOutputs and KV events."""
+        """Applies the worker's result and forwards the step's TokenOutputs and KV events. When the worker failed
+        the step, the requests the scheduler ended for it get RequestFailed (clients see ERR_SERVER, not a quiet
+        "abort")."""
         self.in_flight = False
-        self.flush_outputs(self.scheduler.process_result(result))
+        outputs = self.scheduler.process_result(result)
+        if result.error is not None:
+            failed = {o.rid for o in outputs if o.finish_reason == "abort"}
+            outputs = [o for o in outputs if o.rid not in failed]
+            for rid in sorted(failed):
+                self._send(p.RequestFailed(rid, p.ERR_SERVER, f"the worker failed step {result.step_id}: "
+                                                              f"{result.error}"))
+        self.flush_outputs(outputs)
 
     def flush_outputs(self, outputs: list[p.TokenOutput]) -> None:
         if outputs:
@@ -169,6 +182,10 @@ def run_scheduler_process(spec) -> None:
     to_worker.connect(ep.worker_in)
     to_tokenizer.connect(ep.tokenizer_in)
     pub.bind(ep.events)
+    events_port = 0
+    if args.events_port is not None:
+        pub.bind(f"tcp://{args.host}:{args.events_port}")
+        events_port = int(pub.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
     ready_decoder = msgspec.msgpack.Decoder(p.Ready)
     ready = None
     while ready is None and parent_alive(spec):
@@ -178,7 +195,7 @@ def run_scheduler_process(spec) -> None:
         return
     manager = KVCacheManager(ready.num_blocks, ready.block_size, args.enable_prefix_caching, ready.num_host_blocks)
     scheduler = Scheduler(manager, args, ready.max_model_len, ready.eos_token_ids)
-    server = SchedulerServer(scheduler, to_worker, to_tokenizer, pub, args.log_interval_s)
+    server = SchedulerServer(scheduler, to_worker, to_tokenizer, pub, args.log_interval_s, events_port)
     to_tokenizer.send(msgspec.msgpack.encode(p.SchedulerReady(ready)))
     report(reports, p.ProcessReady("scheduler", os.getpid()))
     logger.info("scheduler ready: %d KV blocks of %d tokens", ready.num_blocks, ready.block_size)

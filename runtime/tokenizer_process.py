@@ -11,6 +11,7 @@ and the loop goes on. The loop blocks on zmq.Poller with a timeout and exits whe
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import time
@@ -39,6 +40,7 @@ class _Completion:
     text: str = ""  # not yet sent
     logprobs: list[p.TokenLogprobs | None] | None = None  # not yet sent
     sent_tokens: int = 0  # token ids already sent to the client
+    emitted_chars: int = 0  # characters released by the stop checker (sent or in text)
     usage: p.Usage | None = None  # the latest usage the scheduler reported (prompt and cached tokens)
     finished: bool = False
 
@@ -111,7 +113,7 @@ class TokenizerServer:
             internal = self.by_client.get((identity, msg.rid))
             if internal is not None:
                 self.abort(internal)
-        else:  # health / stats: answered by the scheduler
+        else:  # health / stats / kv snapshot: answered by the scheduler
             internal = self._new_rid()
             self.control[internal] = (identity, msg.rid)
             self.to_scheduler.send(self._encoder.encode(type(msg)(internal)))
@@ -177,12 +179,10 @@ class TokenizerServer:
             if req is not None:
                 self.abort_quietly(msg.rid)
                 self.send(req.identity, p.ErrorResponse(req.rid, msg.code, msg.message))
-        elif isinstance(msg, (p.HealthResponse, p.StatsResponse)):
+        elif isinstance(msg, (p.HealthResponse, p.StatsResponse, p.KvSnapshotResponse)):
             client = self.control.pop(msg.rid, None)
             if client is not None:
-                reply = (p.HealthResponse(client[1], msg.status) if isinstance(msg, p.HealthResponse)
-                         else p.StatsResponse(client[1], msg.stats))
-                self.send(client[0], reply)
+                self.send(client[0], msgspec.structs.replace(msg, rid=client[1]))
         elif isinstance(msg, p.Shutdown):
             self.fail_all(msg.code, msg.reason)
             return False
@@ -229,19 +229,34 @@ class TokenizerServer:
             elif finish is not None:
                 new_text += comp.stop.flush(comp.detok.text)
         comp.text += new_text
-        if finish is None and not (req.stream and (comp.text or comp.token_ids)):
-            return
+        comp.emitted_chars += len(new_text)
+        if finish is not None:
+            self._send_chunk(req, out.index, len(comp.token_ids), finish)
+            if all(c.finished for c in req.completions):
+                self.abort_quietly(out.rid)
+        elif req.stream:
+            n = len(comp.token_ids)
+            if comp.stop is not None:  # token ids are held back with their text: none past a stop string leaks
+                n = max(0, bisect.bisect_right(comp.detok.token_ends, comp.emitted_chars) - comp.sent_tokens)
+            if comp.text or n:
+                self._send_chunk(req, out.index, n, None)
+
+    def _send_chunk(self, req: _Request, index: int, n: int, finish: str | None) -> None:
+        """Sends completion index's unsent text and its first n unsent token ids (usage when finish is set)."""
+        comp = req.completions[index]
         usage = None
         if finish is not None:
             comp.finished = True
             u = comp.usage or p.Usage(0, 0, 0)
-            usage = p.Usage(u.prompt_tokens, u.cached_tokens, comp.sent_tokens + len(comp.token_ids))
-        self.send(req.identity, p.StreamChunk(rid=req.rid, index=out.index, text=comp.text, token_ids=comp.token_ids,
-                                              logprobs=comp.logprobs, finish_reason=finish, usage=usage))
-        comp.sent_tokens += len(comp.token_ids)
-        comp.text, comp.token_ids, comp.logprobs = "", [], None
-        if all(c.finished for c in req.completions):
-            self.abort_quietly(out.rid)
+            usage = p.Usage(u.prompt_tokens, u.cached_tokens, comp.sent_tokens + n)
+        logprobs = None if comp.logprobs is None else comp.logprobs[:n]
+        self.send(req.identity, p.StreamChunk(rid=req.rid, index=index, text=comp.text, token_ids=comp.token_ids[:n],
+                                              logprobs=logprobs, finish_reason=finish, usage=usage))
+        comp.sent_tokens += n
+        comp.text = ""
+        del comp.token_ids[:n]
+        if comp.logprobs is not None:
+            del comp.logprobs[:n]
 
     def heartbeat(self, now: float) -> None:
         """Probes clients with requests in flight that were sent nothing for HEARTBEAT_S (a vanished one is

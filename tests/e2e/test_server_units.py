@@ -1,0 +1,105 @@
+"""The process loops' handlers driven in one process over inproc sockets (no model): worker failures, stop strings,
+control replies."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+import zmq
+
+from radix.manager import KVCacheManager
+from runtime import protocol as p
+from runtime.config import ServerArgs
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler import Scheduler
+from runtime.scheduler_process import SchedulerServer
+from runtime.tokenizer_process import TokenizerServer
+
+
+class Pair:
+    """A PUSH -> PULL inproc link; drain() returns the decoded messages waiting on the PULL side."""
+
+    def __init__(self, ctx: zmq.Context, name: str, msg_type) -> None:
+        self.pull, self.push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        self.pull.bind(f"inproc://{name}")
+        self.push.connect(f"inproc://{name}")
+        self.decoder = msgspec.msgpack.Decoder(msg_type)
+
+    def drain(self) -> list:
+        out = []
+        while self.pull.poll(50):
+            out.append(self.decoder.decode(self.pull.recv()))
+        return out
+
+
+@pytest.fixture
+def ctx():
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def make_scheduler_server(ctx):
+    args = ServerArgs(num_blocks=32, block_size=4)
+    sched = Scheduler(KVCacheManager(32, 4), args, max_model_len=64, eos_token_ids=[2])
+    to_worker, to_tok = Pair(ctx, "worker", p.ForwardBatch), Pair(ctx, "tok", p.TokenizerInput)
+    return SchedulerServer(sched, to_worker.push, to_tok.push, None, 5.0), to_worker, to_tok
+
+
+def test_worker_error_fails_requests_with_server_error(ctx):
+    server, to_worker, to_tok = make_scheduler_server(ctx)
+    server.on_tokenizer_message(p.TokenizedRequest(rid="a", input_ids=[5, 6, 7], sampling_params=SamplingParams()))
+    server.try_schedule()
+    [batch] = to_worker.drain()
+    assert server.in_flight and [s.token_ids for s in batch.seqs] == [[5, 6, 7]]
+    server.on_result(p.ForwardResult(batch.step_id, [], [], error="RuntimeError: boom"))
+    [failed] = to_tok.drain()
+    assert failed == p.RequestFailed("a", p.ERR_SERVER, f"the worker failed step {batch.step_id}: RuntimeError: boom")
+    stats = server.server_stats()
+    assert (stats.num_running, stats.num_waiting, stats.num_used_blocks) == (0, 0, 0)
+
+
+def test_scheduler_rejects_and_answers_control(ctx):
+    server, _to_worker, to_tok = make_scheduler_server(ctx)
+    server.on_tokenizer_message(p.TokenizedRequest(rid="big", input_ids=[1] * 64, sampling_params=SamplingParams()))
+    server.on_tokenizer_message(p.HealthRequest("h"))
+    server.on_tokenizer_message(p.StatsRequest("s"))
+    server.on_tokenizer_message(p.AbortRequest("unknown"))  # ignored
+    rejected, health, stats = to_tok.drain()
+    assert (rejected.rid, rejected.code) == ("big", p.ERR_CONTEXT)
+    assert health == p.HealthResponse("h", "ok")
+    assert stats.rid == "s" and stats.stats.num_blocks == 32 and stats.stats.num_free_blocks == 31
+
+
+def test_tokenizer_holds_back_stop_string_and_sends_stop(ctx, smollm2_tokenizer):
+    router = ctx.socket(zmq.ROUTER)
+    router.bind("inproc://public")
+    client = ctx.socket(zmq.DEALER)
+    client.connect("inproc://public")
+    to_sched = Pair(ctx, "sched", p.SchedulerInput)
+    ready = p.Ready(num_blocks=32, block_size=4, max_model_len=64, num_host_blocks=0, vocab_size=49152,
+                    eos_token_ids=[2])
+    server = TokenizerServer(smollm2_tokenizer, ready, 65536, router, to_sched.push)
+    req = p.GenerateRequest(rid="c1", prompt="Hello", stream=True,
+                            sampling_params=SamplingParams(max_tokens=20, stop=[" world!"]))
+    client.send(msgspec.msgpack.encode(req))
+    server.on_client_frames(router.recv_multipart())
+    [tokenized] = to_sched.drain()
+    assert tokenized.input_ids == smollm2_tokenizer.encode("Hello")
+    ids = smollm2_tokenizer.encode(" big world! more")
+    internal = tokenized.rid
+    usage = p.Usage(len(tokenized.input_ids), 0, 1)
+    for i, tid in enumerate(ids):
+        server.on_scheduler_message(p.TokenOutputs([p.TokenOutput(internal, 0, [tid], None,
+                                                                  usage if i == 0 else None)]))
+    chunks = []
+    while client.poll(50):
+        chunks.append(msgspec.msgpack.decode(client.recv(), type=p.ServerMessage))
+    assert "".join(c.text for c in chunks) == " big"
+    assert chunks[-1].finish_reason == "stop"
+    assert all("world" not in c.text and " w" not in c.text for c in chunks)
+    keep = smollm2_tokenizer.encode(" big")
+    assert [t for c in chunks for t in c.token_ids] == keep
+    assert chunks[-1].usage == p.Usage(len(tokenized.input_ids), 0, len(keep))
+    assert to_sched.drain() == [p.Stop(internal, 0, len(keep))]
+    assert server.requests == {}
