@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
+from radix.events import KvSnapshot
 from runtime.sampling_params import SamplingParams
 
 
@@ -160,6 +161,12 @@ class StatsRequest(msgspec.Struct, tag="stats", forbid_unknown_fields=True):
     rid: str
 
 
+class KvSnapshotRequest(msgspec.Struct, tag="kv_snapshot_request", forbid_unknown_fields=True):
+    """Asks for the scheduler's resident block hashes (a router's resync); answered by KvSnapshotResponse."""
+
+    rid: str
+
+
 class Usage(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     """Token counts of one completion: prompt_tokens, cached_tokens (prompt tokens whose KV came from the radix
     cache), completion_tokens."""
@@ -249,14 +256,24 @@ class StatsResponse(msgspec.Struct, tag="stats_response", forbid_unknown_fields=
     stats: ServerStats
 
 
+class KvSnapshotResponse(msgspec.Struct, tag="kv_snapshot_response", forbid_unknown_fields=True):
+    """Answer to KvSnapshotRequest: every resident block hash and the last KV event seq it reflects; block_size
+    (tokens) the hashes are over; events_port: the TCP port of the KV events PUB socket (0: not on TCP)."""
+
+    rid: str
+    block_size: int
+    events_port: int
+    snapshot: KvSnapshot
+
+
 class Heartbeat(msgspec.Struct, tag="heartbeat", forbid_unknown_fields=True):
     """Sent by the tokenizer to a client with requests in flight and nothing sent for a while, so a vanished client
     is noticed (ROUTER_MANDATORY send fails) and its requests aborted. Clients ignore it."""
 
 
-ClientMessage = GenerateRequest | AbortRequest | HealthRequest | StatsRequest
-ServerMessage = StreamChunk | ErrorResponse | HealthResponse | StatsResponse | Heartbeat
-CLIENT_TAGS = frozenset({"generate", "abort", "health", "stats"})
+ClientMessage = GenerateRequest | AbortRequest | HealthRequest | StatsRequest | KvSnapshotRequest
+ServerMessage = StreamChunk | ErrorResponse | HealthResponse | StatsResponse | KvSnapshotResponse | Heartbeat
+CLIENT_TAGS = frozenset({"generate", "abort", "health", "stats", "kv_snapshot_request"})
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -341,8 +358,9 @@ class Shutdown(msgspec.Struct, tag="shutdown", forbid_unknown_fields=True):
     code: str = ERR_SHUTDOWN
 
 
-SchedulerInput = TokenizedRequest | AbortRequest | Stop | HealthRequest | StatsRequest
-TokenizerInput = TokenOutputs | RequestFailed | HealthResponse | StatsResponse | SchedulerReady | Shutdown
+SchedulerInput = TokenizedRequest | AbortRequest | Stop | HealthRequest | StatsRequest | KvSnapshotRequest
+TokenizerInput = (TokenOutputs | RequestFailed | HealthResponse | StatsResponse | KvSnapshotResponse | SchedulerReady
+                  | Shutdown)
 LauncherInput = ProcessReady | ProcessFailed
 
 _client_decoder = msgspec.msgpack.Decoder(ClientMessage)
