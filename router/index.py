@@ -1,0 +1,91 @@
+"""ReplicaIndex: the set of block hashes resident in one replica's radix tree, kept from its KV events.
+
+Events (radix/events.py) carry a sequence number that grows by exactly 1 per event of one replica. The index applies
+them in order; an event past the next expected number means messages were lost (ZeroMQ PUB drops under pressure, a
+SUB that reconnects misses what was sent meanwhile), so the index reports a gap and the owner asks the replica for a
+KvSnapshot instead of drifting. While a snapshot is awaited, events are buffered and those newer than the snapshot
+are replayed on top of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from radix.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvSnapshot
+from radix.hashing import BlockHash
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicaIndex:
+    """Resident block hashes of one replica and the seq of the last event applied.
+
+    Mutates only itself. `syncing` is True from `begin_sync()` until `load_snapshot()`; meanwhile `apply()` buffers.
+    Lookups are O(1) per block hash (a Python set).
+    """
+
+    def __init__(self) -> None:
+        self.hashes: set[BlockHash] = set()
+        self.last_seq = -1
+        self.syncing = True  # nothing is known until the first snapshot
+        self._buffer: list[KvEvent] = []
+
+    def begin_sync(self) -> None:
+        """Start buffering events until the next load_snapshot() (the caller has asked for a snapshot)."""
+        self.syncing = True
+
+    def load_snapshot(self, snapshot: KvSnapshot) -> bool:
+        """Replace the hashes with the snapshot's, then replay buffered events newer than it.
+
+        Returns False when the replay finds a gap (events between the snapshot and the buffer were lost: ask for
+        another snapshot; the index stays syncing). Clears the buffer either way.
+        """
+        self.hashes = set(snapshot.block_hashes)
+        self.last_seq = snapshot.last_seq
+        self.syncing = False
+        buffered, self._buffer = self._buffer, []
+        for event in buffered:
+            if not self.apply(event):
+                return False
+        return True
+
+    def apply(self, event: KvEvent) -> bool:
+        """Apply one event in order. Returns False on a gap (event.seq > last_seq + 1) or a sequence restart
+        (seq 0 after later events: the replica restarted); the index then starts syncing and keeps the event
+        buffered for the snapshot's replay. Events at or below last_seq are stale (already in a snapshot): ignored.
+        """
+        if self.syncing:
+            self._buffer.append(event)
+            return True
+        if event.seq <= self.last_seq and not (event.seq == 0 and self.last_seq > 0):
+            return True
+        if event.seq != self.last_seq + 1:
+            logger.warning("KV event gap: expected seq %d, got %d", self.last_seq + 1, event.seq)
+            self.syncing = True
+            self._buffer = [event]
+            return False
+        if isinstance(event, BlockStored):
+            self.hashes.update(event.block_hashes)
+        elif isinstance(event, BlockRemoved):
+            self.hashes.difference_update(event.block_hashes)
+        elif isinstance(event, AllBlocksCleared):
+            self.hashes.clear()
+        self.last_seq = event.seq
+        return True
+
+    def prefix_blocks(self, block_hashes: Sequence[BlockHash]) -> int:
+        """Leading blocks of a prompt's chained hashes that are resident here (blocks, not tokens). O(result)."""
+        n = 0
+        for h in block_hashes:
+            if h not in self.hashes:
+                break
+            n += 1
+        return n
+
+    def clear(self) -> None:
+        """Forget everything (the replica went away); syncing until the next snapshot."""
+        self.hashes.clear()
+        self.last_seq = -1
+        self.syncing = True
+        self._buffer = []

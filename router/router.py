@@ -1,0 +1,431 @@
+"""The router: one public endpoint in front of N runtime replicas, with a replica's protocol (runtime/protocol.py).
+
+A client cannot tell it from a replica's tokenizer process: the same ROUTER socket, the same messages, the same
+ErrorResponses. Per GenerateRequest the router tokenizes the prompt (the model's tokenizer and chat template, as the
+replica would), hashes its full blocks with radix.hashing (cache_salt in the first block, as the replica does), picks
+a replica with its Policy (router/policy.py) and forwards the request with input_ids under an internal rid, so the
+replica does not tokenize twice. Replies are streamed back under the client's rid; aborts are forwarded.
+
+Failures: a replica out of rotation (router/replica.py: an unanswered probe, or ERR_SHUTDOWN / ERR_SERVER for a
+request it had not started) has its requests split: those that sent nothing to the client yet are re-sent to another
+replica (the client sees only latency), those already streaming fail with ErrorResponse(ERR_SERVER). A request that
+finds no replica in rotation waits up to pending_timeout_s, then fails with ERR_SERVER.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import zmq
+
+from radix.hashing import BlockHash, hash_block_tokens
+from router.config import RouterArgs
+from router.policy import Candidate, Policy
+from router.replica import Replica
+from router.stats import RouterStats, merge_stats
+from runtime import protocol as p
+
+logger = logging.getLogger(__name__)
+
+POLL_MS = 100
+HEARTBEAT_S = 1.0  # as the tokenizer process: a client with requests in flight and nothing sent this long is probed
+_FAILURE_CODES = (p.ERR_SERVER, p.ERR_SHUTDOWN)
+
+
+@dataclass
+class _Request:
+    """A client's request while the router holds it. started: a reply was already sent to the client."""
+
+    identity: bytes
+    rid: str
+    forward: p.GenerateRequest  # what the replica gets: internal rid, input_ids when the router tokenized
+    num_tokens: int
+    since: float
+    replica: Replica | None = None
+    started: bool = False
+    attempts: int = 0
+    finished: set[int] = field(default_factory=set)
+    hashes: dict[int, list[BlockHash]] = field(default_factory=dict)  # block size -> chained block hashes
+
+
+@dataclass
+class _Fanout:
+    """A client's StatsRequest, asked of every replica in rotation."""
+
+    identity: bytes
+    rid: str
+    waiting: set[int]
+    stats: list[p.ServerStats] = field(default_factory=list)
+
+
+class Router:
+    """The router's state and loop. Sockets live in `ctx`; `bind()` opens the public endpoint; `serve()` runs.
+
+    tokenizer: a transformers tokenizer (runtime.loader.load_tokenizer(args.model)); None forwards requests as
+    given (no prefix hashing: cache_aware then sees no prefix and balances load). Mutates: its tables, its replicas.
+    """
+
+    def __init__(self, args: RouterArgs, tokenizer: Any, ctx: zmq.Context | None = None) -> None:
+        self.args, self.tokenizer = args, tokenizer
+        self.ctx = ctx or zmq.Context()
+        self.policy = Policy(args.policy, args.balance_threshold)
+        self.replicas = [Replica(i, ep, self.ctx) for i, ep in enumerate(args.backends)]
+        self.frontend: zmq.Socket | None = None
+        self.endpoint = ""
+        self.requests: dict[str, _Request] = {}  # internal rid -> request
+        self.by_client: dict[tuple[bytes, str], str] = {}
+        self.pending: collections.deque[str] = collections.deque()  # internal rids waiting for a replica
+        self.fanouts: dict[str, _Fanout] = {}
+        self.last_sent: dict[bytes, float] = {}
+        self.stats = RouterStats(routed=[0] * len(self.replicas))
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(p.ServerMessage)
+
+    def bind(self) -> str:
+        """Binds the public ROUTER on args.host:args.port (0: a free port); returns tcp://host:port."""
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.bind(f"tcp://{self.args.host}:{self.args.port}")
+        self.frontend = sock
+        self.endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        return self.endpoint
+
+    # ---- the loop ------------------------------------------------------------------------------------------------
+
+    def serve(self, alive: Callable[[], bool], on_ready: Callable[[], None] | None = None) -> None:
+        """Runs until alive() is False. on_ready is called once, when every backend is in rotation (or after
+        args.startup_timeout_s with at least one)."""
+        deadline = time.monotonic() + self.args.startup_timeout_s
+        while alive():
+            self.step(POLL_MS)
+            if on_ready is not None:
+                num_up = sum(r.up for r in self.replicas)
+                if num_up == len(self.replicas) or (num_up and time.monotonic() > deadline):
+                    on_ready()
+                    on_ready = None
+
+    def step(self, timeout_ms: int) -> None:
+        """One poll: KV events first (so routing sees them), then replica replies, then client frames, then timers."""
+        poller = zmq.Poller()
+        poller.register(self.frontend, zmq.POLLIN)
+        for r in self.replicas:
+            poller.register(r.dealer, zmq.POLLIN)
+            if r.sub is not None:
+                poller.register(r.sub, zmq.POLLIN)
+        ready = dict(poller.poll(timeout_ms))
+        now = time.monotonic()
+        for r in self.replicas:
+            if r.sub is not None and r.sub in ready:
+                self.on_events(r, r.read_events(), now)
+        for r in self.replicas:
+            if r.dealer in ready:
+                self._drain_replica(r, now)
+        if self.frontend in ready:
+            for _ in range(256):
+                try:
+                    frames = self.frontend.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    self.on_client_frames(frames, now)
+                except Exception:  # a bug must not take the endpoint down: answer and go on
+                    logger.exception("failed to handle a client message")
+                    self.send(frames[0], p.ErrorResponse("", p.ERR_SERVER, "internal error handling the request"))
+        self.tick(time.monotonic())
+
+    def on_events(self, replica: Replica, events: list, now: float) -> None:
+        """Applies KV events to the replica's index; a gap starts a resync from a snapshot."""
+        for event in events:
+            if not replica.index.apply(event):
+                self.stats.resyncs += 1
+                replica.request_snapshot(now)
+
+    def tick(self, now: float) -> None:
+        """Health probes, failed replicas, pending requests, client heartbeats."""
+        for r in self.replicas:
+            if not r.tick(now, self.args.health_interval_s, self.args.health_timeout_s):
+                self.replica_failed(r, f"no answer to a health probe for {self.args.health_timeout_s} s", now)
+        self.dispatch_pending(now)
+        if self.requests:
+            self.heartbeat(now)
+
+    def close(self) -> None:
+        """Closes every socket (not the context)."""
+        for r in self.replicas:
+            r.close()
+        if self.frontend is not None:
+            self.frontend.close(linger=0)
+
+    # ---- client side ---------------------------------------------------------------------------------------------
+
+    def send(self, identity: bytes, msg: p.ServerMessage) -> bool:
+        """Sends msg to a client; False (and its requests aborted) when the client is gone or too slow."""
+        try:
+            self.frontend.send_multipart([identity, self._encoder.encode(msg)], flags=zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            logger.info("client %s unreachable (%s); aborting its requests", identity.hex(), exc.strerror)
+            self.drop_client(identity)
+            return False
+        self.last_sent[identity] = time.monotonic()
+        return True
+
+    def drop_client(self, identity: bytes) -> None:
+        """Aborts every request of a vanished client."""
+        self.last_sent.pop(identity, None)
+        for (ident, _rid), internal in list(self.by_client.items()):
+            if ident == identity:
+                self.abort(internal)
+
+    def on_client_frames(self, frames: list[bytes], now: float) -> None:
+        """Handles one message from the public ROUTER: [identity, payload]."""
+        identity = frames[0]
+        if len(frames) != 2:
+            self.send(identity, p.ErrorResponse("", p.ERR_MALFORMED, f"expected 1 frame, got {len(frames) - 1}"))
+            return
+        msg = p.decode_client_frame(frames[1], self.args.max_message_bytes)
+        if isinstance(msg, p.ErrorResponse):
+            self.send(identity, msg)
+        elif isinstance(msg, p.GenerateRequest):
+            self.on_generate(identity, msg, now)
+        elif isinstance(msg, p.AbortRequest):
+            internal = self.by_client.get((identity, msg.rid))
+            if internal is not None:
+                self.abort(internal)
+        elif isinstance(msg, p.HealthRequest):
+            if any(r.up for r in self.replicas):
+                self.send(identity, p.HealthResponse(msg.rid, "ok"))
+            else:
+                self.send(identity, p.ErrorResponse(msg.rid, p.ERR_SERVER, "no replica is in rotation"))
+        elif isinstance(msg, p.StatsRequest):
+            self.on_stats_request(identity, msg.rid)
+        else:
+            self.send(identity, p.ErrorResponse(msg.rid, p.ERR_INVALID, "a router holds no single KV snapshot; ask a "
+                                                                        "replica's endpoint"))
+
+    def on_generate(self, identity: bytes, req: p.GenerateRequest, now: float) -> None:
+        """Validates, tokenizes and queues one request, then dispatches it."""
+        problem = req.check()
+        if problem:
+            self.send(identity, p.ErrorResponse(req.rid, p.ERR_INVALID, problem))
+            return
+        if (identity, req.rid) in self.by_client:
+            self.send(identity, p.ErrorResponse(req.rid, p.ERR_DUPLICATE,
+                                                f"a request with rid {req.rid!r} is already in flight"))
+            return
+        internal = uuid.uuid4().hex
+        ids = self.tokenize(req)
+        forward = msgspec.structs.replace(req, rid=internal)
+        if ids is not None and req.input_ids is None:
+            forward = msgspec.structs.replace(forward, prompt=None, messages=None, input_ids=ids)
+        self.requests[internal] = _Request(identity, req.rid, forward, len(ids or ()), now)
+        self.by_client[(identity, req.rid)] = internal
+        self.last_sent.setdefault(identity, now)
+        self.pending.append(internal)
+        self.dispatch_pending(now)
+
+    def tokenize(self, req: p.GenerateRequest) -> list[int] | None:
+        """The prompt's token ids as the replica's tokenizer process computes them; None when the router cannot
+        (no tokenizer, or the template fails: the replica then answers with the same error it would give)."""
+        if req.input_ids is not None:
+            return list(req.input_ids)
+        if self.tokenizer is None:
+            return None
+        from runtime.tokenizer import ChatTemplateError, apply_chat_template
+
+        try:
+            if req.messages is not None:
+                return apply_chat_template(self.tokenizer, [{"role": m.role, "content": m.content}
+                                                            for m in req.messages])
+            return list(self.tokenizer.encode(req.prompt))
+        except (ChatTemplateError, ValueError, TypeError):
+            return None
+
+    def abort(self, internal: str) -> None:
+        """Forgets a request and forwards AbortRequest to its replica (if it has one)."""
+        req = self._forget(internal)
+        if req is not None and req.replica is not None and req.replica.up:
+            req.replica.send(p.AbortRequest(internal))
+
+    def _forget(self, internal: str) -> _Request | None:
+        req = self.requests.pop(internal, None)
+        if req is None:
+            return None
+        self.by_client.pop((req.identity, req.rid), None)
+        if req.replica is not None:
+            req.replica.in_flight.discard(internal)
+            if not req.started:
+                req.replica.load_tokens -= req.num_tokens
+        return req
+
+    def heartbeat(self, now: float) -> None:
+        """Probes clients with requests in flight that were sent nothing for HEARTBEAT_S."""
+        active = {req.identity for req in self.requests.values()}
+        for identity in active:
+            if now - self.last_sent.get(identity, now) >= HEARTBEAT_S:
+                self.send(identity, p.Heartbeat())
+        for identity in list(self.last_sent):
+            if identity not in active:
+                del self.last_sent[identity]
+
+    # ---- routing -------------------------------------------------------------------------------------------------
+
+    def dispatch_pending(self, now: float) -> None:
+        """Sends waiting requests to replicas in rotation, in arrival order; fails those waiting too long."""
+        while self.pending:
+            internal = self.pending[0]
+            req = self.requests.get(internal)
+            if req is None or req.replica is not None:
+                self.pending.popleft()
+                continue
+            if not self.dispatch(req, now):
+                break
+            self.pending.popleft()
+        while self.pending:
+            req = self.requests.get(self.pending[0])
+            if req is not None and now - req.since <= self.args.pending_timeout_s:
+                break
+            self.pending.popleft()
+            if req is not None:
+                self._forget(req.forward.rid)
+                self.send(req.identity, p.ErrorResponse(req.rid, p.ERR_SERVER, "no replica in rotation for "
+                                                                             f"{self.args.pending_timeout_s} s"))
+
+    def dispatch(self, req: _Request, now: float) -> bool:
+        """Chooses a replica for req and sends it; False when no replica is in rotation (req stays pending)."""
+        up = [r for r in self.replicas if r.up]
+        if not up:
+            return False
+        candidates = [Candidate(r.position, self._load(r), self._prefix_blocks(req, r)) for r in up]
+        decision = self.policy.choose(candidates, len(self.replicas))
+        replica = self.replicas[decision.index]
+        if not replica.send(req.forward):
+            return False
+        req.replica, req.attempts = replica, req.attempts + 1
+        replica.in_flight.add(req.forward.rid)
+        replica.load_tokens += req.num_tokens
+        self.stats.routed[replica.position] += 1
+        self.stats.by_reason[decision.reason] = self.stats.by_reason.get(decision.reason, 0) + 1
+        logger.debug("rid %s -> replica %d (%s; candidates %s)", req.rid, replica.position, decision.reason,
+                     candidates)
+        return True
+
+    def _load(self, replica: Replica) -> int:
+        return len(replica.in_flight) if self.args.load_metric == "requests" else replica.load_tokens
+
+    def _prefix_blocks(self, req: _Request, replica: Replica) -> int:
+        ids = req.forward.input_ids
+        if ids is None or not replica.block_size or self.policy.name != "cache_aware":
+            return 0
+        hashes = req.hashes.get(replica.block_size)
+        if hashes is None:
+            hashes = hash_block_tokens(ids, replica.block_size, req.forward.cache_salt)
+            req.hashes[replica.block_size] = hashes
+        return replica.index.prefix_blocks(hashes)
+
+    # ---- replica side --------------------------------------------------------------------------------------------
+
+    def _drain_replica(self, replica: Replica, now: float) -> None:
+        dealer = replica.dealer
+        for _ in range(1024):
+            if replica.dealer is not dealer:
+                return  # replaced (the replica failed while draining)
+            try:
+                frame = dealer.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = self._decoder.decode(frame)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                logger.error("replica %s: undecodable reply dropped: %s", replica.endpoint, exc)
+                continue
+            self.on_replica_message(replica, msg, now)
+
+    def on_replica_message(self, replica: Replica, msg: p.ServerMessage, now: float) -> None:
+        """Routes one reply of a replica: to its client, its probe, or its stats fan-out."""
+        if isinstance(msg, p.Heartbeat):
+            return
+        if isinstance(msg, (p.HealthResponse, p.KvSnapshotResponse)):
+            if replica.on_probe_answer(msg, now):
+                self.dispatch_pending(now)
+            return
+        if isinstance(msg, p.StatsResponse):
+            self.on_stats_response(replica.position, msg.rid, msg.stats)
+            return
+        req = self.requests.get(msg.rid)
+        if req is None or req.replica is not replica:
+            return  # aborted, or re-sent elsewhere
+        if isinstance(msg, p.ErrorResponse):
+            if msg.code in _FAILURE_CODES and not req.started and req.attempts < 2 * len(self.replicas):
+                self.replica_failed(replica, f"it failed request {req.rid}: [{msg.code}] {msg.message}", now)
+                return
+            self._forget(msg.rid)
+            self.send(req.identity, msgspec.structs.replace(msg, rid=req.rid))
+            return
+        if not req.started:
+            req.started = True
+            replica.load_tokens -= req.num_tokens
+        if msg.finish_reason is not None:
+            req.finished.add(msg.index)
+            if len(req.finished) >= req.forward.sampling_params.n:
+                self._forget(msg.rid)
+        self.send(req.identity, msgspec.structs.replace(msg, rid=req.rid))
+
+    def replica_failed(self, replica: Replica, reason: str, now: float) -> None:
+        """Takes a replica out of rotation: its unstarted requests go back to the front of the queue (and are
+        dispatched elsewhere now), its started ones fail with ERR_SERVER, its share of stats fan-outs is dropped."""
+        logger.warning("replica %s out of rotation: %s", replica.endpoint, reason)
+        self.stats.failures += 1
+        requeue = []
+        for internal in sorted(replica.in_flight, key=lambda rid: self.requests[rid].since):
+            req = self.requests[internal]
+            if req.started:
+                self._forget(internal)
+                self.send(req.identity, p.ErrorResponse(req.rid, p.ERR_SERVER,
+                                                        f"replica {replica.endpoint} failed mid-request: {reason}"))
+            else:
+                replica.send(p.AbortRequest(internal))  # in case it is only slow
+                req.replica = None
+                requeue.append(internal)
+        replica.mark_down(now)
+        self.stats.resent += len(requeue)
+        self.pending.extendleft(reversed(requeue))
+        for internal in list(self.fanouts):
+            self.on_stats_response(replica.position, internal, None)
+        self.dispatch_pending(now)
+
+    # ---- stats ---------------------------------------------------------------------------------------------------
+
+    def on_stats_request(self, identity: bytes, rid: str) -> None:
+        """Asks every replica in rotation for its ServerStats; the sum is answered when all have replied."""
+        up = [r for r in self.replicas if r.up]
+        if not up:
+            self.send(identity, p.ErrorResponse(rid, p.ERR_SERVER, "no replica is in rotation"))
+            return
+        internal = uuid.uuid4().hex
+        self.fanouts[internal] = _Fanout(identity, rid, {r.position for r in up})
+        for r in up:
+            r.send(p.StatsRequest(internal))
+
+    def on_stats_response(self, position: int, internal: str, stats: p.ServerStats | None) -> None:
+        """Folds one replica's stats (None: it left rotation) into its fan-out; replies once all are in."""
+        fan = self.fanouts.get(internal)
+        if fan is None or position not in fan.waiting:
+            return
+        fan.waiting.discard(position)
+        if stats is not None:
+            fan.stats.append(stats)
+        if not fan.waiting:
+            del self.fanouts[internal]
+            if fan.stats:
+                self.send(fan.identity, p.StatsResponse(fan.rid, merge_stats(fan.stats)))
+            else:
+                self.send(fan.identity, p.ErrorResponse(fan.rid, p.ERR_SERVER, "no replica answered"))

@@ -1,0 +1,35 @@
+"""RouterStats (the router's own counters) and merge_stats (one ServerStats over several replicas)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime import protocol as p
+
+
+@dataclass
+class RouterStats:
+    """Counters since start. routed: requests sent to each replica (by position; a re-sent request counts again).
+    by_reason: decisions by Policy reason ("prefix", "load", "turn"). resyncs: snapshots asked after an event gap.
+    failures: times a replica was taken out of rotation. resent: unstarted requests re-sent after a failure."""
+
+    routed: list[int]
+    by_reason: dict[str, int] = field(default_factory=dict)
+    resyncs: int = 0
+    failures: int = 0
+    resent: int = 0
+
+
+def merge_stats(stats: list[p.ServerStats]) -> p.ServerStats:
+    """The sum of several replicas' ServerStats: counts and token totals add up; kv_usage = used / (blocks - one
+    null block per replica); hit_rate = cached_tokens / prompt_tokens; tokens_per_s adds up. Pure."""
+    total = p.ServerStats()
+    for s in stats:
+        for name in ("num_running", "num_waiting", "num_blocks", "num_free_blocks", "num_cached_blocks",
+                     "num_used_blocks", "prompt_tokens", "cached_tokens", "generated_tokens", "num_steps"):
+            setattr(total, name, getattr(total, name) + getattr(s, name))
+        total.tokens_per_s += s.tokens_per_s
+    usable = total.num_blocks - len(stats)
+    total.kv_usage = total.num_used_blocks / usable if usable > 0 else 0.0
+    total.hit_rate = total.cached_tokens / total.prompt_tokens if total.prompt_tokens else 0.0
+    return total
