@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
     step_ms = ns.decode_step_ms if ns.decode_step_ms is not None or ns.smoke else decode_step_ms(ns.batch)
     worst = max(r["us_per_step"] for r in rows)
     out = {"rows": rows, "decode_step_ms": step_ms,
-           "overhead_fraction": None if not step_ms else round(worst / 1e3 / step_ms, 4), "target_fraction": 0.05}
+           "overhead_fraction": None if not step_ms else float(f"{worst / 1e3 / step_ms:.3g}"), "target_fraction": 0.05}
     print(json.dumps(out, indent=1))
     path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
     if path is not None:
