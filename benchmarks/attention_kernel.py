@@ -77,8 +77,10 @@ def _contiguous(batch: int, context: int, heads: str, dtype: torch.dtype, device
             .normal_())  # fmt: skip
 
 
-def _row(backend, batch, context, heads, phase, seconds, nbytes, copy_gbps, baseline_s) -> dict:
+def _row(backend, batch, context, heads, phase, seconds, nbytes, copy_gbps, baseline_s, cpu=None) -> dict:
+    """One result row; cpu = (cpu_seconds, baseline cpu_seconds) adds the process-CPU-time figures (CPU runs)."""
     gbps = nbytes / seconds / 1e9
+    extra = {} if cpu is None else {"cpu_seconds": cpu[0], "vs_contiguous_cpu": round(cpu[0] / cpu[1], 3)}
     return {
         "backend": backend,
         "phase": phase,
@@ -89,30 +91,34 @@ def _row(backend, batch, context, heads, phase, seconds, nbytes, copy_gbps, base
         "gbps": round(gbps, 2),
         "fraction_of_copy_bw": round(gbps / copy_gbps, 3),
         "vs_contiguous": round(seconds / baseline_s, 3),
+        **extra,
     }
 
 
 # ---------------------------------------------------------------- CPU
 
 
-def _cpu_time(fns: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:
-    """Median seconds of each fn, the fns interleaved round by round so that load from other processes hits all."""
-    samples: dict[str, list[float]] = {name: [] for name in fns}
+def _cpu_time(fns: dict[str, Callable[[], None]], rounds: int) -> dict[str, tuple[float, float]]:
+    """(wall, process CPU) median seconds of each fn, the fns interleaved round by round so that load from other
+    processes hits all of them alike. With one torch thread the CPU time is robust to that load (no spin-waits)."""
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
     for fn in fns.values():
         fn()
     for _ in range(rounds):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
+            w0, c0 = time.perf_counter(), time.process_time()
             fn()
-            samples[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(s) for name, s in samples.items()}
+            samples[name].append((time.perf_counter() - w0, time.process_time() - c0))
+    return {
+        name: (statistics.median(w for w, _ in s), statistics.median(c for _, c in s)) for name, s in samples.items()
+    }
 
 
 def _cpu_copy_gbps(nbytes: int) -> float:
     src = torch.empty(nbytes // 4).normal_()
     dst = torch.empty_like(src)
-    t = _cpu_time({"copy": lambda: dst.copy_(src)}, 5)["copy"]
-    return 2 * nbytes / t / 1e9
+    wall, _ = _cpu_time({"copy": lambda: dst.copy_(src)}, 5)["copy"]
+    return 2 * nbytes / wall / 1e9
 
 
 def _layers_for(nbytes_per_layer: int, budget: int) -> int:
@@ -145,11 +151,12 @@ def cpu_decode_rows(batch: int, context: int, heads: str, rounds: int, budget: i
             F.scaled_dot_product_attention(qg, k_cont[layer], v_cont[layer], scale=scale)
 
     t = _cpu_time({"reference": paged, "reference[gather-all]": gather_all, "sdpa_contiguous": contiguous}, rounds)
-    base = t["sdpa_contiguous"] / layers
+    wall0, cpu0 = t["sdpa_contiguous"]
     return [
-        _row(name, batch, context, heads, "decode", t[name] / layers, nbytes, copy_gbps, base)
+        _row(name, batch, context, heads, "decode", t[name][0] / layers, nbytes, copy_gbps, wall0 / layers,
+             (t[name][1] / layers, cpu0 / layers))
         for name in ("reference", "reference[gather-all]", "sdpa_contiguous")
-    ]
+    ]  # fmt: skip
 
 
 def cpu_extend_rows(new: int, cached: int, heads: str, rounds: int, copy_gbps: float) -> list[dict]:
@@ -174,8 +181,10 @@ def cpu_extend_rows(new: int, cached: int, heads: str, rounds: int, copy_gbps: f
         F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
 
     t = _cpu_time({"reference": paged, "sdpa_contiguous": contiguous}, rounds)
+    wall0, cpu0 = t["sdpa_contiguous"]
+    phase = f"extend {new} on {cached}"
     return [
-        _row(name, 1, context, heads, f"extend {new} on {cached}", t[name], nbytes, copy_gbps, t["sdpa_contiguous"])
+        _row(name, 1, context, heads, phase, t[name][0], nbytes, copy_gbps, wall0, (t[name][1], cpu0))
         for name in ("reference", "sdpa_contiguous")
     ]
 
@@ -291,11 +300,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--smoke", action="store_true", help="seconds-long run; writes only with --out")
     parser.add_argument("--sweep", action="store_true", help="CUDA: also time decode launch configurations")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--threads", type=int, default=None, help="CPU: torch threads (1: CPU time immune to load)")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON path (default {RESULTS})")
     args = parser.parse_args(argv)
     mode = "smoke" if args.smoke else ("quick" if args.quick else "full")
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     info, rows = run_cuda(mode, args.sweep) if device == "cuda" else run_cpu(mode)
     result = {"device": info, "mode": mode, "block_size": BLOCK_SIZE, "rows": rows}
     out = args.out if args.out is not None else (None if args.smoke else RESULTS)

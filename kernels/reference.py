@@ -111,7 +111,7 @@ _workspaces: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 # Decode sequences are gathered a few at a time so that the gathered K/V (about this many bytes) are still in the
 # CPU's L2 cache when attention reads them; benchmarks/attention_kernel.py measured group sizes on CPU.
-DECODE_GROUP_BYTES = 1 << 20
+DECODE_GROUP_BYTES = 2 << 20
 
 
 def _workspace(like: torch.Tensor, numel: int) -> torch.Tensor:

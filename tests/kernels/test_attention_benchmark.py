@@ -8,16 +8,19 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FIELDS = {"backend", "phase", "batch", "context", "heads", "seconds", "gbps", "fraction_of_copy_bw", "vs_contiguous"}
+FIELDS = {"backend", "phase", "batch", "context", "heads", "seconds", "gbps", "fraction_of_copy_bw", "vs_contiguous",
+          "cpu_seconds", "vs_contiguous_cpu"}  # fmt: skip
 
 
 def test_smoke_writes_rows_for_every_backend(tmp_path: Path) -> None:
     out = tmp_path / "attention_kernel.json"
-    cmd = [sys.executable, "-m", "benchmarks.attention_kernel", "--smoke", "--device", "cpu", "--out", str(out)]
+    cmd = [sys.executable, "-m", "benchmarks.attention_kernel", "--smoke", "--device", "cpu", "--threads", "1"]
+    cmd += ["--out", str(out)]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     data = json.loads(out.read_text())
     assert data["device"]["type"] == "cpu" and data["mode"] == "smoke" and data["block_size"] == 16
+    assert data["device"]["torch_threads"] == 1
     rows = data["rows"]
     assert [(r["backend"], r["phase"], r["batch"], r["context"]) for r in rows] == [
         ("reference", "decode", 2, 64),
@@ -28,4 +31,5 @@ def test_smoke_writes_rows_for_every_backend(tmp_path: Path) -> None:
     ]
     for row in rows:
         assert set(row) == FIELDS and row["heads"] == "smollm2 9q/3kv/64" and row["seconds"] > 0
-    assert [r["vs_contiguous"] for r in rows if r["backend"] == "sdpa_contiguous"] == [1.0, 1.0]
+    baselines = [r for r in rows if r["backend"] == "sdpa_contiguous"]
+    assert [(r["vs_contiguous"], r["vs_contiguous_cpu"]) for r in baselines] == [(1.0, 1.0), (1.0, 1.0)]
