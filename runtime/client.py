@@ -301,6 +301,10 @@ class Client:
         """The scheduler's ServerStats (running/waiting requests, blocks, hit rate, tokens/s)."""
         return self._control(p.StatsRequest).stats
 
+    def kv_snapshot(self) -> p.KvSnapshotResponse:
+        """The resident block hashes, the last KV event seq they reflect, block_size and the KV events TCP port."""
+        return self._control(p.KvSnapshotRequest)
+
 
 class AsyncClient:
     """asyncio client: many coroutines may use one AsyncClient; a reader task routes replies by rid.
@@ -413,3 +417,7 @@ class AsyncClient:
     async def stats(self) -> p.ServerStats:
         """The scheduler's ServerStats."""
         return (await self._control(p.StatsRequest)).stats
+
+    async def kv_snapshot(self) -> p.KvSnapshotResponse:
+        """See Client.kv_snapshot."""
+        return await self._control(p.KvSnapshotRequest)

@@ -184,7 +184,7 @@ def test_kv_snapshot_lists_the_cached_blocks(tiny_server, wait_idle):
     with tiny_server.client() as c:
         c.generate(input_ids=list(range(7000, 7040)), max_tokens=1, temperature=0.0)
         stats = wait_idle(c)
-        snap = c._control(p.KvSnapshotRequest)
+        snap = c.kv_snapshot()
     assert (snap.block_size, snap.events_port) == (16, 0)  # no --events-port: KV events on ipc only
     assert len(snap.snapshot.block_hashes) == stats.num_cached_blocks >= 2
     assert len(set(snap.snapshot.block_hashes)) == len(snap.snapshot.block_hashes)
