@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +35,18 @@ def test_break_out_of_stream_aborts(tiny_server, wait_idle):
         assert c.stats().num_running <= 1
         assert_idle(wait_idle(c))
         assert c.generate(input_ids=[6001, 1], max_tokens=2, temperature=0.0).finish_reason in ("length", "stop")
+
+
+def test_keyboard_interrupt_in_stream_aborts(tiny_server, wait_idle):
+    with tiny_server.client() as c:
+        timer = threading.Timer(0.5, signal.raise_signal, (signal.SIGINT,))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            for _ in c.stream(input_ids=[6050, 1, 2], **LONG):
+                pass
+        timer.join()
+        stats = wait_idle(c)
+        assert_idle(stats)
 
 
 def test_timeout_aborts(tiny_server, wait_idle):

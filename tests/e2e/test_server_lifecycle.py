@@ -70,11 +70,13 @@ def test_idle_server_uses_almost_no_cpu(tiny_server):
     assert used_s <= 0.15  # 4 processes over 3 s: at most 5% of one core together
 
 
-def test_ctrl_c_leaves_no_process(tiny_llama_dir, launch):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_leaves_no_process(tiny_llama_dir, launch, sig):
     server = launch(str(tiny_llama_dir), "--num-blocks", "64")
     children = server.child_pids()
     assert sorted(children) == ["scheduler", "tokenizer", "worker"]
-    assert server.stop() == 0
+    server.proc.send_signal(sig)
+    assert server.proc.wait(30) == 0
     assert wait_gone(children.values()) == []
 
 
