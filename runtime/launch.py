@@ -28,7 +28,7 @@ import msgspec
 import zmq
 
 from runtime import protocol as p
-from runtime.config import ServerArgs
+from runtime.config import InvalidConfig, ServerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -254,10 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--child"]:
         child_main(argv[1])
         return 0
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
     logging.basicConfig(level=ns.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("RADIXSERVE_LOG_LEVEL", ns.log_level)
-    args = ServerArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerArgs)})
+    try:
+        args = ServerArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerArgs)})
+    except InvalidConfig as exc:
+        parser.error(str(exc))  # exits with status 2 and the usage line
     launcher = Launcher(args)
     try:
         endpoint = launcher.start()

@@ -103,6 +103,12 @@ def test_killed_worker_fails_clients_and_launcher_exits_nonzero(tiny_llama_dir, 
     assert wait_gone(children.values()) == []
 
 
+def test_out_of_range_flag_is_a_usage_error():
+    proc = subprocess.run([sys.executable, "-m", "runtime.launch", "--block-size", "3"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "block_size must be a power of two, got 3" in proc.stderr
+
+
 def test_model_that_fails_to_load_exits_nonzero(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "runtime.launch", "--model", str(tmp_path / "missing"), "--port",
                            "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
