@@ -27,7 +27,7 @@ from runtime.tokenizer import ChatTemplateError, Detokenizer, StopChecker, apply
 logger = logging.getLogger(__name__)
 
 POLL_MS = 500
-HEARTBEAT_S = 1.0  # a client with requests in flight and nothing sent for this long is probed
+HEARTBEAT_S = 0.25  # a client with requests in flight and nothing sent for this long is probed
 
 
 @dataclass

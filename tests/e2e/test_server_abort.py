@@ -17,7 +17,7 @@ import pytest
 from runtime.client import AsyncClient, RequestTimeout
 
 ROOT = Path(__file__).resolve().parents[2]
-LONG = {"ignore_eos": True, "temperature": 0.0, "max_tokens": 900}
+LONG = {"ignore_eos": True, "temperature": 0.0, "max_tokens": 1000}
 
 
 def assert_idle(stats) -> None:
@@ -78,7 +78,7 @@ CLIENT_SCRIPT = textwrap.dedent("""
     from runtime.client import Client
     c = Client(sys.argv[1])
     stream = sys.argv[2] == "stream"
-    params = dict(input_ids=[int(sys.argv[3]), 1, 2], ignore_eos=True, temperature=0.0, max_tokens=900)
+    params = dict(input_ids=[int(sys.argv[3]), 1, 2], ignore_eos=True, temperature=0.0, max_tokens=1000)
     if stream:
         it = c.stream(**params)
         next(it)
@@ -107,7 +107,7 @@ def test_killed_client_process_is_aborted(tiny_server, wait_idle, mode):
             proc.wait()
             after = wait_idle(c, timeout_s=20)
             assert_idle(after)
-            assert after.generated_tokens - before.generated_tokens < 900  # aborted, not run to max_tokens
+            assert after.generated_tokens - before.generated_tokens < 500  # aborted soon, not run to max_tokens
     finally:
         proc.kill()
         proc.wait()
