@@ -236,8 +236,11 @@ def paged_attention(
     lens = seq_lens.tolist()
     tables = block_tables.long()
     decode = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
+    decode.sort(key=lambda i: -lens[i])
+    if len(decode) == len(lens) == q.shape[0] and decode == sorted(decode):
+        # A decode-only batch already longest first (e.g. all one length): no reordering copies.
+        return _decode(q, k_cache, v_cache, tables, lens, scale)
     if decode:
-        decode.sort(key=lambda i: -lens[i])
         idx = torch.tensor(decode, device=q.device)
         tok = query_start_loc.long()[idx]
         out[tok] = _decode(q[tok], k_cache, v_cache, tables[idx], [lens[i] for i in decode], scale)

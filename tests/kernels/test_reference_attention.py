@@ -29,7 +29,9 @@ def test_mixed_batch_matches_dense_bf16(ratio: int, head_dim: int, block_size: i
     "spec",
     [
         [(0, 1)],  # one token, nothing cached
-        [(15, 1), (16, 1), (17, 1), (31, 1)],  # decode-only batch at/around block multiples
+        [(15, 1), (16, 1), (17, 1), (31, 1)],  # decode-only batch at/around block multiples, reordered
+        [(31, 1), (17, 1), (16, 1), (15, 1)],  # decode-only batch already longest first (no reordering)
+        [(40, 1)] * 3,  # one length: one group, no mask
         [(32, 16), (0, 16), (5, 11)],  # extend/prefill only
     ],
 )
