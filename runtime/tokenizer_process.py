@@ -349,7 +349,13 @@ def run_tokenizer_process(spec) -> None:
     router.setsockopt(zmq.ROUTER_MANDATORY, 1)
     router.setsockopt(zmq.SNDHWM, 100_000)
     router.setsockopt(zmq.LINGER, 1000)
-    router.bind(f"tcp://{args.host}:{args.port}")
+    try:
+        router.bind(f"tcp://{args.host}:{args.port}")
+    except zmq.ZMQError as exc:
+        report(reports, p.ProcessFailed("tokenizer", os.getpid(), f"cannot bind tcp://{args.host}:{args.port}: "
+                                                                 f"{exc.strerror}"))
+        reports.close(linger=2000)
+        return
     endpoint = router.getsockopt(zmq.LAST_ENDPOINT).decode()
     server = TokenizerServer(tokenizer, ready, args.max_message_bytes, router, push)
     report(reports, p.ProcessReady("tokenizer", os.getpid(), endpoint))

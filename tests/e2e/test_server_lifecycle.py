@@ -109,6 +109,14 @@ def test_out_of_range_flag_is_a_usage_error():
     assert proc.returncode == 2 and "block_size must be a power of two, got 3" in proc.stderr
 
 
+def test_port_in_use_exits_nonzero(tiny_server, tiny_llama_dir):
+    port = tiny_server.endpoint.rsplit(":", 1)[1]
+    proc = subprocess.run([sys.executable, "-m", "runtime.launch", "--model", str(tiny_llama_dir), "--port", port,
+                           "--num-blocks", "16"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert f"cannot bind tcp://127.0.0.1:{port}: Address already in use" in proc.stderr
+
+
 def test_model_that_fails_to_load_exits_nonzero(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "runtime.launch", "--model", str(tmp_path / "missing"), "--port",
                            "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
