@@ -19,6 +19,7 @@ def _store_kv_kernel(
     k_cache_ptr,
     v_cache_ptr,
     slot_ptr,
+    num_slots,
     stride_kt,
     stride_kh,
     stride_vt,
@@ -39,9 +40,10 @@ def _store_kv_kernel(
     slot = tl.load(slot_ptr + token).to(tl.int64)
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
-    # slot -1 is padding: the mask drops every lane, so nothing is read or written for it.
+    # slot -1 is padding: the mask drops every lane, so nothing is read or written for it. A slot past the cache is
+    # dropped too (the reference raises for it; checking here would cost a device sync).
     slots = tl.zeros([BLOCK_H, BLOCK_D], tl.int64) + slot
-    mask = (slots >= 0) & (h[:, None] < NUM_KV_HEADS) & (d[None, :] < HEAD_DIM)
+    mask = (slots >= 0) & (slots < num_slots) & (h[:, None] < NUM_KV_HEADS) & (d[None, :] < HEAD_DIM)
     block = slot // BLOCK_SIZE
     offset = slot % BLOCK_SIZE
     k = tl.load(k_ptr + token * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
@@ -78,12 +80,13 @@ def _copy_blocks_kernel(
 def store_kv(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Write k, v [num_tokens, kv_heads, head_dim] into slot_mapping's slots (int64, -1 skipped). Mutates caches."""
+    """Write k, v [num_tokens, kv_heads, head_dim] into slot_mapping's slots (int64; -1 and slots past the cache are
+    skipped). Mutates the caches."""
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
     _store_kv_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping,
+        k, v, k_cache, v_cache, slot_mapping, k_cache.shape[0] * k_cache.shape[1],
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

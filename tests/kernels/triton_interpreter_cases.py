@@ -59,6 +59,8 @@ def test_store_kv_kernel_matches_reference() -> None:
     reference.store_kv(k, v, k_ref, v_ref, slots)
     kernels.store_kv(k, v, k_cache, v_cache, slots, backend="triton")
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    kernels.store_kv(k[:1], v[:1], k_cache, v_cache, torch.tensor([6 * 8]), backend="triton")  # past the cache
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
 
 
 def test_copy_blocks_kernel_on_layer_and_all_layer_caches() -> None:
