@@ -184,3 +184,22 @@ def test_stress_submit_abort_stop_step(mode):
                 assert got == ref
     h.assert_idle()
     assert h.sched.counters["preemptions"] > 0
+
+
+def test_c8_request_retried_before_admission_is_counted_once_and_metrics():
+    h = Harness(num_blocks=10, block_size=4)
+    h.add("big", list(range(1, 33)), max_tokens=4)  # 8 of the 9 usable blocks, 9 with its output
+    h.add("late", list(range(100, 112)), max_tokens=2)  # needs 3 blocks: waits until big finishes
+    h.step()
+    metrics = h.sched.request_metrics("big")
+    assert metrics.prompt_tokens == 32 and metrics.cached_tokens == 0 and metrics.completion_tokens == 1
+    waited = 0
+    while "late" in h.sched.requests and not h.runner.forward_tokens_by_seq.get(2):
+        assert h.step()
+        waited += 1
+    assert waited >= 3
+    h.run()
+    s = h.sched.stats()
+    assert (s["prompt_tokens"], s["prefix_queries_tokens"], s["cached_tokens"]) == (44, 44, 0)
+    assert (s["running"], s["waiting"], s["kv_usage"], s["preemptions"]) == (0, 0, 0.0, 0)
+    assert h.tokens[("late", 0)] == reference(list(range(100, 112)), 2)
