@@ -232,6 +232,8 @@ class Engine:
                         del comp.out.logprobs[check.keep_tokens :]
                     tokens = tokens[: max(0, check.keep_tokens - prev)]
         reason = o.finish_reason
+        if reason is not None and comp.stopping:
+            reason = "stop"  # the stop string came with the last token the scheduler was going to produce anyway
         if reason is not None and comp.stopper is not None and comp.detok is not None:
             new_text += comp.stopper.flush(comp.detok.text)
         comp.out.text += new_text
