@@ -112,9 +112,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batches", type=int, nargs="+")
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--threads", type=int, help="torch threads for both engines (default: torch's default)")
     parser.add_argument("--model", default="smollm2", help="model name, folder or .gguf (default: the embedded one)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.smoke:
         batches, context, decode_steps, repeats = [1, 2], 32, 2, 1
     else:

@@ -290,9 +290,11 @@ def load_tokenizer(model: str) -> PreTrainedTokenizerBase:
     apply_chat_template(..., tokenize=True) returns a BatchEncoding (use its ["input_ids"]).
 
     Raises:
-        ModelLoadError (a subclass): as resolve_model, or the folder has no tokenizer files.
+        ModelLoadError (a subclass): as resolve_model; ModelNotFoundError when the folder has no tokenizer.json.
     """
     folder = resolve_model(model)
+    if not (folder / "tokenizer.json").is_file():
+        raise ModelNotFoundError(f"{folder / 'tokenizer.json'} is missing (a fast tokenizer file is required)")
     # Imported from its module, not through AutoTokenizer: transformers' auto classes import torch when installed.
     from transformers.tokenization_utils_tokenizers import PreTrainedTokenizerFast
 

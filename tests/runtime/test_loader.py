@@ -21,6 +21,7 @@ from runtime.loader import (
     convert_gguf,
     file_sha256,
     load_config,
+    load_tokenizer,
     load_weights,
     resolve_model,
 )
@@ -114,6 +115,9 @@ def test_missing_model_errors_name_the_path(tmp_path, tiny_qwen2_dir):
     with pytest.raises(ModelNotFoundError, match=r"empty/config.json is missing"):
         resolve_model(str(tmp_path / "empty"))
     folder = _copy(tiny_qwen2_dir, tmp_path)
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(ModelNotFoundError, match="tokenizer.json is missing"):
+        load_tokenizer(str(folder))
     (folder / "model.safetensors").unlink()
     with pytest.raises(ModelNotFoundError, match="no \\*.safetensors file in"):
         ModelRunner(ServerArgs(model=str(folder), num_blocks=4))
