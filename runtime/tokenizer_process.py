@@ -16,6 +16,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -312,24 +313,38 @@ def serve_tokenizer(server: TokenizerServer, from_scheduler: zmq.Socket, alive) 
             server.heartbeat(time.monotonic())
 
 
+def _load_tokenizer(model: str, reports: zmq.Socket) -> Any:
+    """The model's tokenizer, or None after reporting ProcessFailed."""
+    from runtime.launch import report
+
+    try:
+        from runtime.loader import load_tokenizer
+
+        return load_tokenizer(model)
+    except Exception as exc:
+        logger.exception("tokenizer failed to load")
+        report(reports, p.ProcessFailed("tokenizer", os.getpid(), f"{type(exc).__name__}: {exc}"))
+        reports.close(linger=2000)
+        return None
+
+
 def run_tokenizer_process(spec) -> None:
     """Tokenizer process entry (spec: runtime.launch.ChildSpec). Binds the public endpoint once the scheduler is
-    ready, reports ProcessReady(endpoint) to the launcher, serves until Shutdown or the launcher dies."""
+    ready, reports ProcessReady(endpoint) to the launcher, serves until Shutdown or the launcher dies.
+
+    A model folder's tokenizer loads while the worker loads the weights; an embedded name or a GGUF file's loads
+    after the worker is ready, so a first run converts the GGUF file once, not in two processes at the same time."""
     from runtime.launch import parent_alive, report
 
     args = spec.server_args
     ctx = zmq.Context()
     reports = ctx.socket(zmq.PUSH)
     reports.connect(spec.endpoints.launcher)
-    try:
-        from runtime.loader import load_tokenizer
-
-        tokenizer = load_tokenizer(args.model)
-    except Exception as exc:
-        logger.exception("tokenizer failed to load")
-        report(reports, p.ProcessFailed("tokenizer", os.getpid(), f"{type(exc).__name__}: {exc}"))
-        reports.close(linger=2000)
-        return
+    tokenizer = None
+    if Path(args.model).expanduser().is_dir():
+        tokenizer = _load_tokenizer(args.model, reports)
+        if tokenizer is None:
+            return
     pull = ctx.socket(zmq.PULL)
     pull.bind(spec.endpoints.tokenizer_in)
     push = ctx.socket(zmq.PUSH)
@@ -345,6 +360,10 @@ def run_tokenizer_process(spec) -> None:
                 return
     if ready is None:
         return
+    if tokenizer is None:
+        tokenizer = _load_tokenizer(args.model, reports)
+        if tokenizer is None:
+            return
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.ROUTER_MANDATORY, 1)
     router.setsockopt(zmq.SNDHWM, 100_000)
