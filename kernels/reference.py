@@ -155,7 +155,7 @@ def _decode(
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     token_bytes = 2 * num_kv_heads * head_dim * q.element_size()
     qg = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = torch.empty_like(qg)
+    out = qg.new_empty(qg.shape)
     lens_t = torch.tensor(lens, device=q.device)
     start = 0
     while start < num_seqs:
@@ -229,7 +229,7 @@ def paged_attention(
     blocks; extend/prefill sequences run one at a time (see _extend). Python loops run per group or per sequence,
     never per token.
     """
-    out = torch.empty_like(q)
+    out = q.new_empty(q.shape)
     if q.shape[0] == 0:
         return out
     starts = query_start_loc.tolist()

@@ -188,7 +188,7 @@ def decode_attention(
         num_splits = choose_splits(num_seqs, num_kv_heads, max_seq_len, block_n, target)
     tokens_per_split = -(-max(max_seq_len, 1) // num_splits)
     tokens_per_split = -(-tokens_per_split // block_n) * block_n
-    out = torch.empty_like(q)
+    out = q.new_empty(q.shape)
     direct = num_splits == 1
     part_rows = 0 if direct else num_seqs * num_heads * num_splits
     part_out = q.new_empty(part_rows * block_d, dtype=torch.float32)

@@ -130,7 +130,7 @@ def extend_attention(
     block_d = triton.next_power_of_2(head_dim)
     block_m = 16 if max_query_len <= 16 else (32 if block_d > 64 else 64)
     block_n = 32 if block_d > 64 else 64
-    out = torch.empty_like(q)
+    out = q.new_empty(q.shape)
     grid = (triton.cdiv(max_query_len, block_m), num_seqs, num_heads)
     _extend_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,

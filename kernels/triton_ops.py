@@ -49,7 +49,7 @@ def paged_attention(
     block_tables = block_tables.contiguous()
     seq_lens, query_start_loc = seq_lens.contiguous(), query_start_loc.contiguous()
     if q.shape[0] == 0:
-        return torch.empty_like(q)
+        return q.new_empty(q.shape)
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
     if max_query_len == 1:

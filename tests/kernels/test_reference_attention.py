@@ -65,3 +65,24 @@ def test_attention_rejects_mismatched_inputs() -> None:
         args = list(batch.args())
         args[5] = args[5][:1]
         kernels.paged_attention(*args)
+
+
+@pytest.mark.parametrize("spec", [[(20, 1), (9, 1)], [(20, 1), (0, 12), (8, 3)]])
+def test_strided_q_from_a_fused_qkv_projection(spec: list[tuple[int, int]]) -> None:
+    batch = make_batch(spec, 8, num_kv_heads=3, group=3, head_dim=64, seed=6)
+    num_tokens, num_heads, head_dim = batch.q.shape
+    qkv = torch.randn(num_tokens, (num_heads + 6) * head_dim)
+    qkv[:, : num_heads * head_dim] = batch.q.reshape(num_tokens, -1)
+    q = qkv[:, : num_heads * head_dim].view(num_tokens, num_heads, head_dim)  # row stride > num_heads * head_dim
+    assert not q.is_contiguous()
+    out = kernels.paged_attention(q, *batch.args()[1:])
+    torch.testing.assert_close(out.double(), dense_attention(batch), atol=1e-5, rtol=1e-5)
+
+
+def test_pairwise_cover_has_every_pair() -> None:
+    from kernel_cases import BLOCK_SIZES, GQA_RATIOS, HEAD_DIMS, PAIRWISE
+
+    assert {(r, d) for r, d, _ in PAIRWISE} == {(r, d) for r in GQA_RATIOS for d in HEAD_DIMS}
+    assert {(r, b) for r, _, b in PAIRWISE} == {(r, b) for r in GQA_RATIOS for b in BLOCK_SIZES}
+    assert {(d, b) for _, d, b in PAIRWISE} == {(d, b) for d in HEAD_DIMS for b in BLOCK_SIZES}
+    assert len(PAIRWISE) == 12

@@ -78,3 +78,19 @@ def test_copy_blocks_kernel_on_layer_and_all_layer_caches() -> None:
 
 def test_c10_scattered_blocks_triton() -> None:
     run_c10("triton")
+
+
+def test_strided_q_from_a_fused_qkv_projection() -> None:
+    batch = make_batch([(20, 1), (0, 12), (8, 3)], 8, num_kv_heads=1, group=3, head_dim=64, seed=6)
+    num_tokens, num_heads, head_dim = batch.q.shape
+    qkv = torch.randn(num_tokens, (num_heads + 2) * head_dim)
+    qkv[:, : num_heads * head_dim] = batch.q.reshape(num_tokens, -1)
+    q = qkv[:, : num_heads * head_dim].view(num_tokens, num_heads, head_dim)
+    out = kernels.paged_attention(q, *batch.args()[1:], backend="triton")
+    torch.testing.assert_close(out.double(), dense_attention(batch), atol=1e-5, rtol=1e-5)
+    decode = make_batch([(20, 1), (9, 1)], 8, num_kv_heads=1, group=3, head_dim=64, seed=8)
+    qkv = torch.randn(2, (num_heads + 2) * head_dim)
+    qkv[:, : num_heads * head_dim] = decode.q.reshape(2, -1)
+    q = qkv[:, : num_heads * head_dim].view(2, num_heads, head_dim)
+    out = decode_attention(q, *decode.args()[1:], max_seq_len=21, num_splits=2)
+    torch.testing.assert_close(out.double(), dense_attention(decode), atol=1e-5, rtol=1e-5)
