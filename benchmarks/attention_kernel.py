@@ -255,7 +255,14 @@ def cuda_decode_rows(batch: int, context: int, heads: str, copy_gbps: float, swe
     return rows
 
 
-def run_cuda(mode: str, sweep: bool) -> tuple[dict, list[dict]]:
+def _cuda_device_info(copy_gbps: float) -> dict:
+    props = torch.cuda.get_device_properties(0)
+    return {"type": "cuda", "name": props.name, "sm_count": props.multi_processor_count,
+            "copy_gbps": round(copy_gbps, 1), "dtype": "bfloat16"}  # fmt: skip
+
+
+def run_cuda(mode: str, sweep: bool, save: Callable[[dict, list[dict]], None]) -> tuple[dict, list[dict]]:
+    """All CUDA rows; save(device, rows) is called after each shape so a run cut short keeps what it measured."""
     batches, contexts = ((1, 8, 64, 256), (512, 4096, 32768)) if mode == "full" else ((1, 64), (512, 4096))
     if mode == "smoke":
         batches, contexts = (8,), (512,)
@@ -271,11 +278,9 @@ def run_cuda(mode: str, sweep: bool) -> tuple[dict, list[dict]]:
                     continue
                 rows += cuda_decode_rows(batch, context, heads, copy_gbps, sweep and batch == 64 and context == 4096)
                 logger.info("cuda %s", rows[-2:])
+                save(_cuda_device_info(copy_gbps), rows)
                 torch.cuda.empty_cache()
-    props = torch.cuda.get_device_properties(0)
-    device = {"type": "cuda", "name": props.name, "sm_count": props.multi_processor_count,
-              "copy_gbps": round(copy_gbps, 1), "dtype": "bfloat16"}  # fmt: skip
-    return device, rows
+    return _cuda_device_info(copy_gbps), rows
 
 
 def _sweep(args: tuple, context: int, nbytes: int, copy_gbps: float, t_sdpa: float, heads: str) -> list[dict]:
@@ -293,6 +298,17 @@ def _sweep(args: tuple, context: int, nbytes: int, copy_gbps: float, t_sdpa: flo
     return rows
 
 
+def _other_runs(out: Path | None, device_type: str) -> dict:
+    """The latest run of each other device type found in `out` (CPU figures survive a GPU run and the reverse)."""
+    if out is None or not out.exists():
+        return {}
+    old = json.loads(out.read_text())
+    kept = {t: r for t, r in old.get("other_runs", {}).items() if t != device_type}
+    if old.get("device", {}).get("type") not in (None, device_type):
+        kept[old["device"]["type"]] = {k: old[k] for k in ("device", "mode", "rows")}
+    return kept
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark; returns the result dict and writes it to --out (default results/ unless --smoke)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -308,20 +324,20 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(0)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    info, rows = run_cuda(mode, args.sweep) if device == "cuda" else run_cpu(mode)
-    result = {"device": info, "mode": mode, "block_size": BLOCK_SIZE, "rows": rows}
     out = args.out if args.out is not None else (None if args.smoke else RESULTS)
-    if out is not None and out.exists():
-        # Keep the latest run of the other device type (CPU figures survive a GPU run and the reverse).
-        old = json.loads(out.read_text())
-        kept = {t: r for t, r in old.get("other_runs", {}).items() if t != info["type"]}
-        if old.get("device", {}).get("type") not in (None, info["type"]):
-            kept[old["device"]["type"]] = {k: old[k] for k in ("device", "mode", "rows")}
+    kept = _other_runs(out, device)
+
+    def save(info: dict, rows: list[dict]) -> dict:
+        result = {"device": info, "mode": mode, "block_size": BLOCK_SIZE, "rows": rows}
         if kept:
             result["other_runs"] = kept
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n")
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=1) + "\n")
+        return result
+
+    info, rows = run_cuda(mode, args.sweep, save) if device == "cuda" else run_cpu(mode)
+    result = save(info, rows)
     return result
 
 

@@ -7,6 +7,8 @@
 #   3. a short greedy generate through the Engine with the Triton backend (and the reference backend beside it).
 # Run from anywhere: bash benchmarks/gpu_check.sh. Every step runs even if an earlier one fails; the exit status is
 # the number of failed steps. When $OUT is set (the device runner's output folder), the JSON and a log go there too.
+# The benchmark saves its JSON after every shape, so a step cut short by its limit keeps what it measured; Triton's
+# compile cache (~/.triton/cache) makes a second run of this script faster than the first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

@@ -108,7 +108,9 @@ def paged_attention(
         seq_lens: int32 [num_seqs], context of each sequence in tokens, this step's new tokens included.
         query_start_loc: int32 [num_seqs + 1], cumulative query lengths starting at 0.
         scale: softmax scale (usually head_dim ** -0.5).
-        max_query_len, max_seq_len: optional host-side hints (tokens) so the caller avoids a device sync.
+        max_query_len, max_seq_len: optional host-side hints (tokens) so the caller avoids a device sync. When given
+            they must be the batch's true maxima (or upper bounds; max_query_len == 1 promises a decode-only batch):
+            the Triton backend sizes its grid from them.
         backend: None/"auto", "reference" or "triton".
 
     Returns:

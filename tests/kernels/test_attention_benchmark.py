@@ -14,6 +14,8 @@ FIELDS = {"backend", "phase", "batch", "context", "heads", "seconds", "gbps", "f
 
 def test_smoke_writes_rows_for_every_backend(tmp_path: Path) -> None:
     out = tmp_path / "attention_kernel.json"
+    gpu_run = {"device": {"type": "cuda", "name": "H200"}, "mode": "full", "rows": [{"backend": "triton"}]}
+    out.write_text(json.dumps(gpu_run))  # a GPU run's figures must survive a CPU run
     cmd = [sys.executable, "-m", "benchmarks.attention_kernel", "--smoke", "--device", "cpu", "--threads", "1"]
     cmd += ["--out", str(out)]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -21,6 +23,7 @@ def test_smoke_writes_rows_for_every_backend(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert data["device"]["type"] == "cpu" and data["mode"] == "smoke" and data["block_size"] == 16
     assert data["device"]["torch_threads"] == 1
+    assert data["other_runs"] == {"cuda": gpu_run}
     rows = data["rows"]
     assert [(r["backend"], r["phase"], r["batch"], r["context"]) for r in rows] == [
         ("reference", "decode", 2, 64),
