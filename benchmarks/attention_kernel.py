@@ -285,6 +285,8 @@ def run_cuda(mode: str, sweep: bool, save: Callable[[dict, list[dict]], None]) -
 
 def _sweep(args: tuple, context: int, nbytes: int, copy_gbps: float, t_sdpa: float, heads: str) -> list[dict]:
     """Launch configurations of the decode kernel at one shape (rows named triton[block_n=..,warps=..,...])."""
+    import triton
+
     from kernels.triton_decode import decode_attention
 
     configs = [(block_n, warps, stages, None) for block_n in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)]
@@ -292,7 +294,11 @@ def _sweep(args: tuple, context: int, nbytes: int, copy_gbps: float, t_sdpa: flo
     rows = []
     for block_n, warps, stages, splits in configs:
         config = dict(num_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages)
-        t = _cuda_time(lambda c=config: decode_attention(*args, max_seq_len=context, **c))
+        try:
+            t = _cuda_time(lambda c=config: decode_attention(*args, max_seq_len=context, **c))
+        except triton.runtime.errors.OutOfResources as e:  # e.g. shared memory of a large tile x many stages
+            logger.warning("sweep config %s does not fit: %s", config, e)
+            continue
         name = f"triton[block_n={block_n},warps={warps},stages={stages},splits={splits or 'auto'}]"
         rows.append(_row(name, args[0].shape[0], context, heads, "decode", t, nbytes, copy_gbps, t_sdpa))
     return rows
