@@ -125,19 +125,28 @@ def _layers_for(nbytes_per_layer: int, budget: int) -> int:
     return max(2, min(30, budget // max(1, nbytes_per_layer)))
 
 
-def cpu_decode_rows(batch: int, context: int, heads: str, rounds: int, budget: int, copy_gbps: float) -> list[dict]:
+def cpu_decode_rows(
+    batch: int, context: int, heads: str, rounds: int, budget: int, copy_gbps: float, ragged: bool = False
+) -> list[dict]:
+    """Decode rows. ragged: seq_lens spread evenly over [context / 2, 3 context / 2) in shuffled order (mean
+    context); contiguous SDPA then pads every sequence to the longest and masks the padding."""
     h, kvh, d = HEADS[heads]
-    nbytes = _kv_bytes(batch, context, kvh, d, 4)
-    layers = _layers_for(nbytes, budget)
-    inputs = _paged_decode_inputs(batch, context, heads, torch.float32, "cpu", layers)
-    q, k_cache, v_cache, tables, seq_lens, qsl = inputs
-    k_cont, v_cont = _contiguous(batch, context, heads, torch.float32, "cpu", layers)
+    lens = torch.full((batch,), context, dtype=torch.int32)
+    if ragged:
+        lens = torch.linspace(context // 2, 3 * context // 2 - 1, batch).round().int()[torch.randperm(batch)]
+    max_len = int(lens.max())
+    nbytes = int(lens.sum()) * 2 * kvh * d * 4
+    layers = _layers_for(_kv_bytes(batch, max_len, kvh, d, 4), budget)
+    q, k_cache, v_cache, tables, _, qsl = _paged_decode_inputs(batch, max_len, heads, torch.float32, "cpu", layers)
+    k_cont, v_cont = _contiguous(batch, max_len, heads, torch.float32, "cpu", layers)
+    mask = (torch.arange(max_len)[None, :] < lens[:, None]).view(batch, 1, 1, max_len) if ragged else None
+    seq_lens = lens
     scale = d**-0.5
     qg = q.view(batch, kvh, h // kvh, d)
 
     def paged() -> None:
         for layer in range(layers):
-            kernels.paged_attention(q, k_cache[layer], v_cache[layer], tables, seq_lens, qsl, scale, 1, context)
+            kernels.paged_attention(q, k_cache[layer], v_cache[layer], tables, seq_lens, qsl, scale, 1, max_len)
 
     def gather_all() -> None:
         saved, reference.DECODE_GROUP_BYTES = reference.DECODE_GROUP_BYTES, 1 << 62
@@ -148,12 +157,14 @@ def cpu_decode_rows(batch: int, context: int, heads: str, rounds: int, budget: i
 
     def contiguous() -> None:
         for layer in range(layers):
-            F.scaled_dot_product_attention(qg, k_cont[layer], v_cont[layer], scale=scale)
+            F.scaled_dot_product_attention(qg, k_cont[layer], v_cont[layer], attn_mask=mask, scale=scale)
 
     t = _cpu_time({"reference": paged, "reference[gather-all]": gather_all, "sdpa_contiguous": contiguous}, rounds)
     wall0, cpu0 = t["sdpa_contiguous"]
+    phase = f"decode ragged {int(lens.min())}-{max_len}" if ragged else "decode"
+    context = int(lens.float().mean().round())  # the row reports the mean context
     return [
-        _row(name, batch, context, heads, "decode", t[name][0] / layers, nbytes, copy_gbps, wall0 / layers,
+        _row(name, batch, context, heads, phase, t[name][0] / layers, nbytes, copy_gbps, wall0 / layers,
              (t[name][1] / layers, cpu0 / layers))
         for name in ("reference", "reference[gather-all]", "sdpa_contiguous")
     ]  # fmt: skip
@@ -191,17 +202,19 @@ def cpu_extend_rows(new: int, cached: int, heads: str, rounds: int, copy_gbps: f
 
 def run_cpu(mode: str) -> tuple[dict, list[dict]]:
     if mode == "smoke":
-        decode, extend, rounds, budget = [("smollm2", 2, 64)], [(16, 48)], 1, 1 << 20
+        decode, extend, rounds, budget = [("smollm2", 2, 64, False)], [(16, 48)], 1, 1 << 20
     elif mode == "quick":
-        decode, extend, rounds, budget = [("smollm2", 8, 512), ("smollm2", 32, 512)], [(512, 1536)], 5, 256 << 20
+        decode = [("smollm2", 8, 512, False), ("smollm2", 32, 512, False), ("smollm2", 32, 512, True)]
+        extend, rounds, budget = [(512, 1536)], 5, 256 << 20
     else:
-        decode = [("smollm2", b, c) for b in (1, 8, 32, 64) for c in (512, 2048)]
-        decode += [("llama3-8b", b, 512) for b in (1, 8)]
+        decode = [("smollm2", b, c, False) for b in (1, 8, 32, 64) for c in (512, 2048)]
+        decode += [("smollm2", 32, 512, True), ("smollm2", 64, 2048, True)]
+        decode += [("llama3-8b", b, 512, False) for b in (1, 8)]
         extend, rounds, budget = [(512, 1536), (128, 4096)], 9, 512 << 20
     copy_gbps = _cpu_copy_gbps(min(budget, 256 << 20))
     rows = []
-    for heads, batch, context in decode:
-        rows += cpu_decode_rows(batch, context, heads, rounds, budget, copy_gbps)
+    for heads, batch, context, ragged in decode:
+        rows += cpu_decode_rows(batch, context, heads, rounds, budget, copy_gbps, ragged)
         logger.info("cpu decode %s batch %d context %d: %s", heads, batch, context, rows[-3:])
     for new, cached in extend:
         rows += cpu_extend_rows(new, cached, "smollm2", rounds, copy_gbps)
