@@ -143,3 +143,22 @@ def test_async_client_many_requests_in_flight(tiny_server):
     assert [r.usage.prompt_tokens for r in results] == [3] * 8
     assert [t for ch in streamed for t in ch.token_ids] == results[0].token_ids
     assert health == "ok" and stats.num_blocks == 1024
+
+
+def test_sync_client_many_requests_in_flight(tiny_server):
+    with tiny_server.client() as c:
+        rids = [c.submit(input_ids=[5100 + i] * (i + 2), ignore_eos=True, **greedy(max_tokens=3)) for i in range(6)]
+        results = [c.result(rid) for rid in reversed(rids)]  # read in any order: replies are routed by rid
+    assert [r.usage.prompt_tokens for r in results] == [7, 6, 5, 4, 3, 2]
+    assert [len(r.token_ids) for r in results] == [3] * 6
+
+
+def test_logprobs_are_aligned_with_tokens(tiny_server):
+    with tiny_server.client() as c:
+        r = c.generate(input_ids=[5200, 5201, 5202], logprobs=2, ignore_eos=True, **greedy(max_tokens=4))
+        chunks = list(c.stream(input_ids=[5200, 5201, 5202], logprobs=2, ignore_eos=True, **greedy(max_tokens=4)))
+    assert len(r.choices[0].logprobs) == 4
+    for token, lp in zip(r.token_ids, r.choices[0].logprobs, strict=True):
+        assert len(lp.top_token_ids) == 2 and lp.top_token_ids[0] == token  # greedy: the sampled token is the top
+        assert lp.logprob == lp.top_logprobs[0] <= 0.0
+    assert [lp for ch in chunks for lp in (ch.logprobs or [])] == r.choices[0].logprobs
