@@ -59,7 +59,11 @@ class ModelRunner:
     KV cache: k_cache, v_cache [num_layers, num_blocks, block_size, num_kv_heads, head_dim] on the device (block 0 is
     the null block), and host_k_cache, host_v_cache with num_host_blocks blocks on the CPU for swapping.
     num_blocks = args.num_blocks, else the budget (kv_cache_memory bytes on CPU; on CUDA gpu_memory_utilization x
-    free memory after loading the weights) divided by kv_block_bytes.
+    free memory after loading the weights) divided by kv_block_bytes. max_model_len = args.max_model_len capped at the
+    model's max_position_embeddings (the rotary tables cover it).
+
+    Public state: ready (the Ready handshake), seqs (seq_id -> SeqState of live sequences), forward_tokens_by_seq
+    (seq_id -> tokens run through the model, cumulative, kept after the sequence is dropped).
 
     Raises (at construction): runtime.loader.ModelLoadError subclasses; runtime.config.InvalidConfig.
     """
