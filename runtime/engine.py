@@ -18,7 +18,7 @@ from typing import Any
 
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
-from runtime.protocol import StreamChunk, TokenLogprobs, TokenOutput, Usage
+from runtime.protocol import ERR_CONTEXT, ERR_INVALID, StreamChunk, TokenLogprobs, TokenOutput, Usage
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import RequestRejected, Scheduler
 from runtime.tokenizer import Detokenizer, StopChecker, apply_chat_template
@@ -287,8 +287,6 @@ class Engine:
 
     def _check_admissible(self, encoded: list[list[int]]) -> None:
         """Reject the whole call before queueing anything when one prompt can never run (RequestRejected)."""
-        from runtime.protocol import ERR_CONTEXT, ERR_INVALID
-
         usable, bs = self.manager.num_blocks - 1, self.manager.block_size
         for i, ids in enumerate(encoded):
             if not ids:
