@@ -112,12 +112,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batches", type=int, nargs="+")
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--threads", type=int, help="torch threads for both engines (default: torch's default)")
+    parser.add_argument("--threads", type=int, help="torch threads of both engines (default: set_cpu_threads)")
     parser.add_argument("--model", default="smollm2", help="model name, folder or .gguf (default: the embedded one)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if args.smoke:
         batches, context, decode_steps, repeats = [1, 2], 32, 2, 1
     else:
@@ -133,6 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
     runner = ModelRunner(ServerArgs(model=args.model, num_blocks=blocks))
     hf = AutoModelForCausalLM.from_pretrained(str(resolve_model(args.model)), dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
+    if args.threads:  # after the runner, which sets its own default (runtime.worker.set_cpu_threads)
+        torch.set_num_threads(args.threads)
     rows = []
     ratio = cpu_ratio = None
     for batch in batches:

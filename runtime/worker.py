@@ -8,6 +8,7 @@ sequence with sample=True. The process loop around it is runtime/worker_process.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -53,6 +54,19 @@ def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim
     return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
+def set_cpu_threads() -> int:
+    """Set torch's intra-op threads to the cores this process may use minus one (at least 1); returns the count.
+
+    The spare core serves the scheduler and tokenizer processes (or the Engine's own Python between steps): with as
+    many threads as cores, a descheduled OpenMP thread stalls every parallel op of the forward. Mutates torch's
+    process-wide setting.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, min(torch.get_num_threads(), cores - 1))
+    torch.set_num_threads(threads)
+    return threads
+
+
 class ModelRunner:
     """Loads the model, allocates the KV cache and executes ForwardBatches.
 
@@ -71,6 +85,8 @@ class ModelRunner:
     def __init__(self, args: ServerArgs) -> None:
         self.args = args
         self.device = torch.device(args.device)
+        if self.device.type == "cpu":
+            set_cpu_threads()
         self.dtype = _DTYPES[args.dtype]
         folder = resolve_model(args.model)
         self.config = cfg = load_config(folder)
