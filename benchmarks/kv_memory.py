@@ -223,7 +223,8 @@ class PagedSim(_Sim):
         self.mgr = KVCacheManager(num_blocks + 1, block_size, enable_prefix_caching=False)
         self.block_size = block_size
         self.admitted_at: dict[int, int] = {}
-        self.tail: list[float] = []  # waste per sequence at each snapshot
+        self.tail: list[float] = []  # mean waste per sequence at each snapshot
+        self.tail_max = 0  # largest waste of one sequence at any snapshot
 
     def try_admit(self, i: int) -> bool:
         n = self.resume[i]
@@ -259,13 +260,17 @@ class PagedSim(_Sim):
         assert live + stats.waste_slots + free == self.capacity, "slots do not add up"
         if self.running:
             self.tail.append(stats.waste_slots / len(self.running))
+            bs = self.block_size
+            self.tail_max = max(self.tail_max, max(len(self.mgr.block_table(i)) * bs - self.computed[i]
+                                                   for i in self.running))
         return {"running": len(self.running), "live": live, "reservation": 0, "internal": stats.waste_slots,
                 "external": 0, "free": free}
 
     def summary(self) -> dict:
         out = super().summary()
         bs = self.block_size
-        out["waste_per_seq_tokens"] = {"mean": round(statistics.mean(self.tail), 2), "max": round(max(self.tail), 2),
+        out["waste_per_seq_tokens"] = {"mean": round(statistics.mean(self.tail), 2), "max": self.tail_max,
+                                       "max_step_mean": round(max(self.tail), 2),
                                        "expected_bound": (bs - 1) / 2, "max_bound": bs - 1}
         return out
 
