@@ -162,7 +162,6 @@ class Scheduler:
         self.waiting: deque[SeqState] = deque()
         self.running: list[SeqState] = []
         self.swapped: deque[SeqState] = deque()
-        self._seqs: dict[int, SeqState] = {}
         self._next_seq_id = 1
         self._admit_counter = 0
         self._step_id = 0
@@ -465,7 +464,6 @@ class Scheduler:
         if seq.in_worker:
             self._drops.append(seq.seq_id)
         seq.status, seq.finish_reason, seq.in_worker = SeqStatus.FINISHED, reason, False
-        self._seqs.pop(seq.seq_id, None)
         req = seq.req
         req.live -= 1
         if not seq.prefill_only:
@@ -495,7 +493,6 @@ class Scheduler:
     def _new_seq(self, req: RequestState, index: int, prefill_only: bool = False) -> SeqState:
         seq = SeqState(self._next_seq_id, req, index, list(req.prompt_ids), prefill_only)
         self._next_seq_id += 1
-        self._seqs[seq.seq_id] = seq
         req.seqs.append(seq)
         req.live += 1
         return seq

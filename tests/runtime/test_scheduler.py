@@ -270,3 +270,11 @@ def test_c7_prompt_that_never_fits_is_rejected_and_others_run():
     with pytest.raises(RequestRejected, match="max_model_len"):
         h.add("ctx", list(range(1, 65)))
     h.assert_idle()
+
+
+def test_scheduler_and_tokenizer_modules_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, runtime.scheduler, runtime.tokenizer; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
