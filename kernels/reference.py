@@ -118,7 +118,10 @@ def _workspace(like: torch.Tensor, numel: int) -> torch.Tensor:
     key = (like.device, like.dtype)
     buf = _workspaces.get(key)
     if buf is None or buf.numel() < numel:
-        buf = torch.empty(max(numel, 1 << 16), dtype=like.dtype, device=like.device)
+        # A normal tensor (not an inference tensor) so callers inside and outside torch.inference_mode can both
+        # write into it; an inference tensor would refuse in-place writes outside inference mode.
+        with torch.inference_mode(False):
+            buf = torch.empty(max(numel, 1 << 16), dtype=like.dtype, device=like.device)
         _workspaces[key] = buf
     return buf
 

@@ -86,3 +86,17 @@ def test_pairwise_cover_has_every_pair() -> None:
     assert {(r, b) for r, _, b in PAIRWISE} == {(r, b) for r in GQA_RATIOS for b in BLOCK_SIZES}
     assert {(d, b) for _, d, b in PAIRWISE} == {(d, b) for d in HEAD_DIMS for b in BLOCK_SIZES}
     assert len(PAIRWISE) == 12
+
+
+def test_reference_works_inside_and_outside_inference_mode() -> None:
+    """The reused gather workspace must accept writes whichever mode first allocated it (a serving step runs under
+    torch.inference_mode; tests and tools may call the kernels outside it)."""
+    from kernels import reference
+
+    reference._workspaces.clear()
+    batch = make_batch([(40, 1), (17, 1)], 16, num_kv_heads=2, group=3, head_dim=64, seed=4)
+    with torch.inference_mode():
+        inside = kernels.paged_attention(*batch.args(), backend="reference")
+    outside = kernels.paged_attention(*batch.args(), backend="reference")
+    torch.testing.assert_close(outside, inside.clone(), atol=0, rtol=0)
+    torch.testing.assert_close(outside.double(), dense_attention(batch), atol=1e-5, rtol=1e-5)
