@@ -7,16 +7,9 @@ clear winners. The embedded model's GGUF conversion happens once per machine ($R
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-# A conftest here puts tests/ first on sys.path, where tests/kernels and tests/radix would shadow the packages of the
-# same name (the editable install's finder comes after sys.path). The repository root goes in front of it.
-_ROOT = str(Path(__file__).resolve().parents[1])
-if sys.path[0] != _ROOT:
-    sys.path.insert(0, _ROOT)
 
 TINY_VOCAB = 49152
 
