@@ -292,7 +292,8 @@ class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True, forbid_unk
 
 class Stop(msgspec.Struct, tag="stop", forbid_unknown_fields=True):
     """A stop string ended completion `index` of rid: the scheduler finishes it keeping keep_tokens completion
-    tokens (the tokens up to the one that completed the stop string), and caches no block past them."""
+    tokens (the fewest whose text covers everything before the stop string; runtime.tokenizer.StopChecker computes
+    it), and caches no block past them."""
 
     rid: str
     index: int
