@@ -19,8 +19,9 @@ from typing import Any
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
 from runtime.protocol import ERR_CONTEXT, ERR_INVALID, StreamChunk, TokenLogprobs, TokenOutput, Usage
+from runtime.request import RequestRejected
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler import RequestRejected, Scheduler
+from runtime.scheduler import Scheduler
 from runtime.tokenizer import Detokenizer, StopChecker, apply_chat_template
 
 logger = logging.getLogger(__name__)

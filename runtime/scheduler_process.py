@@ -45,7 +45,7 @@ class SchedulerServer:
 
     def on_tokenizer_message(self, msg: p.SchedulerInput) -> None:
         """Applies one tokenizer message; a request the scheduler rejects is answered with RequestFailed."""
-        from runtime.scheduler import RequestRejected, UnknownRequestError
+        from runtime.request import RequestRejected, UnknownRequestError
 
         sched = self.scheduler
         if isinstance(msg, p.TokenizedRequest):

@@ -10,8 +10,8 @@ import pytest
 
 from runtime.engine import Engine
 from runtime.protocol import ForwardBatch
+from runtime.request import RequestRejected
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler import RequestRejected
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0)
 

@@ -14,8 +14,9 @@ import pytest
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
 from runtime.protocol import ForwardBatch, ForwardResult, Usage
+from runtime.request import RequestRejected
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler import RequestRejected, Scheduler
+from runtime.scheduler import Scheduler
 
 VOCAB = 1000
 EOS = 7

@@ -7,7 +7,7 @@ import random
 import pytest
 from test_scheduler import EOS, Harness, reference
 
-from runtime.scheduler import UnknownRequestError
+from runtime.request import UnknownRequestError
 
 
 def test_c3_identical_requests_in_one_step_and_abort_after_first_chunk():
