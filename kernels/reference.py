@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_decode
 from kernels.errors import KernelInputError
 
 
@@ -153,7 +154,12 @@ def _decode(
     q [S, H, d], tables long [S, >= blocks], lens: S ints (tokens) -> [S, H, d]. Sequences are taken in groups whose
     gathered K/V stay under DECODE_GROUP_BYTES (at least one sequence per group); a group pads to its longest
     sequence and masks the padding. GQA: the G = H / kvh query heads of a KV head are its G query rows.
+    Contiguous fp32 CPU caches take the fused C kernel instead (kernels/cpu_decode.py: no gather), when it builds.
     """
+    if cpu_decode.supports(q, k_cache, v_cache):
+        fused = cpu_decode.paged_decode(q, k_cache, v_cache, tables, lens, scale)
+        if fused is not None:
+            return fused
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     token_bytes = 2 * num_kv_heads * head_dim * q.element_size()
