@@ -22,8 +22,9 @@ was sent, rounded down to whole blocks and capped at prompt length - 1, summed o
 and chat template as the server). Per turn, the first position where the re-tokenized history differs from the
 previous turn's prompt + output ids.
 
-    .venv/bin/python -m benchmarks.multi_turn_chat --quick --target radixserve,radixserve-nocache,engine,transformers
     .venv/bin/python -m benchmarks.multi_turn_chat                  # the full 32 x 4 workload, both server targets
+    .venv/bin/python -m benchmarks.multi_turn_chat --quick --repeats 2 \
+        --target radixserve,radixserve-nocache,engine,transformers --out benchmarks/results/multi_turn_chat_quick.json
     .venv/bin/python -m benchmarks.multi_turn_chat --smoke --model <tiny model folder> --out /tmp/chat.json
 """
 
@@ -115,7 +116,8 @@ class Record:
 
 
 # ---------------------------------------------------------------------------------------------- conversation drivers
-def _history(wl: ChatWorkload, conv: int) -> list[dict[str, str]]:
+def _history(wl: ChatWorkload) -> list[dict[str, str]]:
+    """A new conversation: the shared system message."""
     return [{"role": "system", "content": wl.system_prompt}]
 
 
@@ -127,7 +129,7 @@ async def drive_async(wl: ChatWorkload, cfg: Config, send, bar) -> list[Record]:
     async def worker() -> None:
         while todo:
             conv = todo.popleft()
-            history = _history(wl, conv)
+            history = _history(wl)
             for turn in range(cfg.turns):
                 history.append({"role": "user", "content": wl.user_turns[conv][turn]})
                 t0 = time.perf_counter()
@@ -198,7 +200,7 @@ def run_engine(cfg: Config, wl: ChatWorkload, bar) -> list[Record]:
     while todo or live:
         while todo and len(live) < cfg.concurrency:
             conv = todo.popleft()
-            histories[conv] = _history(wl, conv) + [{"role": "user", "content": wl.user_turns[conv][0]}]
+            histories[conv] = _history(wl) + [{"role": "user", "content": wl.user_turns[conv][0]}]
             submit(conv, 1, histories[conv])
         for chunk in engine.step():
             state = live.get(chunk.rid)
@@ -247,7 +249,7 @@ def run_transformers(cfg: Config, wl: ChatWorkload, tokenizer: Any, bar) -> list
     model = AutoModelForCausalLM.from_pretrained(str(resolve_model(cfg.model)), dtype=torch.float32).eval()
     records = []
     for conv in range(cfg.conversations):
-        history = _history(wl, conv)
+        history = _history(wl)
         for turn in range(cfg.turns):
             history.append({"role": "user", "content": wl.user_turns[conv][turn]})
             ids = apply_chat_template(tokenizer, history)
