@@ -16,7 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#define TILE 64
+#define TILE 64 /* tokens per score tile, a multiple of VEC */
+#define VEC 16  /* floats per vector (AVX-512); exp and max run over whole vectors */
 
 static inline __attribute__((always_inline)) float dot(const float *restrict a, const float *restrict b, int64_t n) {
     float s = 0.0f;
@@ -33,14 +34,20 @@ static inline __attribute__((always_inline)) void axpy(float *restrict y, float 
 /* x[i] = exp(x[i] - shift) for x[i] <= shift, vectorizable: y = k ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes
  * expf's degree-6 polynomial (relative error about 2e-7), 2^k written into the exponent bits. y below -87 (and -inf)
  * gives about 1e-38 instead of 0. */
-static inline __attribute__((always_inline)) void exp_shifted(float *restrict x, float shift, int64_t n) {
+static __attribute__((noinline)) void exp_shifted(float *restrict x, float shift, int64_t n) {
+    /* Three simple loops, not one: gcc 12 vectorizes each of them but not the fused loop (its clamp on a computed
+     * value becomes a branch). noinline keeps x a plain pointer (not a row of the caller's variable-length array). */
     int32_t bits[TILE];
-#pragma omp simd
+    float two_k[TILE];
     for (int64_t i = 0; i < n; i++) {
         float y = x[i] - shift;
-        y = y < -87.0f ? -87.0f : y;
-        float k = floorf(y * 1.44269504088896341f + 0.5f);
-        float r = y - k * 0.693359375f + k * 2.12194440e-4f;
+        x[i] = y < -87.0f ? -87.0f : y;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        float y = x[i];
+        int32_t k = (int32_t)(y * 1.44269504088896341f + (y < 0.0f ? -0.5f : 0.5f)); /* round(y / ln2) */
+        float kf = (float)k;
+        float r = y - kf * 0.693359375f + kf * 2.12194440e-4f; /* y - k ln2 in two parts (Cody-Waite) */
         float p = 1.9875691500e-4f;
         p = p * r + 1.3981999507e-3f;
         p = p * r + 8.3334519073e-3f;
@@ -48,12 +55,14 @@ static inline __attribute__((always_inline)) void exp_shifted(float *restrict x,
         p = p * r + 1.6666665459e-1f;
         p = p * r + 5.0000001201e-1f;
         x[i] = p * r * r + r + 1.0f;
-        bits[i] = ((int32_t)k + 127) << 23;
+        bits[i] = (k + 127) << 23;
     }
-    float two_k[TILE];
     memcpy(two_k, bits, sizeof(float) * (size_t)n);
-#pragma omp simd
     for (int64_t i = 0; i < n; i++) x[i] *= two_k[i];
+}
+
+static inline __attribute__((always_inline)) void prefetch_row(const float *row, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(row + i);
 }
 
 static inline __attribute__((always_inline)) void scal(float *restrict y, float a, int64_t n) {
@@ -70,11 +79,12 @@ static inline __attribute__((always_inline)) int attend_seq(
     int64_t block_size, int64_t h0, int64_t h1, int64_t group, int64_t head_dim, float scale, float *restrict out,
     int64_t o_sh) {
     int64_t rows = (h1 - h0) * group;
-    float qs[rows][head_dim], acc[rows][head_dim], s[rows][TILE], m[rows], l[rows];
+    /* 1-D arrays indexed by hand: gcc 12 does not vectorize loops over rows of 2-D variable-length arrays. */
+    float qs[rows * head_dim], acc[rows * head_dim], s[rows * TILE], m[rows], l[rows];
     for (int64_t r = 0; r < rows; r++) {
         const float *qr = q + (h0 * group + r) * q_sh;
-        for (int64_t i = 0; i < head_dim; i++) qs[r][i] = qr[i] * scale;
-        memset(acc[r], 0, sizeof(float) * head_dim);
+        for (int64_t i = 0; i < head_dim; i++) qs[r * head_dim + i] = qr[i] * scale;
+        memset(acc + r * head_dim, 0, sizeof(float) * head_dim);
         m[r] = -INFINITY;
         l[r] = 0.0f;
     }
@@ -82,46 +92,55 @@ static inline __attribute__((always_inline)) int attend_seq(
         int64_t block = table[start / block_size];
         if (block < 0 || block >= num_blocks) return 1;
         int64_t in_block = seq_len - start < block_size ? seq_len - start : block_size;
+        /* Block ids are scattered, so the hardware prefetcher cannot guess the next block: each row read below asks
+         * for the same row of the next block. */
+        const float *next_k = NULL, *next_v = NULL;
+        int64_t next_len = 0;
         if (start + block_size < seq_len) {
-            /* Block ids are scattered, so the hardware prefetcher cannot guess the next block: ask for it now. */
             int64_t next = table[start / block_size + 1];
-            int64_t next_len = seq_len - start - block_size < block_size ? seq_len - start - block_size : block_size;
-            if (next >= 0 && next < num_blocks)
-                for (int64_t t = 0; t < next_len; t++)
-                    for (int64_t h = h0; h < h1; h++)
-                        for (int64_t i = 0; i < head_dim; i += 16) {
-                            __builtin_prefetch(k_cache + next * c_sb + t * c_st + h * c_sh + i);
-                            __builtin_prefetch(v_cache + next * c_sb + t * c_st + h * c_sh + i);
-                        }
+            if (next >= 0 && next < num_blocks) {
+                next_k = k_cache + next * c_sb;
+                next_v = v_cache + next * c_sb;
+                next_len = seq_len - start - block_size < block_size ? seq_len - start - block_size : block_size;
+            }
         }
         for (int64_t t0 = 0; t0 < in_block; t0 += TILE) {
-            int64_t n = in_block - t0 < TILE ? in_block - t0 : TILE;
+            int64_t n = in_block - t0 < TILE ? in_block - t0 : TILE, n_pad = (n + VEC - 1) / VEC * VEC;
             for (int64_t h = h0; h < h1; h++) {
                 const float *k = k_cache + block * c_sb + t0 * c_st + h * c_sh;
                 const float *v = v_cache + block * c_sb + t0 * c_st + h * c_sh;
                 int64_t r0 = (h - h0) * group;
-                for (int64_t t = 0; t < n; t++)
-                    for (int64_t g = 0; g < group; g++) s[r0 + g][t] = dot(qs[r0 + g], k + t * c_st, head_dim);
+                for (int64_t t = 0; t < n; t++) {
+                    if (t0 + t < next_len) prefetch_row(next_k + (t0 + t) * c_st + h * c_sh, head_dim);
+                    for (int64_t g = 0; g < group; g++) s[(r0 + g) * TILE + t] = dot(qs + (r0 + g) * head_dim, k + t * c_st, head_dim);
+                }
                 for (int64_t r = r0; r < r0 + group; r++) {
+                    /* Whole vectors: scores past n are -inf, so the max ignores them and their exp (~1e-38) is
+                     * never summed nor used. */
+                    float *sr = s + r * TILE;
+                    for (int64_t t = n; t < n_pad; t++) sr[t] = -INFINITY;
                     float m_new = m[r];
-                    for (int64_t t = 0; t < n; t++) m_new = s[r][t] > m_new ? s[r][t] : m_new;
+#pragma omp simd reduction(max : m_new)
+                    for (int64_t t = 0; t < n_pad; t++) m_new = sr[t] > m_new ? sr[t] : m_new;
                     float corr = m[r] == -INFINITY ? 0.0f : expf(m[r] - m_new);
-                    exp_shifted(s[r], m_new, n);
+                    exp_shifted(sr, m_new, n_pad);
                     float sum = 0.0f;
-                    for (int64_t t = 0; t < n; t++) sum += s[r][t];
+                    for (int64_t t = 0; t < n; t++) sum += s[r * TILE + t];
                     l[r] = l[r] * corr + sum;
                     m[r] = m_new;
-                    if (corr != 1.0f) scal(acc[r], corr, head_dim);
+                    if (corr != 1.0f) scal(acc + r * head_dim, corr, head_dim);
                 }
-                for (int64_t t = 0; t < n; t++)
-                    for (int64_t g = 0; g < group; g++) axpy(acc[r0 + g], s[r0 + g][t], v + t * c_st, head_dim);
+                for (int64_t t = 0; t < n; t++) {
+                    if (t0 + t < next_len) prefetch_row(next_v + (t0 + t) * c_st + h * c_sh, head_dim);
+                    for (int64_t g = 0; g < group; g++) axpy(acc + (r0 + g) * head_dim, s[(r0 + g) * TILE + t], v + t * c_st, head_dim);
+                }
             }
         }
     }
     for (int64_t r = 0; r < rows; r++) {
         float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
         float *o = out + (h0 * group + r) * o_sh;
-        for (int64_t i = 0; i < head_dim; i++) o[i] = acc[r][i] * inv;
+        for (int64_t i = 0; i < head_dim; i++) o[i] = acc[r * head_dim + i] * inv;
     }
     return 0;
 }
