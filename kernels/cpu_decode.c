@@ -10,7 +10,11 @@
  * of one block (a tile of up to TILE tokens) are computed first, then the running max m, the normalizer l and the
  * accumulator acc are rescaled once per tile by exp(m_old - m_new).
  *
- * Plain C99 + OpenMP, no torch headers: compiled on first use by kernels/cpu_decode.py.
+ * Memory, not arithmetic, bounds decode: each work item reads a sequence's blocks front to back (all of its kv heads
+ * per block) and prefetches the next block of the table while it computes on the current one.
+ *
+ * C99 + OpenMP (plus the GCC/Clang builtins __attribute__ and __builtin_prefetch), no torch headers: compiled on
+ * first use by kernels/cpu_decode.py.
  */
 #include <math.h>
 #include <stdint.h>

@@ -49,6 +49,12 @@ def test_c_kernel_matches_dense_fp32(ratio: int, head_dim: int, block_size: int)
     torch.testing.assert_close(out.double(), dense_attention(batch), atol=1e-5, rtol=1e-5)
 
 
+def test_head_dim_without_a_specialised_path() -> None:
+    batch = make_batch(decode_spec(16), 16, num_kv_heads=2, group=5, head_dim=80, seed=11)
+    out = kernels.paged_attention(*batch.args())
+    torch.testing.assert_close(out.double(), dense_attention(batch), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_paged_attention_takes_the_c_kernel(threads: int, monkeypatch) -> None:
     calls = []
