@@ -11,6 +11,7 @@ Targets (`--target`, repeatable or comma-separated; default radixserve,radixserv
   radixserve-nocache  the same server with prefix caching off
   engine              the in-process runtime.engine.Engine (Engine.add_request / step, same concurrency)
   transformers        transformers' generate on the same model folder, one request at a time, no cross-request cache
+  router=POLICY:N     N replicas of our server behind router/ (policy cache_aware, round_robin or least_load)
   openai=URL          an OpenAI-compatible chat completions server on 127.0.0.1 (e.g. llama.cpp's llama-server on the
                       same GGUF file), streaming; cached tokens from usage.prompt_tokens_details.cached_tokens or
                       llama.cpp's timings.cache_n
@@ -142,15 +143,18 @@ async def drive_async(wl: ChatWorkload, cfg: Config, send, bar) -> list[Record]:
     return records
 
 
-def run_radixserve(cfg: Config, wl: ChatWorkload, caching: bool, bar) -> list[Record]:
-    """Launches our server (worker, scheduler, tokenizer processes) and drives it through runtime.client.AsyncClient."""
+def run_radixserve(cfg: Config, wl: ChatWorkload, caching: bool, bar, router: tuple[str, int] | None = None
+                   ) -> list[Record]:
+    """Launches our server (worker, scheduler, tokenizer processes), or `router` = (policy, replicas) replicas behind
+    router/, and drives it through runtime.client.AsyncClient."""
+    from router.launch import RouterLauncher
     from runtime.client import AsyncClient
     from runtime.config import ServerArgs
     from runtime.launch import Launcher, LaunchError
 
     args = ServerArgs(model=cfg.model, block_size=cfg.block_size, num_blocks=cfg.num_blocks, port=0,
                       enable_prefix_caching=caching, log_interval_s=3600.0)
-    launcher = Launcher(args)
+    launcher = Launcher(args) if router is None else RouterLauncher(args, replicas=router[1], policy=router[0])
     try:
         endpoint = launcher.start()
     except LaunchError as e:
@@ -440,6 +444,11 @@ def targets_met(targets: dict[str, dict[str, Any]]) -> dict[str, Any]:
             out[f"{name}_hit_rate_over_oracle"] = {"value": round(ratio, 4), "target": 0.95, "met": ratio >= 0.95}
             if t["oracle_inflight_hit_rate"]:  # informational: the oracle that also counts in-flight prompts
                 out[f"{name}_hit_rate_over_inflight_oracle"] = round(t["hit_rate"] / t["oracle_inflight_hit_rate"], 4)
+    for name, t in targets.items():  # issue 8: cache-aware routing keeps the single replica's hit rate
+        single = targets.get("radixserve")
+        if name.startswith("router=cache_aware") and single and single["hit_rate"]:
+            ratio = t["hit_rate"] / single["hit_rate"]
+            out[f"{name}_hit_rate_over_single"] = {"value": round(ratio, 4), "target": 0.95, "met": ratio >= 0.95}
     on, off = targets.get("radixserve"), targets.get("radixserve-nocache")
     if on and off and on["ttft_turn2plus_p50_s"] and off["ttft_turn2plus_p50_s"]:
         speedup = off["ttft_turn2plus_p50_s"] / on["ttft_turn2plus_p50_s"]
@@ -509,13 +518,28 @@ def parse_targets(values: list[str] | None) -> list[str]:
     openai=URL whose host is not 127.0.0.1 / localhost / ::1."""
     names = [v.strip() for value in (values or [",".join(DEFAULT_TARGETS)]) for v in value.split(",") if v.strip()]
     for name in names:
-        if name not in ("radixserve", "radixserve-nocache", "engine", "transformers") and \
+        if name.startswith("router="):
+            try:
+                parse_router_target(name)
+            except ValueError as e:
+                raise BenchmarkError(str(e)) from None
+        elif name not in ("radixserve", "radixserve-nocache", "engine", "transformers") and \
                 not name.startswith("openai="):
             raise BenchmarkError(f"unknown target {name!r}: radixserve, radixserve-nocache, engine, transformers, "
-                                 "openai=URL")
+                                 "router=POLICY:N, openai=URL")
         if name.startswith("openai=") and urllib.parse.urlsplit(name[7:]).hostname not in LOCAL_HOSTS:
             raise BenchmarkError(f"target {name!r}: only servers on 127.0.0.1 are benchmarked")
     return names
+
+
+def parse_router_target(name: str) -> tuple[str, int]:
+    """"router=POLICY:N" -> (POLICY, N). Raises ValueError for an unknown policy or a bad replica count."""
+    from router.policy import POLICIES
+
+    policy, _, n = name.removeprefix("router=").partition(":")
+    if not name.startswith("router=") or policy not in POLICIES or not n.isdigit() or int(n) < 1:
+        raise ValueError(f"bad target {name!r}: router=POLICY:N with POLICY in {list(POLICIES)} and N >= 1")
+    return policy, int(n)
 
 
 def default_num_blocks(cfg: Config) -> int:
@@ -532,6 +556,8 @@ def run_target(name: str, cfg: Config, wl: ChatWorkload, tokenizer: Any) -> list
     with tqdm(total=total, desc=name, unit="req", file=sys.stderr, mininterval=1.0) as bar:
         if name in ("radixserve", "radixserve-nocache"):
             records = run_radixserve(cfg, wl, name == "radixserve", bar)
+        elif name.startswith("router="):
+            records = run_radixserve(cfg, wl, True, bar, parse_router_target(name))
         elif name == "engine":
             records = run_engine(cfg, wl, bar)
         elif name == "transformers":

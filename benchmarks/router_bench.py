@@ -26,7 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.chat_questions import ChatWorkload, build_workload
-from benchmarks.multi_turn_chat import SMOKE, Config, Record, Reply, default_num_blocks, drive_async, summarize
+from benchmarks.multi_turn_chat import (
+    SMOKE,
+    Config,
+    Record,
+    Reply,
+    default_num_blocks,
+    drive_async,
+    parse_router_target,
+    summarize,
+)
 from runtime.tokenizer import apply_chat_template
 
 logger = logging.getLogger(__name__)
@@ -43,12 +52,7 @@ def parse_target(name: str) -> tuple[str, int]:
     """"single" -> ("single", 1); "router=POLICY:N" -> (POLICY, N). Raises ValueError for anything else."""
     if name == "single":
         return "single", 1
-    policy, _, n = name.removeprefix("router=").partition(":")
-    from router.policy import POLICIES
-
-    if not name.startswith("router=") or policy not in POLICIES or not n.isdigit() or int(n) < 1:
-        raise ValueError(f"bad target {name!r}: single or router=POLICY:N with POLICY in {list(POLICIES)}")
-    return policy, int(n)
+    return parse_router_target(name)
 
 
 def drive_endpoint(endpoint: str, cfg: Config, wl: ChatWorkload, salt: str,

@@ -57,6 +57,12 @@ def test_parse_targets():
         "engine", "transformers", "openai=http://127.0.0.1:8080"]
     with pytest.raises(BenchmarkError, match="unknown target 'vllm'"):
         parse_targets(["vllm"])
+    assert parse_targets(["router=cache_aware:2", "router=round_robin:2"]) == [
+        "router=cache_aware:2", "router=round_robin:2"]
+    with pytest.raises(BenchmarkError, match="bad target 'router=fastest:2'"):
+        parse_targets(["router=fastest:2"])
+    with pytest.raises(BenchmarkError, match="bad target 'router=cache_aware:0'"):
+        parse_targets(["router=cache_aware:0"])
 
 
 def test_workload_is_seeded_readable_and_sized(smollm2_tokenizer):
