@@ -18,7 +18,7 @@ from typing import Any
 
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
-from runtime.protocol import ERR_CONTEXT, ERR_INVALID, StreamChunk, TokenLogprobs, TokenOutput, Usage
+from runtime.protocol import ERR_CONTEXT, ERR_INVALID, ForwardResult, StreamChunk, TokenLogprobs, TokenOutput, Usage
 from runtime.request import RequestRejected
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler
@@ -102,7 +102,8 @@ class Engine:
         ready = self.runner.ready
         self.manager = KVCacheManager(ready.num_blocks, ready.block_size, self.args.enable_prefix_caching,
                                       ready.num_host_blocks)  # fmt: skip
-        self.scheduler = Scheduler(self.manager, self.args, ready.max_model_len, ready.eos_token_ids)
+        self.scheduler = Scheduler(self.manager, self.args, ready.max_model_len, ready.eos_token_ids,
+                                   vocab_size=ready.vocab_size)
         try:
             self.tokenizer = load_tokenizer(model)
         except ModelLoadError as e:
@@ -165,14 +166,23 @@ class Engine:
 
     def step(self) -> list[StreamChunk]:
         """Run one scheduler step (schedule, forward, process) and return the StreamChunks it produced.
-        Raises EngineError when requests remain but nothing can run."""
+        Raises EngineError when requests remain but nothing can run, or when the forward step fails (that step's
+        requests end with "abort" and release their blocks; the engine keeps serving)."""
         batch = self.scheduler.schedule()
         if batch is None:
             outs = self.scheduler.drain_outputs()
             if not outs and self.scheduler.has_unfinished():
                 raise EngineError(f"scheduler stalled: {self.scheduler.stats()}")
         else:
-            outs = self.scheduler.process_result(self.runner.execute(batch))
+            try:
+                result = self.runner.execute(batch)
+            except Exception as exc:  # the step's requests end with "abort" and release their blocks
+                logger.exception("step %d failed", batch.step_id)
+                self.scheduler.process_result(ForwardResult(batch.step_id, [], [], error=repr(exc)))
+                for o in self.scheduler.drain_outputs():
+                    self._on_output(o)
+                raise EngineError(f"step {batch.step_id} failed ({exc!r}); its requests were aborted") from exc
+            outs = self.scheduler.process_result(result)
         chunks = [c for o in outs if (c := self._on_output(o)) is not None]
         chunks += [c for o in self.scheduler.drain_outputs() if (c := self._on_output(o)) is not None]
         return chunks

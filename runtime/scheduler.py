@@ -70,8 +70,10 @@ class Scheduler:
         eos_token_ids: Sequence[int] = (),
         lpm_starvation_steps: int = 16,
         clock: Callable[[], float] = time.monotonic,
+        vocab_size: int | None = None,
     ) -> None:
         self.manager = manager
+        self.vocab_size = vocab_size
         self.args = args
         self.block_size = manager.block_size
         self.max_model_len = max_model_len
@@ -108,6 +110,9 @@ class Scheduler:
         problem = None
         if not prompt:
             problem = (ERR_INVALID, "the prompt is empty")
+        elif self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in prompt):
+            bad = [t for t in prompt if not 0 <= t < self.vocab_size][:8]
+            problem = (ERR_INVALID, f"token ids outside the vocabulary [0, {self.vocab_size}): {bad}")
         elif len(prompt) >= self.max_model_len:
             problem = (ERR_CONTEXT, f"prompt of {len(prompt)} tokens leaves no room under max_model_len "
                        f"{self.max_model_len}")  # fmt: skip

@@ -194,7 +194,7 @@ def run_scheduler_process(spec) -> None:
     if ready is None:
         return
     manager = KVCacheManager(ready.num_blocks, ready.block_size, args.enable_prefix_caching, ready.num_host_blocks)
-    scheduler = Scheduler(manager, args, ready.max_model_len, ready.eos_token_ids)
+    scheduler = Scheduler(manager, args, ready.max_model_len, ready.eos_token_ids, vocab_size=ready.vocab_size)
     server = SchedulerServer(scheduler, to_worker, to_tokenizer, pub, args.log_interval_s, events_port)
     to_tokenizer.send(msgspec.msgpack.encode(p.SchedulerReady(ready)))
     report(reports, p.ProcessReady("scheduler", os.getpid()))

@@ -201,3 +201,36 @@ def test_c12_cache_salt(make_engine):
     cached = [engine.generate(input_ids=[prompt], sampling_params=greedy(1), cache_salt=salt)[0].usage.cached_tokens
               for salt in ("s1", "s2", "s1", None)]  # fmt: skip
     assert cached == [0, 0, 8, 0]
+
+
+def test_token_ids_outside_the_vocabulary_are_rejected_and_the_engine_keeps_serving(make_engine, cold):
+    engine = make_engine()
+    vocab = engine.runner.ready.vocab_size
+    for bad in ([1, vocab], [1, -5], [10**6]):
+        with pytest.raises(RequestRejected, match="outside the vocabulary") as info:
+            engine.generate(input_ids=[bad], sampling_params=GREEDY)
+        assert info.value.code == "invalid_request"
+    stats = engine.stats()
+    assert (stats["running"], stats["waiting"], stats["in_use_blocks"]) == (0, 0, 0)
+    assert engine.generate(input_ids=[[5, 6, 7]], sampling_params=greedy(3))[0].token_ids == cold([5, 6, 7], 3)
+
+
+def test_a_failed_forward_step_aborts_its_requests_and_returns_their_blocks(make_engine, cold):
+    from runtime.engine import EngineError
+
+    engine = make_engine()
+    execute = engine.runner.execute
+
+    def fail_once(batch: ForwardBatch):
+        engine.runner.execute = execute
+        raise RuntimeError("injected worker failure")
+
+    engine.runner.execute = fail_once
+    with pytest.raises(EngineError, match="injected worker failure"):
+        engine.generate(input_ids=[list(range(1, 10))], sampling_params=greedy(3))
+    stats = engine.stats()
+    assert (stats["running"], stats["waiting"], stats["in_use_blocks"]) == (0, 0, 0)
+    assert stats["free_blocks"] + stats["evictable_blocks"] == stats["total_blocks"]
+    engine.manager.check_invariants()
+    assert engine.generate(input_ids=[list(range(1, 10))], sampling_params=greedy(3))[0].token_ids == cold(
+        list(range(1, 10)), 3)
