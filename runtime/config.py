@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -31,7 +32,7 @@ class ServerArgs:
     gpu_memory_utilization: float = _opt(0.85, "on CUDA: fraction of free device memory given to the KV cache")
     num_blocks: int | None = _opt(None, "KV blocks (including the null block 0); overrides the memory budget")
     num_host_blocks: int = _opt(0, "host-memory KV blocks for preemption by swapping (0: no swap pool)")
-    max_model_len: int | None = _opt(None, "context limit in tokens (default: the model's)")
+    max_model_len: int | None = _opt(None, "context limit in tokens (None: the model's)")
     attention_backend: Literal["auto", "reference", "triton"] = _opt(
         "auto", "paged attention backend: auto (triton on CUDA, reference on CPU), reference or triton"
     )
@@ -71,6 +72,10 @@ class ServerArgs:
         for name, ok, rule in checks:
             if not ok:
                 raise InvalidConfig(f"{name} must be {rule}, got {getattr(self, name)!r}")
+        if self.attention_backend == "triton" and self.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise InvalidConfig("attention_backend 'triton' needs a CUDA device (or TRITON_INTERPRET=1 for debugging)")
+        if self.preemption_mode == "swap" and self.num_host_blocks == 0:
+            raise InvalidConfig("preemption_mode 'swap' needs num_host_blocks > 0 (the host pool it swaps into)")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> ServerArgs:

@@ -379,11 +379,11 @@ def decode_client_frame(frame: bytes, max_message_bytes: int) -> ClientMessage |
         return ErrorResponse("", ERR_TOO_LARGE, f"message of {len(frame)} bytes exceeds {max_message_bytes} bytes")
     try:
         return _client_decoder.decode(frame)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:  # deep nesting: RecursionError
         error = exc
     try:
         raw = _any_decoder.decode(frame)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return ErrorResponse("", ERR_MALFORMED, f"not a msgpack message: {error}")
     if not isinstance(raw, dict):
         return ErrorResponse("", ERR_MALFORMED, f"a message is a msgpack map, got {type(raw).__name__}")

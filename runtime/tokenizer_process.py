@@ -37,6 +37,7 @@ class _Completion:
 
     detok: Detokenizer
     stop: StopChecker | None
+    stop_token_ids: frozenset[int]  # ids that end the completion: kept in token_ids, never in the text
     token_ids: list[int] = field(default_factory=list)  # not yet sent (non-stream: every token until the end)
     text: str = ""  # not yet sent
     logprobs: list[p.TokenLogprobs | None] | None = None  # not yet sent
@@ -131,8 +132,8 @@ class TokenizerServer:
             self.send(identity, p.ErrorResponse(req.rid, exc.code, str(exc)))
             return
         sp = req.sampling_params
-        completions = [_Completion(Detokenizer(self.tokenizer), StopChecker(sp.stop) if sp.stop else None)
-                       for _ in range(sp.n)]
+        completions = [_Completion(Detokenizer(self.tokenizer), StopChecker(sp.stop) if sp.stop else None,
+                                   frozenset(sp.stop_token_ids)) for _ in range(sp.n)]
         internal = self._new_rid()
         self.requests[internal] = _Request(identity, req.rid, req.stream, completions)
         self.by_client[(identity, req.rid)] = internal
@@ -212,7 +213,7 @@ class TokenizerServer:
         comp = req.completions[out.index]
         comp.usage = out.usage or comp.usage
         finish = out.finish_reason
-        new_text = comp.detok.step(out.token_ids)
+        new_text = comp.detok.step([t for t in out.token_ids if t not in comp.stop_token_ids])
         comp.token_ids.extend(out.token_ids)
         if out.logprobs is not None:
             comp.logprobs = (comp.logprobs or []) + list(out.logprobs)

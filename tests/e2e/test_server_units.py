@@ -103,3 +103,33 @@ def test_tokenizer_holds_back_stop_string_and_sends_stop(ctx, smollm2_tokenizer)
     assert chunks[-1].usage == p.Usage(len(tokenized.input_ids), 0, len(keep))
     assert to_sched.drain() == [p.Stop(internal, 0, len(keep))]
     assert server.requests == {}
+
+
+def test_tokenizer_keeps_a_stop_token_id_out_of_the_text(ctx, smollm2_tokenizer):
+    """stop_token_ids: the id ends the completion and stays in token_ids, but its text is never sent (as in the
+    Engine)."""
+    router = ctx.socket(zmq.ROUTER)
+    router.bind("inproc://public-stop-ids")
+    client = ctx.socket(zmq.DEALER)
+    client.connect("inproc://public-stop-ids")
+    to_sched = Pair(ctx, "sched-stop-ids", p.SchedulerInput)
+    ready = p.Ready(num_blocks=32, block_size=4, max_model_len=64, num_host_blocks=0, vocab_size=49152,
+                    eos_token_ids=[2])
+    server = TokenizerServer(smollm2_tokenizer, ready, 65536, router, to_sched.push)
+    ids = smollm2_tokenizer.encode(" 1, 2")
+    stop_id = ids[-1]
+    req = p.GenerateRequest(rid="c2", prompt="Count:", stream=False,
+                            sampling_params=SamplingParams(max_tokens=20, stop_token_ids=[stop_id]))
+    client.send(msgspec.msgpack.encode(req))
+    server.on_client_frames(router.recv_multipart())
+    [tokenized] = to_sched.drain()
+    usage = p.Usage(len(tokenized.input_ids), 0, len(ids))
+    server.on_scheduler_message(p.TokenOutputs([p.TokenOutput(tokenized.rid, 0, ids, "stop", usage)]))
+    [chunk] = [msgspec.msgpack.decode(client.recv(), type=p.ServerMessage) for _ in range(1) if client.poll(500)]
+    assert chunk.token_ids == ids and chunk.finish_reason == "stop"
+    assert chunk.text == smollm2_tokenizer.decode(ids[:-1])
+
+
+def test_a_deeply_nested_frame_is_malformed_not_a_server_error():
+    msg = p.decode_client_frame(b"\x91" * 100_000 + b"\x00", 8 << 20)
+    assert isinstance(msg, p.ErrorResponse) and msg.code == p.ERR_MALFORMED

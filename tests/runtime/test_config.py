@@ -1,0 +1,35 @@
+"""ServerArgs: ranges and the combinations that can never serve are refused at construction."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.config import InvalidConfig, ServerArgs
+
+
+def test_defaults_are_valid_and_unknown_fields_are_named():
+    args = ServerArgs()
+    assert (args.model, args.block_size, args.host, args.enable_prefix_caching) == ("smollm2", 16, "127.0.0.1", True)
+    with pytest.raises(InvalidConfig, match=r"unknown ServerArgs field\(s\) \['blok_size'\]"):
+        ServerArgs.from_kwargs(blok_size=16)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"block_size": 12}, "block_size must be a power of two"),
+    ({"num_blocks": 1}, "num_blocks must be >= 2"),
+    ({"port": 70000}, "port must be in"),
+    ({"preemption_mode": "swap"}, "needs num_host_blocks > 0"),
+])
+def test_out_of_range_values_raise(kwargs, message):
+    with pytest.raises(InvalidConfig, match=message):
+        ServerArgs(**kwargs)
+
+
+def test_triton_backend_needs_cuda_unless_interpreted(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(InvalidConfig, match="needs a CUDA device"):
+        ServerArgs(attention_backend="triton")
+    assert ServerArgs(attention_backend="triton", device="cuda").attention_backend == "triton"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert ServerArgs(attention_backend="triton").device == "cpu"
+    assert ServerArgs(preemption_mode="swap", num_host_blocks=8).num_host_blocks == 8
