@@ -268,7 +268,7 @@ class Router:
 
     def heartbeat(self, now: float) -> None:
         """Probes clients with requests in flight that were sent nothing for HEARTBEAT_S."""
-        active = {req.identity for req in self.requests.values()}
+        active = {req.identity for req in self.requests.values()} | {f.identity for f in self.fanouts.values()}
         for identity in active:
             if now - self.last_sent.get(identity, now) >= HEARTBEAT_S:
                 self.send(identity, p.Heartbeat())
@@ -412,6 +412,7 @@ class Router:
             return
         internal = uuid.uuid4().hex
         self.fanouts[internal] = _Fanout(identity, rid, {r.position for r in up})
+        self.last_sent.setdefault(identity, time.monotonic())
         for r in up:
             r.send(p.StatsRequest(internal))
 

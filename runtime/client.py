@@ -59,6 +59,19 @@ class ServerShutdownError(ServerFailedError):
     """The server is shutting down."""
 
 
+class ServerGoneError(ServerFailedError):
+    """Nothing came from the server, not even a heartbeat, for liveness_s seconds while a request waited: the server
+    process died without a word (SIGKILL, machine loss). The server heartbeats every waiting client every 0.25 s."""
+
+
+LIVENESS_S = 15.0  # seconds of silence that mean the server is gone (it heartbeats waiting clients every 0.25 s)
+
+
+def _gone(rid: str, endpoint: str, liveness_s: float) -> ServerGoneError:
+    return ServerGoneError(rid, p.ERR_SERVER, f"nothing from {endpoint} for {liveness_s} s, not even a heartbeat: "
+                                              "the server is gone")
+
+
 _ERRORS: dict[str, type[ServerError]] = {
     p.ERR_MALFORMED: MalformedRequestError,
     p.ERR_UNKNOWN_MESSAGE: MalformedRequestError,
@@ -172,11 +185,13 @@ class Client:
     """Synchronous client; one thread at a time (a ZeroMQ socket is not thread-safe).
 
     endpoint: the server's public endpoint, e.g. "tcp://127.0.0.1:5557". timeout: seconds a call may take before
-    the request is aborted and RequestTimeout raised (None: wait forever). Use as a context manager or call close().
+    the request is aborted and RequestTimeout raised (None: wait forever). liveness_s: seconds without any frame from
+    the server while a call waits before ServerGoneError (None: never). Use as a context manager or call close().
     """
 
-    def __init__(self, endpoint: str, timeout: float | None = 120.0) -> None:
-        self.endpoint, self.timeout = endpoint, timeout
+    def __init__(self, endpoint: str, timeout: float | None = 120.0, liveness_s: float | None = LIVENESS_S) -> None:
+        self.endpoint, self.timeout, self.liveness_s = endpoint, timeout, liveness_s
+        self._last_heard = time.monotonic()
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -207,6 +222,7 @@ class Client:
     def send_raw(self, frame: bytes) -> None:
         """Sends one frame as is (for tests of the server's input checks)."""
         self._sock.send(frame)
+        self._last_heard = time.monotonic()  # the liveness clock starts when a call starts waiting
 
     def abort(self, rid: str) -> None:
         """Cancels rid on the server (no reply); later messages for it are dropped."""
@@ -220,9 +236,13 @@ class Client:
             if left is not None and left <= 0:
                 self.abort(rid)
                 raise RequestTimeout(f"request {rid} got no answer within {self.timeout} s")
+            if self.liveness_s is not None and time.monotonic() - self._last_heard > self.liveness_s:
+                self._inbox.pop(rid, None)
+                raise _gone(rid, self.endpoint, self.liveness_s)
             wait = 1000 if left is None else max(1, min(1000, int(left * 1000)))
             if self._sock.poll(wait, zmq.POLLIN):
                 msg = _decoder.decode(self._sock.recv())
+                self._last_heard = time.monotonic()
                 if not isinstance(msg, p.Heartbeat) and msg.rid in self._inbox:
                     self._inbox[msg.rid].append(msg)
         msg = box.popleft()
@@ -287,7 +307,7 @@ class Client:
     def _control(self, msg_type: type) -> Any:
         rid = _new_rid()
         self._inbox[rid] = collections.deque()
-        self._sock.send(_encoder.encode(msg_type(rid)))
+        self.send_raw(_encoder.encode(msg_type(rid)))
         try:
             return self._next(rid, self._deadline())
         finally:
@@ -309,11 +329,13 @@ class Client:
 class AsyncClient:
     """asyncio client: many coroutines may use one AsyncClient; a reader task routes replies by rid.
 
-    Use `async with AsyncClient(endpoint) as ac:`. timeout: seconds per call (None: wait forever).
+    Use `async with AsyncClient(endpoint) as ac:`. timeout: seconds per call (None: wait forever). liveness_s: as
+    in Client (ServerGoneError after that long without any frame while a call waits).
     """
 
-    def __init__(self, endpoint: str, timeout: float | None = 120.0) -> None:
-        self.endpoint, self.timeout = endpoint, timeout
+    def __init__(self, endpoint: str, timeout: float | None = 120.0, liveness_s: float | None = LIVENESS_S) -> None:
+        self.endpoint, self.timeout, self.liveness_s = endpoint, timeout, liveness_s
+        self._last_heard = time.monotonic()
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -340,6 +362,7 @@ class AsyncClient:
     async def _read(self) -> None:
         while True:
             msg = _decoder.decode(await self._sock.recv())
+            self._last_heard = time.monotonic()
             if not isinstance(msg, p.Heartbeat) and msg.rid in self._queues:
                 self._queues[msg.rid].put_nowait(msg)
 
@@ -348,11 +371,18 @@ class AsyncClient:
         self._sock.send(_encoder.encode(p.AbortRequest(rid)), flags=zmq.NOBLOCK)
 
     async def _next(self, rid: str, deadline: float | None) -> Any:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        try:
-            msg = await asyncio.wait_for(self._queues[rid].get(), left)
-        except TimeoutError:
-            raise RequestTimeout(f"request {rid} got no answer within {self.timeout} s") from None
+        queue = self._queues[rid]
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                msg = await asyncio.wait_for(queue.get(), 1.0 if left is None else min(left, 1.0))
+                break
+            except TimeoutError:
+                if left is not None and left <= 1.0:
+                    raise RequestTimeout(f"request {rid} got no answer within {self.timeout} s") from None
+            if self.liveness_s is not None and time.monotonic() - self._last_heard > self.liveness_s:
+                self._queues.pop(rid, None)
+                raise _gone(rid, self.endpoint, self.liveness_s)
         if isinstance(msg, p.ErrorResponse):
             self._queues.pop(rid, None)
             raise error_from_response(msg)
@@ -366,6 +396,7 @@ class AsyncClient:
         req = build_request(rid, prompt, messages, input_ids, stream, cache_salt, params)
         self._queues[rid] = asyncio.Queue()
         await self._sock.send(_encoder.encode(req))
+        self._last_heard = time.monotonic()  # the liveness clock starts when a call starts waiting
         return rid
 
     async def stream(self, *, prompt: str | None = None, messages: list | None = None,
@@ -405,6 +436,7 @@ class AsyncClient:
         rid = _new_rid()
         self._queues[rid] = asyncio.Queue()
         await self._sock.send(_encoder.encode(msg_type(rid)))
+        self._last_heard = time.monotonic()
         try:
             return await self._next(rid, self._deadline())
         finally:

@@ -118,6 +118,7 @@ class TokenizerServer:
         else:  # health / stats / kv snapshot: answered by the scheduler
             internal = self._new_rid()
             self.control[internal] = (identity, msg.rid)
+            self.last_sent.setdefault(identity, time.monotonic())
             self.to_scheduler.send(self._encoder.encode(type(msg)(internal)))
 
     def _new_rid(self) -> str:
@@ -261,9 +262,9 @@ class TokenizerServer:
             del comp.logprobs[:n]
 
     def heartbeat(self, now: float) -> None:
-        """Probes clients with requests in flight that were sent nothing for HEARTBEAT_S (a vanished one is
-        dropped by send)."""
-        active = {req.identity for req in self.requests.values()}
+        """Probes clients with requests (or control requests) in flight that were sent nothing for HEARTBEAT_S; a
+        vanished one is dropped by send, and a client that hears nothing knows the server is gone."""
+        active = {req.identity for req in self.requests.values()} | {ident for ident, _rid in self.control.values()}
         for identity in active:
             if now - self.last_sent.get(identity, now) >= HEARTBEAT_S:
                 self.send(identity, p.Heartbeat())
