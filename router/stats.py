@@ -26,7 +26,8 @@ def merge_stats(stats: list[p.ServerStats]) -> p.ServerStats:
     total = p.ServerStats()
     for s in stats:
         for name in ("num_running", "num_waiting", "num_blocks", "num_free_blocks", "num_cached_blocks",
-                     "num_used_blocks", "prompt_tokens", "cached_tokens", "generated_tokens", "num_steps"):
+                     "num_used_blocks", "prompt_tokens", "cached_tokens", "generated_tokens", "num_steps",
+                     "num_preemptions", "num_swaps", "recomputed_tokens"):
             setattr(total, name, getattr(total, name) + getattr(s, name))
         total.tokens_per_s += s.tokens_per_s
     usable = total.num_blocks - len(stats)

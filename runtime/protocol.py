@@ -232,6 +232,8 @@ class ServerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     num_used_blocks: referenced by a running sequence (locked). kv_usage = num_used_blocks / (num_blocks - 1).
     prompt_tokens / cached_tokens / generated_tokens: totals since start; hit_rate = cached_tokens / prompt_tokens.
     tokens_per_s: tokens run through the model per second over the last stats interval. num_steps: forward steps.
+    num_preemptions / num_swaps: sequences preempted (either mode) / swapped out; recomputed_tokens: prompt + output
+    tokens computed again after a recompute preemption (never counted as cache hits).
     """
 
     num_running: int = 0
@@ -247,6 +249,9 @@ class ServerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     hit_rate: float = 0.0
     tokens_per_s: float = 0.0
     num_steps: int = 0
+    num_preemptions: int = 0
+    num_swaps: int = 0
+    recomputed_tokens: int = 0
 
 
 class StatsResponse(msgspec.Struct, tag="stats_response", forbid_unknown_fields=True):

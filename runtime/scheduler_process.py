@@ -116,7 +116,8 @@ class SchedulerServer:
             num_cached_blocks=s["evictable_blocks"], num_used_blocks=s["in_use_blocks"], kv_usage=s["kv_usage"],
             prompt_tokens=s["prompt_tokens"], cached_tokens=s["cached_tokens"],
             generated_tokens=s["generated_tokens"], hit_rate=s["hit_rate"], tokens_per_s=self._tokens_per_s,
-            num_steps=s["num_steps"])
+            num_steps=s["num_steps"], num_preemptions=s["preemptions"], num_swaps=s["swaps"],
+            recomputed_tokens=s["recomputed_tokens"])
 
     def publish_stats(self, now: float) -> None:
         """Publishes ServerStats every stats_interval_s (tokens_per_s: forward tokens over the interval)."""

@@ -249,6 +249,13 @@ def test_memory_pressure_preempts_and_outputs_are_unchanged(mode):
     assert h.sched.counters["preemptions"] > 0
     if mode == "swap":
         assert h.sched.counters["swaps"] > 0
+    # the served ServerStats carries the same counters (so a user can see that swap mode swapped)
+    from runtime.scheduler_process import SchedulerServer
+
+    served = SchedulerServer(h.sched, None, None, None, 5.0).server_stats()
+    assert (served.num_preemptions, served.num_swaps, served.recomputed_tokens) == (
+        h.sched.counters["preemptions"], h.sched.counters["swaps"], h.sched.counters["recomputed_tokens"])
+    assert (served.num_swaps > 0) == (mode == "swap") and (served.recomputed_tokens > 0) == (mode == "recompute")
     for i, p in enumerate(prompts):
         assert h.tokens[(f"r{i}", 0)] == reference(p, 10)
         assert h.finish[(f"r{i}", 0)] == "length"
