@@ -31,6 +31,7 @@ from router.policy import Candidate, Policy
 from router.replica import Replica
 from router.stats import RouterStats, merge_stats
 from runtime import protocol as p
+from runtime.frontend import ClientFrontend
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class Router:
         self.by_client: dict[tuple[bytes, str], str] = {}
         self.pending: collections.deque[str] = collections.deque()  # internal rids waiting for a replica
         self.fanouts: dict[str, _Fanout] = {}
-        self.last_sent: dict[bytes, float] = {}
+        self.clients = ClientFrontend(self.drop_client, HEARTBEAT_S)
         self.stats = RouterStats(routed=[0] * len(self.replicas))
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(p.ServerMessage)
@@ -95,7 +96,7 @@ class Router:
         sock.setsockopt(zmq.SNDHWM, 100_000)
         sock.setsockopt(zmq.LINGER, 1000)
         sock.bind(f"tcp://{self.args.host}:{self.args.port}")
-        self.frontend = sock
+        self.frontend = self.clients.socket = sock
         self.endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         return self.endpoint
 
@@ -139,7 +140,8 @@ class Router:
                     self.on_client_frames(frames, now)
                 except Exception:  # a bug must not take the endpoint down: answer and go on
                     logger.exception("failed to handle a client message")
-                    self.send(frames[0], p.ErrorResponse("", p.ERR_SERVER, "internal error handling the request"))
+                    error = p.ErrorResponse("", p.ERR_SERVER, "internal error handling the request")
+                    self.clients.send(frames[0], error)
         self.tick(time.monotonic())
 
     def on_events(self, replica: Replica, events: list, now: float) -> None:
@@ -167,20 +169,8 @@ class Router:
 
     # ---- client side ---------------------------------------------------------------------------------------------
 
-    def send(self, identity: bytes, msg: p.ServerMessage) -> bool:
-        """Sends msg to a client; False (and its requests aborted) when the client is gone or too slow."""
-        try:
-            self.frontend.send_multipart([identity, self._encoder.encode(msg)], flags=zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            logger.info("client %s unreachable (%s); aborting its requests", identity.hex(), exc.strerror)
-            self.drop_client(identity)
-            return False
-        self.last_sent[identity] = time.monotonic()
-        return True
-
     def drop_client(self, identity: bytes) -> None:
-        """Aborts every request of a vanished client."""
-        self.last_sent.pop(identity, None)
+        """Aborts every request of a vanished client (ClientFrontend's on_gone)."""
         for (ident, _rid), internal in list(self.by_client.items()):
             if ident == identity:
                 self.abort(internal)
@@ -189,11 +179,12 @@ class Router:
         """Handles one message from the public ROUTER: [identity, payload]."""
         identity = frames[0]
         if len(frames) != 2:
-            self.send(identity, p.ErrorResponse("", p.ERR_MALFORMED, f"expected 1 frame, got {len(frames) - 1}"))
+            error = p.ErrorResponse("", p.ERR_MALFORMED, f"expected 1 frame, got {len(frames) - 1}")
+            self.clients.send(identity, error)
             return
         msg = p.decode_client_frame(frames[1], self.args.max_message_bytes)
         if isinstance(msg, p.ErrorResponse):
-            self.send(identity, msg)
+            self.clients.send(identity, msg)
         elif isinstance(msg, p.GenerateRequest):
             self.on_generate(identity, msg, now)
         elif isinstance(msg, p.AbortRequest):
@@ -202,23 +193,23 @@ class Router:
                 self.abort(internal)
         elif isinstance(msg, p.HealthRequest):
             if any(r.up for r in self.replicas):
-                self.send(identity, p.HealthResponse(msg.rid, "ok"))
+                self.clients.send(identity, p.HealthResponse(msg.rid, "ok"))
             else:
-                self.send(identity, p.ErrorResponse(msg.rid, p.ERR_SERVER, "no replica is in rotation"))
+                self.clients.send(identity, p.ErrorResponse(msg.rid, p.ERR_SERVER, "no replica is in rotation"))
         elif isinstance(msg, p.StatsRequest):
             self.on_stats_request(identity, msg.rid)
         else:
-            self.send(identity, p.ErrorResponse(msg.rid, p.ERR_INVALID, "a router holds no single KV snapshot; ask a "
-                                                                        "replica's endpoint"))
+            self.clients.send(identity, p.ErrorResponse(msg.rid, p.ERR_INVALID, "a router holds no single KV "
+                                                                                "snapshot; ask a replica's endpoint"))
 
     def on_generate(self, identity: bytes, req: p.GenerateRequest, now: float) -> None:
         """Validates, tokenizes and queues one request, then dispatches it."""
         problem = req.check()
         if problem:
-            self.send(identity, p.ErrorResponse(req.rid, p.ERR_INVALID, problem))
+            self.clients.send(identity, p.ErrorResponse(req.rid, p.ERR_INVALID, problem))
             return
         if (identity, req.rid) in self.by_client:
-            self.send(identity, p.ErrorResponse(req.rid, p.ERR_DUPLICATE,
+            self.clients.send(identity, p.ErrorResponse(req.rid, p.ERR_DUPLICATE,
                                                 f"a request with rid {req.rid!r} is already in flight"))
             return
         internal = uuid.uuid4().hex
@@ -228,7 +219,7 @@ class Router:
             forward = msgspec.structs.replace(forward, prompt=None, messages=None, input_ids=ids)
         self.requests[internal] = _Request(identity, req.rid, forward, len(ids or ()), now)
         self.by_client[(identity, req.rid)] = internal
-        self.last_sent.setdefault(identity, now)
+        self.clients.waiting(identity, now)
         self.pending.append(internal)
         self.dispatch_pending(now)
 
@@ -267,14 +258,9 @@ class Router:
         return req
 
     def heartbeat(self, now: float) -> None:
-        """Probes clients with requests in flight that were sent nothing for HEARTBEAT_S."""
-        active = {req.identity for req in self.requests.values()} | {f.identity for f in self.fanouts.values()}
-        for identity in active:
-            if now - self.last_sent.get(identity, now) >= HEARTBEAT_S:
-                self.send(identity, p.Heartbeat())
-        for identity in list(self.last_sent):
-            if identity not in active:
-                del self.last_sent[identity]
+        """Heartbeats clients waiting on a request or a stats fan-out (runtime.frontend.ClientFrontend)."""
+        waiting = [req.identity for req in self.requests.values()] + [f.identity for f in self.fanouts.values()]
+        self.clients.heartbeat(waiting, now)
 
     # ---- routing -------------------------------------------------------------------------------------------------
 
@@ -296,7 +282,7 @@ class Router:
             self.pending.popleft()
             if req is not None:
                 self._forget(req.forward.rid)
-                self.send(req.identity, p.ErrorResponse(req.rid, p.ERR_SERVER, "no replica in rotation for "
+                self.clients.send(req.identity, p.ErrorResponse(req.rid, p.ERR_SERVER, "no replica in rotation for "
                                                                              f"{self.args.pending_timeout_s} s"))
 
     def dispatch(self, req: _Request, now: float) -> bool:
@@ -368,7 +354,7 @@ class Router:
                 self.replica_failed(replica, f"it failed request {req.rid}: [{msg.code}] {msg.message}", now)
                 return
             self._forget(msg.rid)
-            self.send(req.identity, msgspec.structs.replace(msg, rid=req.rid))
+            self.clients.send(req.identity, msgspec.structs.replace(msg, rid=req.rid))
             return
         if not req.started:
             req.started = True
@@ -377,7 +363,7 @@ class Router:
             req.finished.add(msg.index)
             if len(req.finished) >= req.forward.sampling_params.n:
                 self._forget(msg.rid)
-        self.send(req.identity, msgspec.structs.replace(msg, rid=req.rid))
+        self.clients.send(req.identity, msgspec.structs.replace(msg, rid=req.rid))
 
     def replica_failed(self, replica: Replica, reason: str, now: float) -> None:
         """Takes a replica out of rotation: its unstarted requests go back to the front of the queue (and are
@@ -389,7 +375,7 @@ class Router:
             req = self.requests[internal]
             if req.started:
                 self._forget(internal)
-                self.send(req.identity, p.ErrorResponse(req.rid, p.ERR_SERVER,
+                self.clients.send(req.identity, p.ErrorResponse(req.rid, p.ERR_SERVER,
                                                         f"replica {replica.endpoint} failed mid-request: {reason}"))
             else:
                 replica.send(p.AbortRequest(internal))  # in case it is only slow
@@ -408,11 +394,11 @@ class Router:
         """Asks every replica in rotation for its ServerStats; the sum is answered when all have replied."""
         up = [r for r in self.replicas if r.up]
         if not up:
-            self.send(identity, p.ErrorResponse(rid, p.ERR_SERVER, "no replica is in rotation"))
+            self.clients.send(identity, p.ErrorResponse(rid, p.ERR_SERVER, "no replica is in rotation"))
             return
         internal = uuid.uuid4().hex
         self.fanouts[internal] = _Fanout(identity, rid, {r.position for r in up})
-        self.last_sent.setdefault(identity, time.monotonic())
+        self.clients.waiting(identity, time.monotonic())
         for r in up:
             r.send(p.StatsRequest(internal))
 
@@ -427,6 +413,6 @@ class Router:
         if not fan.waiting:
             del self.fanouts[internal]
             if fan.stats:
-                self.send(fan.identity, p.StatsResponse(fan.rid, merge_stats(fan.stats)))
+                self.clients.send(fan.identity, p.StatsResponse(fan.rid, merge_stats(fan.stats)))
             else:
-                self.send(fan.identity, p.ErrorResponse(fan.rid, p.ERR_SERVER, "no replica answered"))
+                self.clients.send(fan.identity, p.ErrorResponse(fan.rid, p.ERR_SERVER, "no replica answered"))

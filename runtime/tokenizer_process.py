@@ -23,6 +23,7 @@ import msgspec
 import zmq
 
 from runtime import protocol as p
+from runtime.frontend import ClientFrontend
 from runtime.tokenizer import ChatTemplateError, Detokenizer, StopChecker, apply_chat_template
 
 logger = logging.getLogger(__name__)
@@ -69,26 +70,14 @@ class TokenizerServer:
         self.requests: dict[str, _Request] = {}  # internal rid -> request
         self.by_client: dict[tuple[bytes, str], str] = {}  # (identity, client rid) -> internal rid
         self.control: dict[str, tuple[bytes, str]] = {}  # internal rid of a health/stats request -> client
-        self.last_sent: dict[bytes, float] = {}
+        self.clients = ClientFrontend(self.drop_client, HEARTBEAT_S, router)
         self._next_rid = 0
         self._encoder = msgspec.msgpack.Encoder()
 
     # ---- client side ---------------------------------------------------------------------------------------------
 
-    def send(self, identity: bytes, msg: p.ServerMessage) -> bool:
-        """Sends msg to a client; False (and its requests aborted) when the client is gone or too slow."""
-        try:
-            self.router.send_multipart([identity, self._encoder.encode(msg)], flags=zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            logger.info("client %s unreachable (%s); aborting its requests", identity.hex(), exc.strerror)
-            self.drop_client(identity)
-            return False
-        self.last_sent[identity] = time.monotonic()
-        return True
-
     def drop_client(self, identity: bytes) -> None:
-        """Aborts every request of a vanished client."""
-        self.last_sent.pop(identity, None)
+        """Aborts every request of a vanished client (ClientFrontend's on_gone)."""
         for (ident, _rid), internal in list(self.by_client.items()):
             if ident == identity:
                 self.abort(internal)
@@ -104,11 +93,12 @@ class TokenizerServer:
         """Handles one message from the ROUTER: [identity, payload]."""
         identity = frames[0]
         if len(frames) != 2:
-            self.send(identity, p.ErrorResponse("", p.ERR_MALFORMED, f"expected 1 frame, got {len(frames) - 1}"))
+            error = p.ErrorResponse("", p.ERR_MALFORMED, f"expected 1 frame, got {len(frames) - 1}")
+            self.clients.send(identity, error)
             return
         msg = p.decode_client_frame(frames[1], self.max_message_bytes)
         if isinstance(msg, p.ErrorResponse):
-            self.send(identity, msg)
+            self.clients.send(identity, msg)
         elif isinstance(msg, p.GenerateRequest):
             self.on_generate(identity, msg)
         elif isinstance(msg, p.AbortRequest):
@@ -118,7 +108,7 @@ class TokenizerServer:
         else:  # health / stats / kv snapshot: answered by the scheduler
             internal = self._new_rid()
             self.control[internal] = (identity, msg.rid)
-            self.last_sent.setdefault(identity, time.monotonic())
+            self.clients.waiting(identity, time.monotonic())
             self.to_scheduler.send(self._encoder.encode(type(msg)(internal)))
 
     def _new_rid(self) -> str:
@@ -130,7 +120,7 @@ class TokenizerServer:
         try:
             input_ids = self.tokenize(identity, req)
         except _Reject as exc:
-            self.send(identity, p.ErrorResponse(req.rid, exc.code, str(exc)))
+            self.clients.send(identity, p.ErrorResponse(req.rid, exc.code, str(exc)))
             return
         sp = req.sampling_params
         completions = [_Completion(Detokenizer(self.tokenizer), StopChecker(sp.stop) if sp.stop else None,
@@ -138,7 +128,7 @@ class TokenizerServer:
         internal = self._new_rid()
         self.requests[internal] = _Request(identity, req.rid, req.stream, completions)
         self.by_client[(identity, req.rid)] = internal
-        self.last_sent.setdefault(identity, time.monotonic())
+        self.clients.waiting(identity, time.monotonic())
         msg = p.TokenizedRequest(rid=internal, input_ids=input_ids, sampling_params=sp, cache_salt=req.cache_salt)
         self.to_scheduler.send(self._encoder.encode(msg))
 
@@ -181,11 +171,11 @@ class TokenizerServer:
             req = self.requests.get(msg.rid)
             if req is not None:
                 self.abort_quietly(msg.rid)
-                self.send(req.identity, p.ErrorResponse(req.rid, msg.code, msg.message))
+                self.clients.send(req.identity, p.ErrorResponse(req.rid, msg.code, msg.message))
         elif isinstance(msg, (p.HealthResponse, p.StatsResponse, p.KvSnapshotResponse)):
             client = self.control.pop(msg.rid, None)
             if client is not None:
-                self.send(client[0], msgspec.structs.replace(msg, rid=client[1]))
+                self.clients.send(client[0], msgspec.structs.replace(msg, rid=client[1]))
         elif isinstance(msg, p.Shutdown):
             self.fail_all(msg.code, msg.reason)
             return False
@@ -201,9 +191,9 @@ class TokenizerServer:
         """Answers every request and control request in flight with ErrorResponse(code, reason)."""
         for internal, req in list(self.requests.items()):
             self.abort_quietly(internal)
-            self.send(req.identity, p.ErrorResponse(req.rid, code, reason))
+            self.clients.send(req.identity, p.ErrorResponse(req.rid, code, reason))
         for identity, rid in self.control.values():
-            self.send(identity, p.ErrorResponse(rid, code, reason))
+            self.clients.send(identity, p.ErrorResponse(rid, code, reason))
         self.control.clear()
 
     def on_output(self, out: p.TokenOutput) -> None:
@@ -253,8 +243,9 @@ class TokenizerServer:
             u = comp.usage or p.Usage(0, 0, 0)
             usage = p.Usage(u.prompt_tokens, u.cached_tokens, comp.sent_tokens + n)
         logprobs = None if comp.logprobs is None else comp.logprobs[:n]
-        self.send(req.identity, p.StreamChunk(rid=req.rid, index=index, text=comp.text, token_ids=comp.token_ids[:n],
-                                              logprobs=logprobs, finish_reason=finish, usage=usage))
+        self.clients.send(req.identity, p.StreamChunk(rid=req.rid, index=index, text=comp.text,
+                                                      token_ids=comp.token_ids[:n], logprobs=logprobs,
+                                                      finish_reason=finish, usage=usage))
         comp.sent_tokens += n
         comp.text = ""
         del comp.token_ids[:n]
@@ -262,15 +253,9 @@ class TokenizerServer:
             del comp.logprobs[:n]
 
     def heartbeat(self, now: float) -> None:
-        """Probes clients with requests (or control requests) in flight that were sent nothing for HEARTBEAT_S; a
-        vanished one is dropped by send, and a client that hears nothing knows the server is gone."""
-        active = {req.identity for req in self.requests.values()} | {ident for ident, _rid in self.control.values()}
-        for identity in active:
-            if now - self.last_sent.get(identity, now) >= HEARTBEAT_S:
-                self.send(identity, p.Heartbeat())
-        for identity in list(self.last_sent):
-            if identity not in active:
-                del self.last_sent[identity]
+        """Heartbeats clients waiting on a request or a control request (runtime.frontend.ClientFrontend)."""
+        waiting = [req.identity for req in self.requests.values()] + [ident for ident, _ in self.control.values()]
+        self.clients.heartbeat(waiting, now)
 
 
 class _Reject(Exception):
