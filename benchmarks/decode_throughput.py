@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 
 from runtime.config import ServerArgs
-from runtime.loader import resolve_model
+from runtime.model.loader import resolve_model
+from runtime.model.runner import ModelRunner
 from runtime.protocol import ForwardBatch, ScheduledSeq
 from runtime.sampling_params import SamplingParams
-from runtime.worker import ModelRunner
 
 RESULTS = Path(__file__).parent / "results" / "decode_throughput.json"
 Times = tuple[float, float]  # (wall-clock seconds, CPU seconds of this process)
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     runner = ModelRunner(ServerArgs(model=args.model, num_blocks=blocks))
     hf = AutoModelForCausalLM.from_pretrained(str(resolve_model(args.model)), dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
-    if args.threads:  # after the runner, which sets its own default (runtime.worker.set_cpu_threads)
+    if args.threads:  # after the runner, which sets its own default (runtime.model.runner.set_cpu_threads)
         torch.set_num_threads(args.threads)
     rows = []
     ratio = cpu_ratio = None

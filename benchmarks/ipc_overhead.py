@@ -1,15 +1,16 @@
 """Scheduler-to-worker IPC overhead: one decode step's round trip through the real worker loop with a no-op model.
 
 The scheduler side (this process) encodes a ForwardBatch of `batch` decode sequences at a context of `context`
-tokens, sends it over an ipc:// PUSH socket to a worker subprocess running runtime.worker_process.serve_worker around
-a NoOpRunner (it keeps each sequence's block table, appends new blocks and computes positions and slot_mapping like
-the real worker, but runs no model), and receives and decodes the ForwardResult. The sequences are registered once
+tokens, sends it over an ipc:// PUSH socket to a worker subprocess running
+runtime.serve.worker_process.serve_worker around a NoOpRunner (it keeps each sequence's block table, appends new
+blocks and computes positions and slot_mapping like the real worker, but runs no model), and receives and decodes the
+ForwardResult. The sequences are registered once
 (their whole block tables, not timed); each timed step carries one token per sequence and a block id every
 block_size steps, so bytes_per_step must not grow with the context (the delta format of ARCHITECTURE.md).
 
 Reported per (batch, context): us_per_step (median round trip, microseconds) and bytes_per_step (mean ForwardBatch
 bytes). The target compares us_per_step with a decode step of the embedded model at the same batch
-(--decode-step-ms, else measured with runtime.worker.ModelRunner at a short context, which only makes the step
+(--decode-step-ms, else measured with runtime.model.runner.ModelRunner at a short context, which only makes the step
 faster and the comparison stricter).
 
     .venv/bin/python -m benchmarks.ipc_overhead            # batch 256, contexts 1k/2k/4k -> results/ipc_overhead.json
@@ -68,7 +69,7 @@ class NoOpRunner:
 
 def worker_main(endpoint_in: str, endpoint_out: str) -> None:
     """The worker subprocess: serve_worker around a NoOpRunner until the parent closes stdin's pipe."""
-    from runtime.worker_process import serve_worker
+    from runtime.serve.worker_process import serve_worker
 
     ctx = zmq.Context()
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
@@ -115,7 +116,7 @@ def decode_step_ms(batch: int, prompt_len: int = 15, steps: int = 5) -> float | 
     ModelRunner is unavailable). A short context makes the step cheaper, so the overhead ratio is an upper bound."""
     try:
         from runtime.config import ServerArgs
-        from runtime.worker import ModelRunner
+        from runtime.model.runner import ModelRunner
     except ImportError:
         return None
     blocks = -(-(prompt_len + steps + 1) // BLOCK_SIZE)

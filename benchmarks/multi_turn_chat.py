@@ -7,7 +7,7 @@ history with the model's real previous answers as chat messages (the server appl
 `--concurrency` conversations are in flight at once, each running its turns one after the other.
 
 Targets (`--target`, repeatable or comma-separated; default radixserve,radixserve-nocache):
-  radixserve          our server (runtime.launch.Launcher), prefix caching on, driven through runtime.client
+  radixserve          our server (runtime.serve.launch.Launcher), prefix caching on, driven through runtime.client
   radixserve-nocache  the same server with prefix caching off
   engine              the in-process runtime.engine.Engine (Engine.add_request / step, same concurrency)
   transformers        transformers' generate on the same model folder, one request at a time, no cross-request cache
@@ -150,7 +150,7 @@ def run_radixserve(cfg: Config, wl: ChatWorkload, caching: bool, bar, router: tu
     from router.launch import RouterLauncher
     from runtime.client import AsyncClient
     from runtime.config import ServerArgs
-    from runtime.launch import Launcher, LaunchError
+    from runtime.serve.launch import Launcher, LaunchError
 
     args = ServerArgs(model=cfg.model, block_size=cfg.block_size, num_blocks=cfg.num_blocks, port=0,
                       enable_prefix_caching=caching, log_interval_s=3600.0)
@@ -236,7 +236,7 @@ def run_transformers(cfg: Config, wl: ChatWorkload, tokenizer: Any, bar) -> list
     from transformers import AutoModelForCausalLM
     from transformers.generation.streamers import BaseStreamer
 
-    from runtime.loader import resolve_model
+    from runtime.model.loader import resolve_model
 
     class FirstToken(BaseStreamer):
         def __init__(self) -> None:
@@ -617,7 +617,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if parser.get_default(key) == getattr(ns, key):
             setattr(ns, key, value)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from runtime.loader import load_tokenizer
+    from runtime.model.loader import load_tokenizer
 
     cfg = Config(ns.model, ns.conversations, ns.turns, ns.system_prompt_tokens, ns.user_tokens, ns.max_tokens,
                  ns.concurrency, ns.seed, ns.block_size, 0, parse_targets(ns.target), max(1, ns.repeats))

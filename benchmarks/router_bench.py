@@ -106,7 +106,7 @@ def run_target(name: str, cfg: Config, wl: ChatWorkload, backends: list[str]) ->
     """One target: (records, prompt tokens each replica served during it)."""
     from router.launch import RouterLauncher
     from runtime.config import ServerArgs
-    from runtime.launch import Launcher
+    from runtime.serve.launch import Launcher
 
     policy, n = parse_target(name)
     args = ServerArgs(model=cfg.model, block_size=cfg.block_size, num_blocks=cfg.num_blocks, port=0,
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if parser.get_default(key) == getattr(ns, key):
             setattr(ns, key, value)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from runtime.loader import load_tokenizer
+    from runtime.model.loader import load_tokenizer
 
     names = [v.strip() for value in (ns.target or [",".join(DEFAULT_TARGETS)]) for v in value.split(",") if v.strip()]
     for name in names:

@@ -1,5 +1,5 @@
 """Launch script of the router: `python -m router.launch --model smollm2 --replicas 2 [--policy cache_aware]` starts
-two local runtime replicas (runtime.launch.Launcher, each on a free port with its KV events on TCP) and the router
+two local runtime replicas (runtime.serve.launch.Launcher, each on a free port with its KV events on TCP) and the router
 process in front of them; `python -m router.launch --model smollm2 --backends tcp://HOST_A:5557,tcp://HOST_B:5557`
 starts only the router (the replicas run elsewhere with `--events-port`). Every ServerArgs flag is accepted: --host and
 --port are the router's public endpoint, the others configure the local replicas.
@@ -29,7 +29,8 @@ from router.config import RouterArgs
 from router.policy import POLICIES
 from runtime import protocol as p
 from runtime.config import ServerArgs
-from runtime.launch import Launcher, LaunchError, build_parser, die_with_parent
+from runtime.serve.launch import Launcher, LaunchError, build_parser
+from runtime.serve.process import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +181,7 @@ def run_router_process(spec_json: str) -> None:
     """Router process entry: loads the tokenizer, binds the endpoint, reports ProcessReady once every backend is in
     rotation, serves until SIGTERM or the launcher dies."""
     from router.router import Router
-    from runtime.loader import load_tokenizer
+    from runtime.model.loader import load_tokenizer
 
     spec = msgspec.json.decode(spec_json, type=RouterSpec)
     logging.basicConfig(level=os.environ.get("RADIXSERVE_LOG_LEVEL", "INFO"),
@@ -213,7 +214,7 @@ def run_router_process(spec_json: str) -> None:
 
 
 def build_router_parser() -> argparse.ArgumentParser:
-    """The ServerArgs flags (runtime.launch.build_parser) plus the router's."""
+    """The ServerArgs flags (runtime.serve.launch.build_parser) plus the router's."""
     parser = build_parser()
     parser.prog = "python -m router.launch"
     parser.description = "Route requests across runtime replicas by resident prefix (KV events)."

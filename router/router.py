@@ -31,7 +31,7 @@ from router.policy import Candidate, Policy
 from router.replica import Replica
 from router.stats import RouterStats, merge_stats
 from runtime import protocol as p
-from runtime.frontend import ClientFrontend
+from runtime.serve.frontend import ClientFrontend
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class _Fanout:
 class Router:
     """The router's state and loop. Sockets live in `ctx`; `bind()` opens the public endpoint; `serve()` runs.
 
-    tokenizer: a transformers tokenizer (runtime.loader.load_tokenizer(args.model)); None forwards requests as
+    tokenizer: a transformers tokenizer (runtime.model.loader.load_tokenizer(args.model)); None forwards requests as
     given (no prefix hashing: cache_aware then sees no prefix and balances load). Mutates: its tables, its replicas.
     """
 
@@ -258,7 +258,7 @@ class Router:
         return req
 
     def heartbeat(self, now: float) -> None:
-        """Heartbeats clients waiting on a request or a stats fan-out (runtime.frontend.ClientFrontend)."""
+        """Heartbeats clients waiting on a request or a stats fan-out (runtime.serve.frontend.ClientFrontend)."""
         waiting = [req.identity for req in self.requests.values()] + [f.identity for f in self.fanouts.values()]
         self.clients.heartbeat(waiting, now)
 

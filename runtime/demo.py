@@ -21,8 +21,8 @@ import time
 
 from runtime.client import AsyncClient
 from runtime.config import ServerArgs
-from runtime.launch import Launcher, LaunchError
 from runtime.protocol import Usage
+from runtime.serve.launch import Launcher, LaunchError
 
 SYSTEM_PROMPT = (
     "You are a concise assistant for a small bakery called The Radix Loaf. The bakery opens at 7 am and closes at "
@@ -40,7 +40,7 @@ CONVERSATIONS = [
 
 def first_run_note(model: str) -> str | None:
     """A line saying the embedded model will be converted once (tens of seconds), or None when it is cached."""
-    from runtime.loader import EMBEDDED_MODELS, cache_root
+    from runtime.model.loader import EMBEDDED_MODELS, cache_root
 
     if model in EMBEDDED_MODELS and not any(cache_root().glob("*/source.json")):
         return f"first run: converting the embedded model {model!r} to safetensors once (tens of seconds)"

@@ -90,12 +90,12 @@ class Engine:
     Attributes: args (ServerArgs), runner (ModelRunner), manager (KVCacheManager), scheduler (Scheduler),
     tokenizer (transformers tokenizer, or None when the model folder has none: then only input_ids work and text is
     ""). Not thread-safe: one caller drives it.
-    Raises (at construction): runtime.loader.ModelLoadError subclasses, runtime.config.InvalidConfig.
+    Raises (at construction): runtime.model.loader.ModelLoadError subclasses, runtime.config.InvalidConfig.
     """
 
     def __init__(self, model: str = "smollm2", **kwargs: Any) -> None:
-        from runtime.loader import ModelLoadError, load_tokenizer
-        from runtime.worker import ModelRunner
+        from runtime.model.loader import ModelLoadError, load_tokenizer
+        from runtime.model.runner import ModelRunner
 
         self.args = ServerArgs.from_kwargs(model=model, **kwargs)
         self.runner = ModelRunner(self.args)

@@ -167,7 +167,7 @@ def apply_chat_template(
     """Render `messages` with the tokenizer's chat template and tokenize the result.
 
     Args:
-        tokenizer: a transformers tokenizer with a chat template (runtime.loader.load_tokenizer).
+        tokenizer: a transformers tokenizer with a chat template (runtime.model.loader.load_tokenizer).
         messages: [{"role": "system" | "user" | "assistant", "content": str}, ...].
         add_generation_prompt: append the assistant turn header so the model answers.
     Returns:

@@ -35,7 +35,7 @@ def _save_tiny(folder: Path, config, tokenizer, seed: int, max_shard_size: str |
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
     """The embedded SmolLM2-135M-Instruct tokenizer (a transformers fast tokenizer with its chat template)."""
-    from runtime.loader import load_tokenizer
+    from runtime.model.loader import load_tokenizer
 
     return load_tokenizer("smollm2")
 

@@ -6,7 +6,7 @@ import msgspec
 import zmq
 
 from runtime import protocol as p
-from runtime.frontend import ClientFrontend
+from runtime.serve.frontend import ClientFrontend
 
 
 def test_heartbeats_waiting_clients_and_reports_gone_ones():

@@ -15,7 +15,7 @@ import pytest
 
 from runtime.client import ServerFailedError
 from runtime.config import ServerArgs
-from runtime.launch import build_parser
+from runtime.serve.launch import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,8 @@ from runtime import protocol as p
 from runtime.config import ServerArgs
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler
-from runtime.scheduler_process import SchedulerServer
-from runtime.tokenizer_process import TokenizerServer
+from runtime.serve.scheduler_process import SchedulerServer
+from runtime.serve.tokenizer_process import TokenizerServer
 
 
 class Pair:

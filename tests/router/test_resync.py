@@ -13,7 +13,7 @@ from radix.hashing import hash_block_tokens
 from router.config import RouterArgs
 from router.router import Router
 from runtime.client import Client
-from runtime.loader import load_tokenizer
+from runtime.model.loader import load_tokenizer
 from runtime.tokenizer import apply_chat_template
 
 SYSTEM = "You answer questions about trains in one short sentence, politely and without any guessing."

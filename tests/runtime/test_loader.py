@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime import loader
 from runtime.config import ServerArgs
-from runtime.loader import (
+from runtime.model import loader
+from runtime.model.loader import (
     CorruptModelError,
     ModelLoadError,
     ModelNotFoundError,
@@ -25,7 +25,7 @@ from runtime.loader import (
     load_weights,
     resolve_model,
 )
-from runtime.worker import ModelRunner
+from runtime.model.runner import ModelRunner
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def test_embedded_model_is_a_cache_hit(smollm2_tokenizer, monkeypatch):
 
 
 def test_tokenizer_loads_without_torch(smollm2_tokenizer):
-    code = ("import sys; from runtime.loader import load_tokenizer; t = load_tokenizer('smollm2'); "
+    code = ("import sys; from runtime.model.loader import load_tokenizer; t = load_tokenizer('smollm2'); "
             "assert 'torch' not in sys.modules, 'torch imported'; "
             "print(t.apply_chat_template([{'role': 'user', 'content': 'hi'}], add_generation_prompt=True)"
             "['input_ids'][-4:])")

@@ -7,10 +7,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from runtime.config import ServerArgs
-from runtime.loader import resolve_model
+from runtime.model.loader import resolve_model
+from runtime.model.runner import ModelRunner
 from runtime.protocol import ForwardBatch, ScheduledSeq
 from runtime.sampling_params import SamplingParams
-from runtime.worker import ModelRunner
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from runtime.config import ServerArgs
+from runtime.model.runner import ModelRunner, WorkerError, kv_block_bytes
 from runtime.protocol import ForwardBatch, ScheduledSeq
 from runtime.sampling_params import SamplingParams
-from runtime.worker import ModelRunner, WorkerError, kv_block_bytes
 
 GREEDY = SamplingParams(temperature=0.0)
 

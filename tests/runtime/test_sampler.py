@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.sampler import Sampler, SampleRequest, seeded_uniform
+from runtime.model.sampler import Sampler, SampleRequest, seeded_uniform
 from runtime.sampling_params import InvalidSamplingParams, SamplingParams
 
 VOCAB = 64

@@ -250,7 +250,7 @@ def test_memory_pressure_preempts_and_outputs_are_unchanged(mode):
     if mode == "swap":
         assert h.sched.counters["swaps"] > 0
     # the served ServerStats carries the same counters (so a user can see that swap mode swapped)
-    from runtime.scheduler_process import SchedulerServer
+    from runtime.serve.scheduler_process import SchedulerServer
 
     served = SchedulerServer(h.sched, None, None, None, 5.0).server_stats()
     assert (served.num_preemptions, served.num_swaps, served.recomputed_tokens) == (

@@ -2,7 +2,7 @@
 
 It executes ForwardBatch messages (runtime/protocol.py, the delta format of ARCHITECTURE.md): drop, swap_out, swap_in,
 copies, then one forward over every scheduled sequence's tokens as a flat varlen batch, then one sampled token per
-sequence with sample=True. The process loop around it is runtime/worker_process.py.
+sequence with sample=True. The process loop around it is runtime/serve/worker_process.py.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import torch
 
 import kernels
 from runtime.config import ServerArgs
-from runtime.loader import load_config, load_weights, resolve_model
-from runtime.models import AttentionMetadata, build_model
+from runtime.model.loader import load_config, load_weights, resolve_model
+from runtime.model.models import AttentionMetadata, build_model
+from runtime.model.sampler import Sampler, SampleRequest
 from runtime.protocol import ForwardBatch, ForwardResult, Ready, ScheduledSeq
-from runtime.sampler import Sampler, SampleRequest
 from runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class ModelRunner:
     Public state: ready (the Ready handshake), seqs (seq_id -> SeqState of live sequences), forward_tokens_by_seq
     (seq_id -> tokens run through the model, cumulative, kept after the sequence is dropped).
 
-    Raises (at construction): runtime.loader.ModelLoadError subclasses; runtime.config.InvalidConfig.
+    Raises (at construction): runtime.model.loader.ModelLoadError subclasses; runtime.config.InvalidConfig.
     """
 
     def __init__(self, args: ServerArgs) -> None:

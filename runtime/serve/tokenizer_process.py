@@ -23,12 +23,12 @@ import msgspec
 import zmq
 
 from runtime import protocol as p
-from runtime.frontend import ClientFrontend
+from runtime.serve.frontend import ClientFrontend
+from runtime.serve.process import POLL_MS
 from runtime.tokenizer import ChatTemplateError, Detokenizer, StopChecker, apply_chat_template
 
 logger = logging.getLogger(__name__)
 
-POLL_MS = 500
 HEARTBEAT_S = 0.25  # a client with requests in flight and nothing sent for this long is probed
 
 
@@ -253,7 +253,7 @@ class TokenizerServer:
             del comp.logprobs[:n]
 
     def heartbeat(self, now: float) -> None:
-        """Heartbeats clients waiting on a request or a control request (runtime.frontend.ClientFrontend)."""
+        """Heartbeats clients waiting on a request or a control request (runtime.serve.frontend.ClientFrontend)."""
         waiting = [req.identity for req in self.requests.values()] + [ident for ident, _ in self.control.values()]
         self.clients.heartbeat(waiting, now)
 
@@ -302,10 +302,10 @@ def serve_tokenizer(server: TokenizerServer, from_scheduler: zmq.Socket, alive) 
 
 def _load_tokenizer(model: str, reports: zmq.Socket) -> Any:
     """The model's tokenizer, or None after reporting ProcessFailed."""
-    from runtime.launch import report
+    from runtime.serve.process import report
 
     try:
-        from runtime.loader import load_tokenizer
+        from runtime.model.loader import load_tokenizer
 
         return load_tokenizer(model)
     except Exception as exc:
@@ -316,12 +316,12 @@ def _load_tokenizer(model: str, reports: zmq.Socket) -> Any:
 
 
 def run_tokenizer_process(spec) -> None:
-    """Tokenizer process entry (spec: runtime.launch.ChildSpec). Binds the public endpoint once the scheduler is
+    """Tokenizer process entry (spec: runtime.serve.process.ChildSpec). Binds the public endpoint once the scheduler is
     ready, reports ProcessReady(endpoint) to the launcher, serves until Shutdown or the launcher dies.
 
     A model folder's tokenizer loads while the worker loads the weights; an embedded name or a GGUF file's loads
     after the worker is ready, so a first run converts the GGUF file once, not in two processes at the same time."""
-    from runtime.launch import parent_alive, report
+    from runtime.serve.process import parent_alive, report
 
     args = spec.server_args
     ctx = zmq.Context()

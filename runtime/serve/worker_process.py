@@ -18,14 +18,14 @@ import msgspec
 import zmq
 
 from runtime import protocol as p
+from runtime.serve.process import POLL_MS
 
 logger = logging.getLogger(__name__)
 
-POLL_MS = 500
 
 
 class StepRunner(Protocol):
-    """What the loop needs of a model runner (runtime.worker.ModelRunner, or a no-op runner in benchmarks)."""
+    """What the loop needs of a model runner (runtime.model.runner.ModelRunner, or a no-op runner in benchmarks)."""
 
     ready: p.Ready
 
@@ -62,14 +62,14 @@ def serve_worker(runner: StepRunner, pull: zmq.Socket, push: zmq.Socket, alive: 
 
 
 def run_worker_process(spec) -> None:
-    """Worker process entry (spec: runtime.launch.ChildSpec). Returns when the launcher dies."""
-    from runtime.launch import parent_alive, report
+    """Worker process entry (spec: runtime.serve.process.ChildSpec). Returns when the launcher dies."""
+    from runtime.serve.process import parent_alive, report
 
     ctx = zmq.Context()
     reports = ctx.socket(zmq.PUSH)
     reports.connect(spec.endpoints.launcher)
     try:
-        from runtime.worker import ModelRunner
+        from runtime.model.runner import ModelRunner
 
         runner = ModelRunner(spec.server_args)
     except Exception as exc:

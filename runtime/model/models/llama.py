@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from runtime.loader import CorruptModelError, ModelConfig
-from runtime.models.batch import AttentionMetadata
-from runtime.models.rotary import RotaryEmbedding
+from runtime.model.loader import CorruptModelError, ModelConfig
+from runtime.model.models.batch import AttentionMetadata
+from runtime.model.models.rotary import RotaryEmbedding
 
 
 def _frozen(t: torch.Tensor) -> torch.nn.Parameter:

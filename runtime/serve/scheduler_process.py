@@ -19,10 +19,10 @@ import msgspec
 import zmq
 
 from runtime import protocol as p
+from runtime.serve.process import POLL_MS
 
 logger = logging.getLogger(__name__)
 
-POLL_MS = 500
 TOPIC_KV, TOPIC_STATS = b"kv", b"stats"
 
 
@@ -167,10 +167,10 @@ def _handle(sock: zmq.Socket, decoder: msgspec.msgpack.Decoder, handler) -> bool
 
 
 def run_scheduler_process(spec) -> None:
-    """Scheduler process entry (spec: runtime.launch.ChildSpec). Returns when the launcher dies."""
+    """Scheduler process entry (spec: runtime.serve.process.ChildSpec). Returns when the launcher dies."""
     from radix.manager import KVCacheManager
-    from runtime.launch import parent_alive, report
     from runtime.scheduler import Scheduler
+    from runtime.serve.process import parent_alive, report
 
     args, ep = spec.server_args, spec.endpoints
     ctx = zmq.Context()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from runtime.loader import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
-from runtime.models.batch import AttentionMetadata
-from runtime.models.llama import LlamaForCausalLM
+from runtime.model.loader import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
+from runtime.model.models.batch import AttentionMetadata
+from runtime.model.models.llama import LlamaForCausalLM
 
 __all__ = ["AttentionMetadata", "LlamaForCausalLM", "build_model"]
 

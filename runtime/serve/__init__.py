@@ -1,0 +1,1 @@
+"""The server's processes: the launcher, the tokenizer / scheduler / worker loops, the client frontend."""
