@@ -10,13 +10,16 @@ Ties are broken by load, then in turn (a rotating start), so equal replicas shar
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Literal
+
+import msgspec
 
 PolicyName = Literal["round_robin", "least_load", "cache_aware"]
 POLICIES: tuple[str, ...] = ("round_robin", "least_load", "cache_aware")
 
 
-class Candidate(NamedTuple):
+# Structs, not NamedTuples: a NamedTuple's `index` field would shadow tuple.index.
+class Candidate(msgspec.Struct, frozen=True):
     """A replica in rotation: its position in the router's list, its load (requests or tokens) and its resident
     prefix of the prompt (blocks)."""
 
@@ -25,7 +28,7 @@ class Candidate(NamedTuple):
     prefix_blocks: int
 
 
-class Decision(NamedTuple):
+class Decision(msgspec.Struct, frozen=True):
     """The chosen replica's index and why: "prefix" (longest resident prefix), "load" (least loaded / imbalance),
     "turn" (round robin)."""
 

@@ -1,4 +1,4 @@
-"""The router: one public endpoint in front of N runtime replicas, with a replica's protocol (runtime/protocol.py).
+"""The router: one public endpoint in front of N runtime replicas, with a replica's protocol (runtime/protocol/).
 
 A client cannot tell it from a replica's tokenizer process: the same ROUTER socket, the same messages, the same
 ErrorResponses. Per GenerateRequest the router tokenizes the prompt (the model's tokenizer and chat template, as the
@@ -27,9 +27,10 @@ import zmq
 
 from radix.hashing import BlockHash, hash_block_tokens
 from router.config import RouterArgs
+from router.fanout import StatsFanout
 from router.policy import Candidate, Policy
 from router.replica import Replica
-from router.stats import RouterStats, merge_stats
+from router.stats import RouterStats
 from runtime import protocol as p
 from runtime.serve.frontend import ClientFrontend
 
@@ -56,16 +57,6 @@ class _Request:
     hashes: dict[int, list[BlockHash]] = field(default_factory=dict)  # block size -> chained block hashes
 
 
-@dataclass
-class _Fanout:
-    """A client's StatsRequest, asked of every replica in rotation."""
-
-    identity: bytes
-    rid: str
-    waiting: set[int]
-    stats: list[p.ServerStats] = field(default_factory=list)
-
-
 class Router:
     """The router's state and loop. Sockets live in `ctx`; `bind()` opens the public endpoint; `serve()` runs.
 
@@ -83,8 +74,8 @@ class Router:
         self.requests: dict[str, _Request] = {}  # internal rid -> request
         self.by_client: dict[tuple[bytes, str], str] = {}
         self.pending: collections.deque[str] = collections.deque()  # internal rids waiting for a replica
-        self.fanouts: dict[str, _Fanout] = {}
         self.clients = ClientFrontend(self.drop_client, HEARTBEAT_S)
+        self.fanout = StatsFanout(self.clients)
         self.stats = RouterStats(routed=[0] * len(self.replicas))
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(p.ServerMessage)
@@ -97,7 +88,7 @@ class Router:
         sock.setsockopt(zmq.LINGER, 1000)
         sock.bind(f"tcp://{self.args.host}:{self.args.port}")
         self.frontend = self.clients.socket = sock
-        self.endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.endpoint
 
     # ---- the loop ------------------------------------------------------------------------------------------------
@@ -116,6 +107,7 @@ class Router:
 
     def step(self, timeout_ms: int) -> None:
         """One poll: KV events first (so routing sees them), then replica replies, then client frames, then timers."""
+        assert self.frontend is not None, "bind() before step()"
         poller = zmq.Poller()
         poller.register(self.frontend, zmq.POLLIN)
         for r in self.replicas:
@@ -197,7 +189,7 @@ class Router:
             else:
                 self.clients.send(identity, p.ErrorResponse(msg.rid, p.ERR_SERVER, "no replica is in rotation"))
         elif isinstance(msg, p.StatsRequest):
-            self.on_stats_request(identity, msg.rid)
+            self.fanout.start(identity, msg.rid, [r for r in self.replicas if r.up])
         else:
             self.clients.send(identity, p.ErrorResponse(msg.rid, p.ERR_INVALID, "a router holds no single KV "
                                                                                 "snapshot; ask a replica's endpoint"))
@@ -259,7 +251,7 @@ class Router:
 
     def heartbeat(self, now: float) -> None:
         """Heartbeats clients waiting on a request or a stats fan-out (runtime.serve.frontend.ClientFrontend)."""
-        waiting = [req.identity for req in self.requests.values()] + [f.identity for f in self.fanouts.values()]
+        waiting = [req.identity for req in self.requests.values()] + self.fanout.identities()
         self.clients.heartbeat(waiting, now)
 
     # ---- routing -------------------------------------------------------------------------------------------------
@@ -344,7 +336,7 @@ class Router:
                 self.dispatch_pending(now)
             return
         if isinstance(msg, p.StatsResponse):
-            self.on_stats_response(replica.position, msg.rid, msg.stats)
+            self.fanout.on_response(replica.position, msg.rid, msg.stats)
             return
         req = self.requests.get(msg.rid)
         if req is None or req.replica is not replica:
@@ -384,35 +376,5 @@ class Router:
         replica.mark_down(now)
         self.stats.resent += len(requeue)
         self.pending.extendleft(reversed(requeue))
-        for internal in list(self.fanouts):
-            self.on_stats_response(replica.position, internal, None)
+        self.fanout.drop_replica(replica.position)
         self.dispatch_pending(now)
-
-    # ---- stats ---------------------------------------------------------------------------------------------------
-
-    def on_stats_request(self, identity: bytes, rid: str) -> None:
-        """Asks every replica in rotation for its ServerStats; the sum is answered when all have replied."""
-        up = [r for r in self.replicas if r.up]
-        if not up:
-            self.clients.send(identity, p.ErrorResponse(rid, p.ERR_SERVER, "no replica is in rotation"))
-            return
-        internal = uuid.uuid4().hex
-        self.fanouts[internal] = _Fanout(identity, rid, {r.position for r in up})
-        self.clients.waiting(identity, time.monotonic())
-        for r in up:
-            r.send(p.StatsRequest(internal))
-
-    def on_stats_response(self, position: int, internal: str, stats: p.ServerStats | None) -> None:
-        """Folds one replica's stats (None: it left rotation) into its fan-out; replies once all are in."""
-        fan = self.fanouts.get(internal)
-        if fan is None or position not in fan.waiting:
-            return
-        fan.waiting.discard(position)
-        if stats is not None:
-            fan.stats.append(stats)
-        if not fan.waiting:
-            del self.fanouts[internal]
-            if fan.stats:
-                self.clients.send(fan.identity, p.StatsResponse(fan.rid, merge_stats(fan.stats)))
-            else:
-                self.clients.send(fan.identity, p.ErrorResponse(fan.rid, p.ERR_SERVER, "no replica answered"))

@@ -3,7 +3,9 @@
 Both keep many requests in flight on one DEALER socket: replies are routed by rid. A request that errs raises the
 ServerError subclass of its ErrorResponse code; a request past its timeout is aborted on the server and raises
 RequestTimeout; a stream that is left early (break, KeyboardInterrupt, asyncio cancellation, timeout) sends an
-AbortRequest so the server frees its blocks. Messages are msgpack-encoded msgspec Structs (runtime/protocol.py).
+AbortRequest so the server frees its blocks. Messages are msgpack-encoded msgspec Structs (runtime/protocol/).
+The exceptions live in runtime/client_errors.py, the request and result types in runtime/client_types.py;
+both are re-exported here.
 """
 
 from __future__ import annotations
@@ -13,55 +15,45 @@ import collections
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import zmq
 import zmq.asyncio
 
 from runtime import protocol as p
-from runtime.sampling_params import SamplingParams
+from runtime.client_errors import (
+    ClientError,
+    ContextLengthError,
+    InvalidRequestError,
+    MalformedRequestError,
+    RequestTimeout,
+    ServerError,
+    ServerFailedError,
+    ServerGoneError,
+    ServerShutdownError,
+    error_from_response,
+)
+from runtime.client_types import Choice, Completion, _Collector, build_request
 
-
-class ClientError(Exception):
-    """Base of every error this module raises."""
-
-
-class RequestTimeout(ClientError, TimeoutError):
-    """No complete answer within the timeout (seconds); the request was aborted on the server."""
-
-
-class ServerError(ClientError):
-    """The server answered rid with an ErrorResponse; code is one of runtime.protocol.ERROR_CODES."""
-
-    def __init__(self, rid: str, code: str, message: str) -> None:
-        super().__init__(f"[{code}] {message}")
-        self.rid, self.code, self.message = rid, code, message
-
-
-class MalformedRequestError(ServerError):
-    """The frame could not be decoded: not msgpack, wrong field types, unknown message type, or too large."""
-
-
-class InvalidRequestError(ServerError):
-    """The request is well typed but cannot be served as asked (out-of-range values, bad token ids, ...)."""
-
-
-class ContextLengthError(InvalidRequestError):
-    """The prompt does not fit in the model's context (max_model_len tokens)."""
-
-
-class ServerFailedError(ServerError):
-    """A server process failed while serving the request (e.g. the worker died)."""
-
-
-class ServerShutdownError(ServerFailedError):
-    """The server is shutting down."""
-
-
-class ServerGoneError(ServerFailedError):
-    """Nothing came from the server, not even a heartbeat, for liveness_s seconds while a request waited: the server
-    process died without a word (SIGKILL, machine loss). The server heartbeats every waiting client every 0.25 s."""
+__all__ = [
+    "AsyncClient",
+    "Choice",
+    "Client",
+    "ClientError",
+    "Completion",
+    "ContextLengthError",
+    "InvalidRequestError",
+    "LIVENESS_S",
+    "MalformedRequestError",
+    "RequestTimeout",
+    "ServerError",
+    "ServerFailedError",
+    "ServerGoneError",
+    "ServerShutdownError",
+    "build_request",
+    "error_from_response",
+]
 
 
 LIVENESS_S = 15.0  # seconds of silence that mean the server is gone (it heartbeats waiting clients every 0.25 s)
@@ -72,113 +64,31 @@ def _gone(rid: str, endpoint: str, liveness_s: float) -> ServerGoneError:
                                               "the server is gone")
 
 
-_ERRORS: dict[str, type[ServerError]] = {
-    p.ERR_MALFORMED: MalformedRequestError,
-    p.ERR_UNKNOWN_MESSAGE: MalformedRequestError,
-    p.ERR_TOO_LARGE: MalformedRequestError,
-    p.ERR_INVALID: InvalidRequestError,
-    p.ERR_DUPLICATE: InvalidRequestError,
-    p.ERR_CONTEXT: ContextLengthError,
-    p.ERR_SERVER: ServerFailedError,
-    p.ERR_SHUTDOWN: ServerShutdownError,
-}
-
-
-def error_from_response(err: p.ErrorResponse) -> ServerError:
-    """The exception for an ErrorResponse (ServerError for a code this client does not know)."""
-    return _ERRORS.get(err.code, ServerError)(err.rid, err.code, err.message)
-
-
-class Choice(msgspec.Struct, kw_only=True):
-    """One completion: text, token_ids, finish_reason, logprobs (aligned with token_ids when asked for)."""
-
-    index: int
-    text: str = ""
-    token_ids: list[int] = msgspec.field(default_factory=list)
-    finish_reason: str | None = None
-    logprobs: list[p.TokenLogprobs | None] | None = None
-    usage: p.Usage | None = None
-
-
-class Completion(msgspec.Struct, kw_only=True):
-    """The result of generate(): choices (n of them, by index); text / token_ids / finish_reason are choice 0's.
-
-    usage: prompt_tokens and cached_tokens of the prompt, completion_tokens summed over the choices.
-    ttft_s: seconds from sending the request to the first chunk with tokens.
-    """
-
-    rid: str
-    choices: list[Choice]
-    usage: p.Usage
-    ttft_s: float
-
-    @property
-    def text(self) -> str:
-        return self.choices[0].text
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.choices[0].token_ids
-
-    @property
-    def finish_reason(self) -> str | None:
-        return self.choices[0].finish_reason
-
-
-def build_request(
-    rid: str,
-    prompt: str | None,
-    messages: list[dict[str, str]] | list[p.ChatMessage] | None,
-    input_ids: list[int] | None,
-    stream: bool,
-    cache_salt: str | None,
-    params: dict[str, Any],
-) -> p.GenerateRequest:
-    """A GenerateRequest from generate()/stream() keyword arguments; params are SamplingParams fields.
-
-    Raises InvalidSamplingParams (from SamplingParams) for out-of-range values before anything is sent.
-    """
-    chat = None
-    if messages is not None:
-        chat = [m if isinstance(m, p.ChatMessage) else p.ChatMessage(m["role"], m["content"]) for m in messages]
-    return p.GenerateRequest(rid=rid, prompt=prompt, messages=chat, input_ids=input_ids,
-                             sampling_params=SamplingParams(**params), stream=stream, cache_salt=cache_salt)
-
-
-class _Collector:
-    """Folds the StreamChunks of one request into a Completion."""
-
-    def __init__(self, rid: str, n: int, start: float) -> None:
-        self.rid, self.start = rid, start
-        self.choices = [Choice(index=i) for i in range(n)]
-        self.ttft_s = -1.0
-
-    def add(self, chunk: p.StreamChunk) -> bool:
-        """Folds chunk in; True when every choice has finished."""
-        if self.ttft_s < 0 and chunk.token_ids:
-            self.ttft_s = time.perf_counter() - self.start
-        c = self.choices[chunk.index]
-        c.text += chunk.text
-        c.token_ids.extend(chunk.token_ids)
-        if chunk.logprobs is not None:
-            c.logprobs = (c.logprobs or []) + list(chunk.logprobs)
-        if chunk.finish_reason is not None:
-            c.finish_reason, c.usage = chunk.finish_reason, chunk.usage
-        return all(c.finish_reason is not None for c in self.choices)
-
-    def result(self) -> Completion:
-        usages = [c.usage for c in self.choices if c.usage is not None]
-        first = usages[0] if usages else p.Usage(0, 0, 0)
-        usage = p.Usage(first.prompt_tokens, first.cached_tokens, sum(u.completion_tokens for u in usages))
-        return Completion(rid=self.rid, choices=self.choices, usage=usage, ttft_s=max(self.ttft_s, 0.0))
-
-
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(p.ServerMessage)
 
 
+# What a request's inbox holds: every reply routed by rid (Heartbeats are not routed).
+_Reply = p.StreamChunk | p.ErrorResponse | p.HealthResponse | p.StatsResponse | p.KvSnapshotResponse
+
+
 def _new_rid() -> str:
     return uuid.uuid4().hex
+
+
+_R = TypeVar("_R", p.StreamChunk, p.HealthResponse, p.StatsResponse, p.KvSnapshotResponse)
+_ControlRequest = type[p.HealthRequest] | type[p.StatsRequest] | type[p.KvSnapshotRequest]
+
+
+def _expect(msg: _Reply, kind: type[_R]) -> _R:
+    """msg as the reply type its request asked for; raises ClientError when the server answered with another."""
+    if not isinstance(msg, kind):
+        raise ClientError(f"request {msg.rid}: expected {kind.__name__}, got {type(msg).__name__}")
+    return msg
+
+
+def _as_chunk(msg: _Reply) -> p.StreamChunk:
+    return _expect(msg, p.StreamChunk)
 
 
 class Client:
@@ -192,11 +102,11 @@ class Client:
     def __init__(self, endpoint: str, timeout: float | None = 120.0, liveness_s: float | None = LIVENESS_S) -> None:
         self.endpoint, self.timeout, self.liveness_s = endpoint, timeout, liveness_s
         self._last_heard = time.monotonic()
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(endpoint)
-        self._inbox: dict[str, collections.deque] = {}
+        self._inbox: dict[str, collections.deque[_Reply]] = {}
         self._n: dict[str, int] = {}
 
     def __enter__(self) -> Client:
@@ -229,7 +139,7 @@ class Client:
         self._inbox.pop(rid, None)
         self._sock.send(_encoder.encode(p.AbortRequest(rid)))
 
-    def _next(self, rid: str, deadline: float | None) -> p.StreamChunk | p.HealthResponse | p.StatsResponse:
+    def _next(self, rid: str, deadline: float | None) -> _Reply:
         box = self._inbox[rid]
         while not box:
             left = None if deadline is None else deadline - time.monotonic()
@@ -260,7 +170,7 @@ class Client:
         finished: set[int] = set()
         try:
             while not done:
-                chunk = self._next(rid, deadline)
+                chunk = _as_chunk(self._next(rid, deadline))
                 if chunk.finish_reason is not None:
                     finished.add(chunk.index)
                     done = len(finished) >= n
@@ -288,7 +198,7 @@ class Client:
         deadline, done = self._deadline(), False
         try:
             while not done:
-                done = collector.add(self._next(rid, deadline))
+                done = collector.add(_as_chunk(self._next(rid, deadline)))
         finally:
             if not done and rid in self._inbox:
                 self.abort(rid)
@@ -304,7 +214,7 @@ class Client:
         rid = self.submit(prompt=prompt, messages=messages, input_ids=input_ids, cache_salt=cache_salt, **params)
         return self.result(rid, params.get("n", 1), start)
 
-    def _control(self, msg_type: type) -> Any:
+    def _control(self, msg_type: _ControlRequest) -> _Reply:
         rid = _new_rid()
         self._inbox[rid] = collections.deque()
         self.send_raw(_encoder.encode(msg_type(rid)))
@@ -315,15 +225,15 @@ class Client:
 
     def health(self) -> str:
         """"ok" when every server process serves; raises ServerError or RequestTimeout otherwise."""
-        return self._control(p.HealthRequest).status
+        return _expect(self._control(p.HealthRequest), p.HealthResponse).status
 
     def stats(self) -> p.ServerStats:
         """The scheduler's ServerStats (running/waiting requests, blocks, hit rate, tokens/s)."""
-        return self._control(p.StatsRequest).stats
+        return _expect(self._control(p.StatsRequest), p.StatsResponse).stats
 
     def kv_snapshot(self) -> p.KvSnapshotResponse:
         """The resident block hashes, the last KV event seq they reflect, block_size and the KV events TCP port."""
-        return self._control(p.KvSnapshotRequest)
+        return _expect(self._control(p.KvSnapshotRequest), p.KvSnapshotResponse)
 
 
 class AsyncClient:
@@ -340,8 +250,8 @@ class AsyncClient:
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(endpoint)
-        self._queues: dict[str, asyncio.Queue] = {}
-        self._reader: asyncio.Task | None = None
+        self._queues: dict[str, asyncio.Queue[_Reply]] = {}
+        self._reader: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncClient:
         self._reader = asyncio.get_running_loop().create_task(self._read())
@@ -370,7 +280,7 @@ class AsyncClient:
         self._queues.pop(rid, None)
         self._sock.send(_encoder.encode(p.AbortRequest(rid)), flags=zmq.NOBLOCK)
 
-    async def _next(self, rid: str, deadline: float | None) -> Any:
+    async def _next(self, rid: str, deadline: float | None) -> _Reply:
         queue = self._queues[rid]
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -391,7 +301,8 @@ class AsyncClient:
     def _deadline(self) -> float | None:
         return None if self.timeout is None else time.monotonic() + self.timeout
 
-    async def _submit(self, prompt, messages, input_ids, stream, cache_salt, params) -> str:
+    async def _submit(self, prompt: str | None, messages: list | None, input_ids: list[int] | None, stream: bool,
+                      cache_salt: str | None, params: dict[str, Any]) -> str:
         rid = _new_rid()
         req = build_request(rid, prompt, messages, input_ids, stream, cache_salt, params)
         self._queues[rid] = asyncio.Queue()
@@ -404,10 +315,11 @@ class AsyncClient:
                      **params: Any) -> AsyncIterator[p.StreamChunk]:
         """Async generator of StreamChunks; cancellation, aclose() or a timeout sends AbortRequest."""
         rid = await self._submit(prompt, messages, input_ids, True, cache_salt, params)
-        n, finished, deadline = params.get("n", 1), set(), self._deadline()
+        n, deadline = params.get("n", 1), self._deadline()
+        finished: set[int] = set()
         try:
             while len(finished) < n:
-                chunk = await self._next(rid, deadline)
+                chunk = _as_chunk(await self._next(rid, deadline))
                 if chunk.finish_reason is not None:
                     finished.add(chunk.index)
                 yield chunk
@@ -425,14 +337,14 @@ class AsyncClient:
         collector, deadline, done = _Collector(rid, params.get("n", 1), start), self._deadline(), False
         try:
             while not done:
-                done = collector.add(await self._next(rid, deadline))
+                done = collector.add(_as_chunk(await self._next(rid, deadline)))
         finally:
             if not done and rid in self._queues:
                 self._abort_nowait(rid)
             self._queues.pop(rid, None)
         return collector.result()
 
-    async def _control(self, msg_type: type) -> Any:
+    async def _control(self, msg_type: _ControlRequest) -> _Reply:
         rid = _new_rid()
         self._queues[rid] = asyncio.Queue()
         await self._sock.send(_encoder.encode(msg_type(rid)))
@@ -444,12 +356,12 @@ class AsyncClient:
 
     async def health(self) -> str:
         """"ok" when every server process serves."""
-        return (await self._control(p.HealthRequest)).status
+        return _expect(await self._control(p.HealthRequest), p.HealthResponse).status
 
     async def stats(self) -> p.ServerStats:
         """The scheduler's ServerStats."""
-        return (await self._control(p.StatsRequest)).stats
+        return _expect(await self._control(p.StatsRequest), p.StatsResponse).stats
 
     async def kv_snapshot(self) -> p.KvSnapshotResponse:
         """See Client.kv_snapshot."""
-        return await self._control(p.KvSnapshotRequest)
+        return _expect(await self._control(p.KvSnapshotRequest), p.KvSnapshotResponse)

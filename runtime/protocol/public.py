@@ -1,0 +1,239 @@
+"""Public messages: client (DEALER) <-> tokenizer process (ROUTER). One msgpack frame per message.
+
+decode_client_frame is the server's one strict, typed reader of a client frame.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from radix.events import KvSnapshot
+from runtime.protocol.worker import TokenLogprobs
+from runtime.sampling_params import SamplingParams
+
+
+class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
+    """One chat turn: role is "system", "user", "assistant" (or "tool"); content is its text."""
+
+    role: str
+    content: str
+
+
+class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True, forbid_unknown_fields=True):
+    """A completion request. Exactly one of prompt (text), messages (chat, the model's template is applied) or
+    input_ids (token ids) is set.
+
+    rid: the client's id of the request, echoed in every reply (unique among the client's requests in flight).
+    stream: True sends a StreamChunk per step; False one StreamChunk per completion when it ends.
+    cache_salt: tenant key; requests with different salts never share cached blocks (it enters the first block hash).
+    """
+
+    rid: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    input_ids: list[int] | None = None
+    sampling_params: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    stream: bool = False
+    cache_salt: str | None = None
+
+    def check(self) -> str | None:
+        """The reason this request is invalid regardless of the model (None when it is well formed)."""
+        given = [name for name in ("prompt", "messages", "input_ids") if getattr(self, name) is not None]
+        if len(given) != 1:
+            return f"exactly one of prompt, messages, input_ids must be set, got {given or 'none'}"
+        if self.prompt is not None and self.prompt == "":
+            return "prompt is empty"
+        if self.messages is not None and not self.messages:
+            return "messages is empty"
+        if self.input_ids is not None and not self.input_ids:
+            return "input_ids is empty"
+        if not self.rid:
+            return "rid is empty"
+        return None
+
+
+class AbortRequest(msgspec.Struct, tag="abort", forbid_unknown_fields=True):
+    """Cancel request rid; its blocks are freed at the scheduler's next step. No reply."""
+
+    rid: str
+
+
+class HealthRequest(msgspec.Struct, tag="health", forbid_unknown_fields=True):
+    """Liveness probe; answered by HealthResponse once the scheduler has answered too."""
+
+    rid: str
+
+
+class StatsRequest(msgspec.Struct, tag="stats", forbid_unknown_fields=True):
+    """Asks for the scheduler's ServerStats; answered by StatsResponse."""
+
+    rid: str
+
+
+class KvSnapshotRequest(msgspec.Struct, tag="kv_snapshot_request", forbid_unknown_fields=True):
+    """Asks for the scheduler's resident block hashes (a router's resync); answered by KvSnapshotResponse."""
+
+    rid: str
+
+
+class Usage(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """Token counts of one completion: prompt_tokens, cached_tokens (prompt tokens whose KV came from the radix
+    cache), completion_tokens."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fields=True):
+    """Part of completion `index` (0..n-1) of request rid.
+
+    text: new text since the previous chunk (never a partial UTF-8 character, never a stop string or part of one).
+    token_ids: new token ids since the previous chunk.
+    logprobs: aligned with token_ids when the request asked for logprobs.
+    finish_reason: None while running; "stop" (EOS, stop token or stop string), "length" (max_tokens or context),
+        "abort" on the last chunk.
+    usage: set on the last chunk.
+    """
+
+    rid: str
+    index: int = 0
+    text: str = ""
+    token_ids: list[int] = []
+    logprobs: list[TokenLogprobs | None] | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+# ErrorResponse codes. The client maps each to an exception class (runtime/client.py).
+ERR_MALFORMED = "malformed"  # not msgpack, wrong field types, several frames
+ERR_UNKNOWN_MESSAGE = "unknown_message"  # a tag this server does not know
+ERR_TOO_LARGE = "message_too_large"  # over ServerArgs.max_message_bytes
+ERR_INVALID = "invalid_request"  # well typed but out of range (sampling params, prompt fields, token ids)
+ERR_CONTEXT = "context_length_exceeded"  # prompt (+1) longer than max_model_len
+ERR_DUPLICATE = "duplicate_rid"  # a request with this rid is already in flight for this client
+ERR_SERVER = "server_error"  # a process failed while serving the request
+ERR_SHUTDOWN = "shutdown"  # the server is shutting down
+ERROR_CODES = (ERR_MALFORMED, ERR_UNKNOWN_MESSAGE, ERR_TOO_LARGE, ERR_INVALID, ERR_CONTEXT, ERR_DUPLICATE,
+               ERR_SERVER, ERR_SHUTDOWN)
+
+
+class ErrorResponse(msgspec.Struct, tag="error", forbid_unknown_fields=True):
+    """The request rid failed (rid is "" when the frame could not be read far enough to find one). Ends the request."""
+
+    rid: str
+    code: str
+    message: str
+
+
+class HealthResponse(msgspec.Struct, tag="health_response", forbid_unknown_fields=True):
+    """Answer to HealthRequest: status "ok" when every process is serving."""
+
+    rid: str
+    status: str
+
+
+class ServerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A snapshot of the scheduler: Scheduler.stats() builds it, the Engine returns it, the scheduler process serves
+    and publishes it, the router sums it over replicas (router.stats.merge_stats). One meaning per name:
+
+    Sequences (a request with n > 1 counts n): num_running, num_waiting, num_swapped (KV moved to the host pool).
+    Device KV blocks: num_blocks includes the reserved null block; num_free_blocks: on the free list;
+    num_evictable_blocks: in the radix tree and referenced by no sequence (reclaimable);
+    num_used_blocks: listed by at least one sequence's block table. num_free_blocks + num_evictable_blocks +
+    num_used_blocks == num_blocks - 1. num_cached_blocks: every block in the radix tree, evictable or in use (what a
+    KV snapshot lists). kv_usage = num_used_blocks / (num_blocks - 1).
+    Token totals since start: prompt_tokens / cached_tokens (each request counted once, at its first admission;
+    hit_rate = cached_tokens / prompt_tokens); generated_tokens: sampled completion tokens; prefill_tokens_computed:
+    prompt tokens (and recomputed ones) run through the model; forward_tokens: every token run through the model,
+    prefill and decode; recomputed_tokens: prompt + output tokens computed again after a recompute preemption (never
+    counted as cache hits). tokens_per_s: forward_tokens per second over the scheduler process's last stats interval
+    (0.0 from Scheduler.stats(), which keeps no interval). num_steps: forward steps; num_preemptions / num_swaps:
+    sequences preempted (either mode) / swapped out; num_rejected: requests refused at admission (RequestRejected).
+    """
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_swapped: int = 0
+    num_blocks: int = 0
+    num_free_blocks: int = 0
+    num_evictable_blocks: int = 0
+    num_used_blocks: int = 0
+    num_cached_blocks: int = 0
+    kv_usage: float = 0.0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    hit_rate: float = 0.0
+    prefill_tokens_computed: int = 0
+    forward_tokens: int = 0
+    tokens_per_s: float = 0.0
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_swaps: int = 0
+    recomputed_tokens: int = 0
+    num_rejected: int = 0
+
+
+class StatsResponse(msgspec.Struct, tag="stats_response", forbid_unknown_fields=True):
+    """Answer to StatsRequest."""
+
+    rid: str
+    stats: ServerStats
+
+
+class KvSnapshotResponse(msgspec.Struct, tag="kv_snapshot_response", forbid_unknown_fields=True):
+    """Answer to KvSnapshotRequest: every resident block hash and the last KV event seq it reflects; block_size
+    (tokens) the hashes are over; events_port: the TCP port of the KV events PUB socket (0: not on TCP)."""
+
+    rid: str
+    block_size: int
+    events_port: int
+    snapshot: KvSnapshot
+
+
+class Heartbeat(msgspec.Struct, tag="heartbeat", forbid_unknown_fields=True):
+    """Sent by the tokenizer to a client with requests in flight and nothing sent for a while, so a vanished client
+    is noticed (ROUTER_MANDATORY send fails) and its requests aborted. Clients ignore it."""
+
+
+ClientMessage = GenerateRequest | AbortRequest | HealthRequest | StatsRequest | KvSnapshotRequest
+ServerMessage = StreamChunk | ErrorResponse | HealthResponse | StatsResponse | KvSnapshotResponse | Heartbeat
+CLIENT_TAGS = frozenset({"generate", "abort", "health", "stats", "kv_snapshot_request"})
+
+_client_decoder = msgspec.msgpack.Decoder(ClientMessage)
+_any_decoder = msgspec.msgpack.Decoder()
+
+
+def decode_client_frame(frame: bytes, max_message_bytes: int) -> ClientMessage | ErrorResponse:
+    """Decode one public frame strictly; a frame that cannot be served becomes the ErrorResponse to send back.
+
+    Never raises and never unpickles: the frame is msgpack decoded into the ClientMessage union (typed, unknown
+    fields rejected, SamplingParams validated). The rid of a rejected frame is recovered when the frame is a msgpack
+    map with a string "rid", so a client with many requests in flight can route the error.
+    """
+    if len(frame) > max_message_bytes:
+        return ErrorResponse("", ERR_TOO_LARGE, f"message of {len(frame)} bytes exceeds {max_message_bytes} bytes")
+    try:
+        return _client_decoder.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:  # deep nesting: RecursionError
+        error = exc
+    try:
+        raw = _any_decoder.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return ErrorResponse("", ERR_MALFORMED, f"not a msgpack message: {error}")
+    if not isinstance(raw, dict):
+        return ErrorResponse("", ERR_MALFORMED, f"a message is a msgpack map, got {type(raw).__name__}")
+    rid = raw.get("rid")
+    if not isinstance(rid, str):
+        rid = ""
+    tag = raw.get("type")
+    if tag not in CLIENT_TAGS:
+        return ErrorResponse(rid, ERR_UNKNOWN_MESSAGE, f"unknown message type {tag!r}; known: {sorted(CLIENT_TAGS)}")
+    code = ERR_INVALID if "sampling_params" in str(error) and _is_range_error(error) else ERR_MALFORMED
+    return ErrorResponse(rid, code, str(error))
+
+
+def _is_range_error(error: Exception) -> bool:
+    """SamplingParams.validate() failures surface as ValidationErrors whose message has no 'Expected'."""
+    return "Expected" not in str(error)

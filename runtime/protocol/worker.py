@@ -1,0 +1,96 @@
+"""Scheduler <-> worker messages, in the delta format of ARCHITECTURE.md.
+
+A new sequence is sent once in full (its whole block table and SamplingParams); afterwards each step carries only that
+step's input token ids, its start position and the block ids appended since the previous step, so a step's message
+grows with the batch, not with the context length.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from runtime.sampling_params import SamplingParams
+
+
+class ScheduledSeq(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """One sequence's work in one step.
+
+    seq_id: scheduler-assigned id, unique while the sequence is live in the worker.
+    token_ids: this step's input tokens (a prefill chunk, or the one token sampled last step).
+    start_pos: position (tokens) of token_ids[0]; the tokens before it already have KV in the block table.
+    new_block_ids: block ids appended to the sequence's block table since its previous step (a new sequence: its
+        whole table, cached prefix included).
+    sample: True when this step reaches the end of the known tokens, so the worker samples the next token.
+    sampling_params: sent once, when the sequence is new to the worker (first step, or resumed after recompute).
+    prompt_len: with sampling_params: the request's original prompt length (tokens), so the worker knows the
+        completion-token index (start_pos + len(token_ids) - prompt_len) that seeds each draw.
+    sample_index: with sampling_params: which of the request's n samples this sequence is (seeds differ per sample).
+    """
+
+    seq_id: int
+    token_ids: list[int]
+    start_pos: int
+    new_block_ids: list[int]
+    sample: bool
+    sampling_params: SamplingParams | None = None
+    prompt_len: int = 0
+    sample_index: int = 0
+
+
+class ForwardBatch(msgspec.Struct, tag="forward_batch", forbid_unknown_fields=True):
+    """One step for the worker. Applied in this order: drop, swap_out, swap_in, copies, then the forward.
+
+    drop_seq_ids: sequences the worker forgets (finished, aborted, preempted by recompute).
+    swap_out: (device block, host block) pairs to copy device -> host (preemption by swapping).
+    swap_in: (host block, device block) pairs to copy host -> device.
+    copies: copy-on-write (src device block, dst device block) pairs.
+    """
+
+    step_id: int
+    seqs: list[ScheduledSeq]
+    drop_seq_ids: list[int] = []
+    swap_out: list[tuple[int, int]] = []
+    swap_in: list[tuple[int, int]] = []
+    copies: list[tuple[int, int]] = []
+
+
+class TokenLogprobs(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """Logprob (natural log) of the sampled token and the top alternatives, best first."""
+
+    logprob: float
+    top_token_ids: list[int]
+    top_logprobs: list[float]
+
+
+class ForwardResult(msgspec.Struct, tag="forward_result", forbid_unknown_fields=True):
+    """The worker's answer to one ForwardBatch.
+
+    seq_ids / token_ids: one sampled token per sequence that had sample=True, in batch order.
+    logprobs: aligned with seq_ids when any of them asked for logprobs (else None).
+    num_forward_tokens: tokens run through the model this step (prompt tokens actually computed + decode tokens).
+    error: set (and nothing sampled) when the step failed; the scheduler fails the batch's requests.
+    """
+
+    step_id: int
+    seq_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None] | None = None
+    num_forward_tokens: int = 0
+    error: str | None = None
+
+
+class Ready(msgspec.Struct, tag="ready", forbid_unknown_fields=True):
+    """Worker start-up handshake: the KV cache is allocated and the model loaded.
+
+    num_blocks includes the reserved null block 0; block_size and max_model_len are in tokens.
+    """
+
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    num_host_blocks: int
+    vocab_size: int
+    eos_token_ids: list[int]
+
+
+WorkerMessage = ForwardBatch | ForwardResult | Ready
