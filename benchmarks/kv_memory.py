@@ -118,7 +118,7 @@ def static_replay(requests: list[tuple[int, int]], num_blocks: int, block_size: 
         lens = []
         for i in order:
             length = requests[i][1]
-            if mgr.add_sequence(i, _tokens(i, length)) is None:
+            if mgr.add_sequence(i, mgr.match_prefix(mgr.block_keys(_tokens(i, length)))) is None:
                 break
             mgr.commit_computed(i, length)
             lens.append(length)
@@ -230,7 +230,7 @@ class PagedSim(_Sim):
         n = self.resume[i]
         if not self.mgr.can_allocate(-(-n // self.block_size)):
             return False
-        if self.mgr.add_sequence(i, _tokens(i, n)) is None:
+        if self.mgr.add_sequence(i, self.mgr.match_prefix(self.mgr.block_keys(_tokens(i, n)))) is None:
             return False
         self.mgr.commit_computed(i, n)
         self.admitted_at[i] = self.steps * len(self.requests) + len(self.admitted_at)
@@ -285,7 +285,7 @@ def parallel_sampling(n: int, prompt_len: int, gen_tokens: int, block_size: int)
     prompt = _tokens(10**6, prompt_len)
     num_blocks = n * -(-(prompt_len + gen_tokens) // block_size)  # room for the full copies
     shared = KVCacheManager(num_blocks + 1, block_size, enable_prefix_caching=False)
-    shared.add_sequence(0, prompt, num_new_tokens=prompt_len - 1)
+    shared.add_sequence(0, shared.match_prefix(shared.block_keys(prompt)), num_new_tokens=prompt_len - 1)
     shared.commit_computed(0, prompt_len - 1)
     children = list(range(1, n + 1))
     for c in children:
@@ -299,7 +299,7 @@ def parallel_sampling(n: int, prompt_len: int, gen_tokens: int, block_size: int)
     after_prompt = shared.stats().in_use_blocks
     full = KVCacheManager(num_blocks + 1, block_size, enable_prefix_caching=False)
     for c in children:
-        full.add_sequence(c, prompt)
+        full.add_sequence(c, full.match_prefix(full.block_keys(prompt)))
         full.commit_computed(c, prompt_len)
     full_after_prompt = full.stats().in_use_blocks
     for mgr in (shared, full):

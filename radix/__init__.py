@@ -1,4 +1,4 @@
-"""KV memory manager: block hashing, block pool, radix tree of cached prefixes, KVCacheManager, KV events.
+"""KV memory manager: block keys and hashing, block pool, radix tree of cached prefixes, KVCacheManager, KV events.
 
 Pure Python (no torch): it knows block ids, never tensors. See radix/manager.py for the scheduler-facing API.
 """
@@ -6,11 +6,14 @@ Pure Python (no torch): it knows block ids, never tensors. See radix/manager.py 
 from radix.block_pool import BlockPool, NoFreeBlocksError
 from radix.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventLog, KvSnapshot
 from radix.hashing import hash_block_tokens
-from radix.manager import KVCacheManager, KVStats, PrefixMatch, UnknownSequenceError
+from radix.keys import BlockKeys
+from radix.manager import KVCacheManager, PrefixMatch, StaleMatchError, UnknownSequenceError
+from radix.stats import KVStats
 from radix.tree import RadixTree
 
 __all__ = [
     "AllBlocksCleared",
+    "BlockKeys",
     "BlockPool",
     "BlockRemoved",
     "BlockStored",
@@ -22,6 +25,7 @@ __all__ = [
     "NoFreeBlocksError",
     "PrefixMatch",
     "RadixTree",
+    "StaleMatchError",
     "UnknownSequenceError",
     "hash_block_tokens",
 ]

@@ -98,6 +98,19 @@ class BlockPool:
             self._free.append(block_id)
         return count
 
+    def release_last(self, block_ids: list[int]) -> None:
+        """Drop the last reference of each block (ref count 1 -> 0); they join the back of the free queue in order.
+
+        Raises:
+            ValueError: a block's ref count is not 1 (nothing is released).
+        """
+        rcs = self.ref_counts
+        if any(rcs[b] != 1 for b in block_ids):
+            raise ValueError(f"release_last of blocks not at ref count 1: {[b for b in block_ids if rcs[b] != 1]}")
+        for b in block_ids:
+            rcs[b] = 0
+        self._free.extend(block_ids)
+
     def ref_count(self, block_id: int) -> int:
         """Current ref count of a block (0: free)."""
         self._check_id(block_id)

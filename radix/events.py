@@ -1,6 +1,6 @@
 """KV events: which block hashes a replica's radix tree stores or drops, for routers and metrics.
 
-Each event is a tagged msgspec Struct (runtime/protocol.py imports these for the scheduler's PUB socket) with a
+Each event is a tagged msgspec Struct (runtime/protocol/ imports these for the scheduler's PUB socket) with a
 sequence number ``seq`` that grows by exactly 1 per event of one KVCacheManager, so a consumer that sees a jump knows
 it missed events and asks for a snapshot (``KvSnapshot``: every resident hash plus the last ``seq`` it reflects).
 Hashes are those of radix/hashing.py, 16 bytes each, so a router can hash a prompt itself and compare.

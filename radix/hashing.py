@@ -8,16 +8,18 @@ the router hashes prompts with this module and compares them with the hashes in 
 A tenant's ``cache_salt`` (and any other extra key) enters the first block only; through the chain it changes every
 later block's hash too, so two tenants never share a cached block.
 
-The ``key`` of a block (``block_key``) is the exact encoding of its tokens and extra keys. The radix tree stores it and
-compares it on every hash hit, so even a colliding (or deliberately weak, in tests) hash never returns wrong KV.
+The radix tree is walked by the blocks' packed tokens (``pack_tokens``, radix/keys.py), never by these hashes: a block
+is hashed once, when it first enters the tree, and the hash only names it (KV events, snapshots, the router's lookup).
+``packed_block_key`` turns packed tokens into the hash input's block field without unpacking them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+import sys
+from array import array
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 
 BlockHash = bytes
 HashFn = Callable[[bytes], bytes]
@@ -27,6 +29,12 @@ HASH_BYTES = 16
 _DOMAIN = b"radixserve/block/v1"
 _NO_PARENT = b"\x00"
 _U32 = struct.Struct("<I")
+_NO_EXTRA = _U32.pack(0)
+# hash_block's input is CHILD_PREFIX + u32(len(parent)) + parent + packed_block_key(key) for a block with a parent;
+# radix/tree.py builds it inline from these on the hot path of an insert (same bytes, no calls).
+CHILD_PREFIX = _DOMAIN + b"\x01"
+U32 = _U32
+NO_EXTRA_KEYS_FIELD = _NO_EXTRA
 
 
 def blake2b_128(data: bytes) -> BlockHash:
@@ -34,9 +42,21 @@ def blake2b_128(data: bytes) -> BlockHash:
     return hashlib.blake2b(data, digest_size=HASH_BYTES).digest()
 
 
-@lru_cache(maxsize=64)
-def _token_struct(n: int) -> struct.Struct:
-    return struct.Struct(f"<I{n}I")
+_TOKEN_TYPECODE = "I" if array("I").itemsize == 4 else "L"
+
+
+def pack_tokens(token_ids: Sequence[int]) -> bytes:
+    """Token ids as uint32 little endian, 4 bytes each: a block's exact content, the radix tree's child key.
+
+    Pure, O(len(token_ids)) in C. Raises ValueError: a token id outside [0, 2**32) or not an int.
+    """
+    try:
+        packed = array(_TOKEN_TYPECODE, token_ids)
+    except (OverflowError, TypeError) as exc:
+        raise ValueError(f"token ids must be ints in [0, 2**32): {exc}") from None
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def _encode_extra_key(key: ExtraKey) -> bytes:
@@ -64,11 +84,16 @@ def block_key(token_ids: Sequence[int], extra_keys: Sequence[ExtraKey] = ()) -> 
     Raises:
         ValueError: a token id outside [0, 2**32) or an extra key of another type.
     """
-    try:
-        packed = _token_struct(len(token_ids)).pack(len(token_ids), *token_ids)
-    except struct.error as exc:
-        raise ValueError(f"token ids must be ints in [0, 2**32): {exc}") from None
-    return packed + _U32.pack(len(extra_keys)) + b"".join(_encode_extra_key(k) for k in extra_keys)
+    return packed_block_key(pack_tokens(token_ids), extra_keys)
+
+
+def packed_block_key(packed_tokens: bytes, extra_keys: Sequence[ExtraKey] = ()) -> bytes:
+    """``block_key`` of a block given its ``pack_tokens`` bytes (no unpacking). Pure, O(len(packed_tokens)).
+
+    Raises ValueError: an extra key of another type than str, int or bytes.
+    """
+    tail = _U32.pack(len(extra_keys)) + b"".join(_encode_extra_key(k) for k in extra_keys) if extra_keys else _NO_EXTRA
+    return _U32.pack(len(packed_tokens) // 4) + packed_tokens + tail
 
 
 def hash_block(parent_hash: BlockHash | None, key: bytes, hash_fn: HashFn = blake2b_128) -> BlockHash:
@@ -120,8 +145,10 @@ def hash_block_tokens(
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     hashes: list[BlockHash] = []
     parent: BlockHash | None = None
+    packed = pack_tokens(token_ids)
+    width = 4 * block_size
     for i in range(len(token_ids) // block_size):
-        key = block_key(token_ids[i * block_size : (i + 1) * block_size], extra_keys_for_block(i, cache_salt))
+        key = packed_block_key(packed[i * width : (i + 1) * width], extra_keys_for_block(i, cache_salt))
         parent = hash_block(parent, key, hash_fn)
         hashes.append(parent)
     return hashes

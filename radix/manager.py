@@ -5,11 +5,18 @@ The scheduler's view of KV memory (it never sees tensors): which physical blocks
 swap) the worker must perform before a step. Design after vLLM's paged attention (Kwon et al., SOSP 2023, sec. 4)
 and SGLang's RadixAttention (Zheng et al., 2024, sec. 3).
 
+Admission, in this order (what runtime/scheduler.py does):
+    keys = manager.block_keys(prompt, cache_salt)    # once per request: packed blocks (radix/keys.py)
+    match = manager.match_prefix(keys)               # pure; repeat while waiting (is_current says when to)
+    cached = manager.add_sequence(seq_id, match, num_new_tokens=chunk)   # locks that match, no second walk
+then per step allocate / prepare_write / commit_computed (/ append_tokens after sampling), and free at the end.
+
 Reference rules: a block table entry holds one reference; the tree holds one per cached block; a sequence that
 reuses a resident duplicate of one of its own blocks also holds a reference on the resident block (its "shadow"), so
 every sequence references the whole cached path it stands on and every evictable block is truly reclaimable.
-A block enters the tree only from commit_computed / free, i.e. once its KV is written, never at allocation.
-Methods that cannot be served return None (or raise) with no side effect. Complexities assume B tokens per block.
+A block enters the tree only from commit_computed / free, i.e. once its KV is written, never at allocation; it is
+hashed then, once (radix/tree.py). Methods that cannot be served return None (or raise) with no side effect.
+Complexities assume B tokens per block.
 """
 
 from __future__ import annotations
@@ -18,54 +25,46 @@ import logging
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import msgspec
-
 from radix.block_pool import BlockPool, NoFreeBlocksError
 from radix.events import KvEvent, KvEventLog, KvSnapshot
-from radix.hashing import BlockHash, HashFn, blake2b_128, block_key, extra_keys_for_block, hash_block
-from radix.sequence import SeqState
-from radix.tree import RadixTree
+from radix.hashing import HashFn, blake2b_128
+from radix.invariants import check_manager
+from radix.keys import BlockKeys, pack_blocks
+from radix.sequence import SeqBlocks
+from radix.stats import KVStats, count_stats
+from radix.swap import release_host, swap_in, swap_out
+from radix.tree import Node, RadixTree
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KVCacheManager", "KVStats", "NoFreeBlocksError", "PrefixMatch", "UnknownSequenceError"]
+__all__ = [
+    "KVCacheManager", "KVStats", "NoFreeBlocksError", "PrefixMatch", "StaleMatchError", "UnknownSequenceError",
+]  # fmt: skip
 
 
 class UnknownSequenceError(KeyError):
     """The seq_id is not registered with the KVCacheManager."""
 
 
+class StaleMatchError(ValueError):
+    """add_sequence got a PrefixMatch taken before blocks left the tree (an eviction, uncache or reset since)."""
+
+
 class PrefixMatch(NamedTuple):
-    """Cached prefix of a prompt: block ids (root first) and num_tokens = len(block_ids) * block_size."""
+    """Cached prefix of a token sequence, from match_prefix.
+
+    block_ids: cached blocks, root first. num_tokens = len(block_ids) * block_size. keys: the BlockKeys matched (the
+    sequence add_sequence admits). last_node: the tree's handle of the last block (None when nothing matched).
+    epoch: the tree's epoch when taken. Valid only until the next eviction / uncache / reset (any of them bumps the
+    epoch; is_current tells): after that its blocks may be free or reused. Blocks cached after it was taken do not
+    invalidate it, they only make it shorter than a new match.
+    """
 
     block_ids: list[int]
     num_tokens: int
-
-
-class KVStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """KV usage counters. Blocks exclude the null block; free + evictable + in_use == total.
-
-    cached_blocks: blocks in the radix tree (evictable or not). prefix_*_tokens: prompt tokens looked up / found
-    cached at admission. waste_slots: allocated slots minus known tokens, over live (not swapped) sequences.
-    """
-
-    total_blocks: int
-    free_blocks: int
-    evictable_blocks: int
-    in_use_blocks: int
-    cached_blocks: int
-    prefix_queries_tokens: int
-    prefix_hits_tokens: int
-    waste_slots: int
-    num_sequences: int
-    num_swapped: int
-    host_total_blocks: int
-    host_free_blocks: int
-
-    @property
-    def hit_rate(self) -> float:
-        """prefix_hits_tokens / prefix_queries_tokens (0.0 before any query)."""
-        return self.prefix_hits_tokens / self.prefix_queries_tokens if self.prefix_queries_tokens else 0.0
+    keys: BlockKeys
+    last_node: Node | None
+    epoch: int
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -102,69 +101,82 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.num_host_blocks = num_host_blocks
-        self._hash_fn = hash_fn
         self._pool = BlockPool(num_blocks)
         self._host_pool = BlockPool(num_host_blocks, reserve_null=False)
         self._events = KvEventLog(enabled=enable_prefix_caching)
         self._tree = RadixTree(self._pool, block_size, hash_fn, self._events)
-        self._seqs: dict[int, SeqState] = {}
+        self._seqs: dict[int, SeqBlocks] = {}
         self._queries_tokens = 0
         self._hits_tokens = 0
 
     # ----------------------------------------------------------------- admission and growth
-    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> PrefixMatch:
-        """Longest cached block-aligned prefix, capped at len(token_ids) - 1 tokens so the last token is computed.
+    def block_keys(self, token_ids: Sequence[int], cache_salt: str | None = None) -> BlockKeys:
+        """The per-block keys of token_ids for this manager's block size (radix/keys.py): compute once per request
+        and reuse for every match_prefix. Pure, O(len(token_ids)). Raises ValueError for a bad token id."""
+        return BlockKeys(token_ids, self.block_size, cache_salt)
 
-        Pure lookup: takes no reference; the blocks may be evicted before use unless add_sequence locks them.
-        Tokens are compared on every hash hit. O(matched tokens).
+    def match_prefix(self, keys: BlockKeys) -> PrefixMatch:
+        """Longest cached block-aligned prefix of keys, capped at keys.num_tokens - 1 tokens so the last token is
+        computed, within keys.salt's subtree.
+
+        Pure lookup: takes no reference, hashes nothing; one dict probe per matched block, O(matched blocks). The
+        result is valid until the next eviction (see PrefixMatch); hand it to add_sequence to lock it.
+        Raises ValueError: keys made for another block size.
         """
-        if not self.enable_prefix_caching or not token_ids:
-            return PrefixMatch([], 0)
-        max_blocks = (len(token_ids) - 1) // self.block_size
-        block_ids = self._tree.match(token_ids, extra_keys_for_block(0, cache_salt), max_blocks).block_ids
-        return PrefixMatch(block_ids, len(block_ids) * self.block_size)
+        if keys.block_size != self.block_size:
+            raise ValueError(f"keys of block size {keys.block_size}, manager has {self.block_size}")
+        tree = self._tree
+        if not self.enable_prefix_caching or not keys.num_tokens:
+            return PrefixMatch([], 0, keys, None, tree.epoch)
+        found = tree.match(keys.blocks, keys.salt, (keys.num_tokens - 1) // self.block_size)
+        return PrefixMatch(found.block_ids, len(found.block_ids) * self.block_size, keys, found.last_node, tree.epoch)
+
+    def is_current(self, match: PrefixMatch) -> bool:
+        """Whether match's blocks are still resident (no eviction / uncache / reset since it was taken). O(1)."""
+        return match.epoch == self._tree.epoch
 
     def add_sequence(
-        self,
-        seq_id: int,
-        token_ids: Sequence[int],
-        cache_salt: str | None = None,
-        num_new_tokens: int | None = None,
-        *,
-        count_stats: bool = True,
+        self, seq_id: int, match: PrefixMatch, num_new_tokens: int | None = None, *, count_stats: bool = True
     ) -> int | None:
-        """Admit a sequence, all or nothing: lock its cached prefix, allocate blocks for ``num_new_tokens`` more
-        tokens (default: the rest of token_ids), evicting LRU leaves as needed.
+        """Admit the sequence match.keys describes, all or nothing: lock match's blocks (no second match), allocate
+        blocks for num_new_tokens more tokens (default: the rest of the sequence), evicting LRU leaves as needed.
 
-        Sets num_computed_tokens to the cached token count and returns it; returns None with no side effect when the
-        blocks do not fit. Counts prefix_queries_tokens / prefix_hits_tokens when count_stats.
-        O(len(token_ids) + new blocks * log n).
+        Sets num_computed_tokens to match.num_tokens and returns it; returns None with no side effect when the blocks
+        do not fit. Counts prefix_queries_tokens / prefix_hits_tokens when count_stats. The sequence keeps its own
+        copy of match.keys' blocks (O(blocks) pointers), so nothing is packed or hashed again.
+        O(matched blocks + new blocks * log n).
 
         Raises:
-            ValueError: seq_id already registered, empty token_ids, or num_new_tokens < 0.
+            StaleMatchError: match was taken before an eviction / uncache / reset (take a new one).
+            ValueError: seq_id already registered, empty sequence, or num_new_tokens < 0.
         """
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} is already registered")
-        if not token_ids:
+        keys = match.keys
+        num_tokens = keys.num_tokens
+        if not num_tokens:
             raise ValueError("token_ids must not be empty")
-        tree = self._tree
-        max_blocks = (len(token_ids) - 1) // self.block_size if self.enable_prefix_caching else 0
-        match = tree.match(token_ids, extra_keys_for_block(0, cache_salt), max_blocks)
-        cached = len(match.block_ids) * self.block_size
-        n_new = len(token_ids) - cached if num_new_tokens is None else num_new_tokens
+        if match.epoch != self._tree.epoch:
+            raise StaleMatchError(f"match taken at epoch {match.epoch}, the tree is at {self._tree.epoch}")
+        cached, block_ids = match.num_tokens, match.block_ids
+        n_new = num_tokens - cached if num_new_tokens is None else num_new_tokens
         if n_new < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {n_new}")
-        need = _cdiv(cached + n_new, self.block_size) - len(match.block_ids)
-        idle_matched = sum(self._pool.ref_counts[b] == 1 for b in match.block_ids)
-        if need > self._pool.num_free + tree.num_evictable - idle_matched:
-            return None
-        tree.lock(match.block_ids)
-        seq = SeqState(list(token_ids), match.block_ids + self._take_blocks(need), cached, cache_salt)
-        seq.block_hashes = match.block_hashes
-        seq.num_cached_blocks = len(match.block_ids)
+        need = _cdiv(cached + n_new, self.block_size) - len(block_ids)
+        free = self._pool.num_free
+        if need > free:  # eviction needed: the matched blocks that are idle now cannot be evicted for this
+            rcs = self._pool.ref_counts
+            idle_matched = sum(rcs[b] == 1 for b in block_ids)
+            if need > free + self._tree.num_evictable - idle_matched:
+                return None
+        self._tree.lock(block_ids)
+        seq = SeqBlocks(list(keys.blocks), list(keys.tail), num_tokens, block_ids + self._take_blocks(need), cached,
+                        keys.salt)  # fmt: skip
+        seq.num_cached_blocks = len(block_ids)
+        seq.cached_node = match.last_node
         self._seqs[seq_id] = seq
         if count_stats:
-            self._queries_tokens += len(token_ids)
+            self._queries_tokens += num_tokens
             self._hits_tokens += cached
         return cached
 
@@ -187,8 +199,19 @@ class KVCacheManager:
         return blocks
 
     def append_tokens(self, seq_id: int, token_ids: Sequence[int]) -> None:
-        """Record sampled tokens as known tokens of the sequence (their KV is written by a later step). O(len)."""
-        self._get(seq_id).token_ids.extend(token_ids)
+        """Record sampled tokens as known tokens of the sequence (their KV is written by a later step); each block
+        they fill is packed now, once. O(len(token_ids) + B). Raises UnknownSequenceError, ValueError (a bad token
+        id; nothing recorded)."""
+        seq = self._get(seq_id)
+        tail, bs = seq.tail, self.block_size
+        if len(tail) + len(token_ids) < bs:
+            tail.extend(token_ids)
+        else:
+            tokens = tail + list(token_ids)
+            full = len(tokens) // bs * bs
+            seq.blocks.extend(pack_blocks(tokens[:full], bs))
+            seq.tail = tokens[full:]
+        seq.num_tokens += len(token_ids)
 
     def prepare_write(self, seq_id: int, start: int, end: int) -> list[tuple[int, int]]:
         """Copy-on-write before writing positions [start, end): each covering block with ref count > 1 is replaced
@@ -226,23 +249,12 @@ class KVCacheManager:
             ValueError: num_tokens below num_computed_tokens, above the known tokens or the block table; swapped out.
         """
         seq = self._live(seq_id)
-        limit = min(len(seq.token_ids), len(seq.block_table) * self.block_size)
+        limit = min(seq.num_tokens, len(seq.block_table) * self.block_size)
         if not seq.num_computed <= num_tokens <= limit:
             raise ValueError(f"commit of {num_tokens} tokens outside [{seq.num_computed}, {limit}]")
         seq.num_computed = num_tokens
-        self._cache_full_blocks(seq, num_tokens // self.block_size)
-
-    def cache_computed_blocks(self, seq_id: int, num_tokens: int) -> None:
-        """Insert the full blocks among the first num_tokens tokens (all computed) into the tree without moving
-        num_computed_tokens; commit_computed does this itself. O(new full blocks * B).
-
-        Raises:
-            ValueError: num_tokens above num_computed_tokens; swapped out.
-        """
-        seq = self._live(seq_id)
-        if not 0 <= num_tokens <= seq.num_computed:
-            raise ValueError(f"cannot cache {num_tokens} tokens: only {seq.num_computed} are computed")
-        self._cache_full_blocks(seq, num_tokens // self.block_size)
+        if self.enable_prefix_caching:
+            seq.cache_full_blocks(self._tree, num_tokens // self.block_size)
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """Register child_id as a copy of parent_id (parallel sampling): same tokens, same block table, every
@@ -268,50 +280,35 @@ class KVCacheManager:
             raise ValueError(f"keep_tokens must be >= 0, got {keep_tokens}")
         del self._seqs[seq_id]
         if seq.host_table is not None:
-            for host_block in seq.host_table:
-                self._host_pool.decref(host_block)
+            release_host(seq, self._host_pool)
             return
-        limit = seq.num_computed if keep_tokens is None else min(seq.num_computed, keep_tokens)
-        self._cache_full_blocks(seq, limit // self.block_size)
-        if keep_tokens is not None:
-            self._uncache_past(seq, keep_tokens // self.block_size)
+        if self.enable_prefix_caching:
+            limit = seq.num_computed if keep_tokens is None else min(seq.num_computed, keep_tokens)
+            seq.cache_full_blocks(self._tree, limit // self.block_size)
+            if keep_tokens is not None:
+                seq.uncache_past(self._tree, keep_tokens // self.block_size)
         self._tree.unlock(seq.block_table + seq.shadow)
 
     # ----------------------------------------------------------------- swapping
     def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None:
-        """Preempt by swapping: give every block of the table a host block and release the device references.
+        """Preempt by swapping (radix/swap.py): every table block gets a host block, device references go.
 
         Returns (device, host) pairs the worker copies before anything overwrites them (in the same step), or None
         with no side effect when the host pool lacks room. O(blocks * log n). Raises ValueError if already swapped.
         """
-        seq = self._live(seq_id)
-        if len(seq.block_table) > self._host_pool.num_free:
-            return None
-        host = self._host_pool.allocate(len(seq.block_table))
-        pairs = list(zip(seq.block_table, host, strict=True))
-        self._tree.unlock(seq.block_table + seq.shadow)
-        seq.host_table, seq.block_table, seq.shadow = host, [], []
-        seq.block_hashes, seq.num_cached_blocks = [], 0
-        return pairs
+        return swap_out(self._live(seq_id), self._host_pool, self._tree)
 
     def swap_in(self, seq_id: int) -> list[tuple[int, int]] | None:
-        """Bring a swapped sequence back: new device blocks (evicting as needed), host blocks released.
-
-        Returns (host, device) pairs the worker copies before the step, or None with no side effect when the device
-        lacks room. Its full blocks re-enter the tree (de-duplicated) at the next commit_computed or free.
-        O(blocks * log n). Raises ValueError if the sequence is not swapped out.
+        """Bring a swapped sequence back (radix/swap.py): new device blocks (evicting as needed), host blocks
+        released. Returns (host, device) pairs the worker copies before the step, or None with no side effect when
+        the device lacks room. O(blocks * log n). Raises ValueError if the sequence is not swapped out.
         """
         seq = self._get(seq_id)
         if seq.host_table is None:
             raise ValueError(f"sequence {seq_id} is not swapped out")
         if not self.can_allocate(len(seq.host_table)):
             return None
-        device = self._take_blocks(len(seq.host_table))
-        pairs = list(zip(seq.host_table, device, strict=True))
-        for host_block in seq.host_table:
-            self._host_pool.decref(host_block)
-        seq.block_table, seq.host_table = device, None
-        return pairs
+        return swap_in(seq, self._host_pool, self._take_blocks(len(seq.host_table)))
 
     # ----------------------------------------------------------------- queries
     def can_allocate(self, num_blocks: int) -> bool:
@@ -336,19 +333,7 @@ class KVCacheManager:
 
     def num_tokens(self, seq_id: int) -> int:
         """Known tokens of the sequence (prompt + appended)."""
-        return len(self._get(seq_id).token_ids)
-
-    def has_sequence(self, seq_id: int) -> bool:
-        """Whether seq_id is registered (live or swapped out)."""
-        return seq_id in self._seqs
-
-    def is_swapped(self, seq_id: int) -> bool:
-        """Whether the sequence is swapped out to the host pool."""
-        return self._get(seq_id).host_table is not None
-
-    def ref_count(self, block_id: int) -> int:
-        """Ref count of a device block (for tests and debugging)."""
-        return self._pool.ref_count(block_id)
+        return self._get(seq_id).num_tokens
 
     def slot_mapping(self, seq_id: int, start: int, end: int) -> list[int]:
         """Slots of positions [start, end): table[p // B] * B + p % B. O(end - start).
@@ -363,38 +348,16 @@ class KVCacheManager:
 
     def stats(self) -> KVStats:
         """Current counters. O(sequences)."""
-        free, evictable = self._pool.num_free, self._tree.num_evictable
-        total = self._pool.num_usable
-        waste = sum(
-            max(0, len(s.block_table) * self.block_size - len(s.token_ids))
-            for s in self._seqs.values()
-            if s.host_table is None
-        )
-        return KVStats(
-            total_blocks=total,
-            free_blocks=free,
-            evictable_blocks=evictable,
-            in_use_blocks=total - free - evictable,
-            cached_blocks=self._tree.num_cached,
-            prefix_queries_tokens=self._queries_tokens,
-            prefix_hits_tokens=self._hits_tokens,
-            waste_slots=waste,
-            num_sequences=len(self._seqs),
-            num_swapped=sum(s.host_table is not None for s in self._seqs.values()),
-            host_total_blocks=self.num_host_blocks,
-            host_free_blocks=self._host_pool.num_free,
-        )
+        return count_stats(self._pool, self._tree, self._host_pool, self._seqs.values(), self.block_size,
+                           self._queries_tokens, self._hits_tokens)  # fmt: skip
 
     def drain_events(self) -> list[KvEvent]:
         """KV events since the last drain, oldest first (seq numbers consecutive)."""
         return self._events.drain()
 
-    def snapshot(self) -> list[BlockHash]:
-        """Hashes of all resident cached blocks. O(cached blocks)."""
-        return self._tree.hashes()
-
     def kv_snapshot(self) -> KvSnapshot:
-        """snapshot() with the last event seq it reflects (events not yet drained included)."""
+        """Hashes of all resident cached blocks (insertion order) and the last event seq they reflect (events not yet
+        drained included). O(cached blocks)."""
         return KvSnapshot(self._events.last_seq, self._tree.hashes())
 
     def reset_prefix_cache(self) -> bool:
@@ -403,17 +366,17 @@ class KVCacheManager:
 
     @property
     def tree(self) -> RadixTree:
-        """The radix tree (read-only use: lru_order, is_cached)."""
+        """The radix tree (read-only use: lru_order, block_hash; evict and clear for tests and benchmarks)."""
         return self._tree
 
     # ----------------------------------------------------------------- internals
-    def _get(self, seq_id: int) -> SeqState:
+    def _get(self, seq_id: int) -> SeqBlocks:
         seq = self._seqs.get(seq_id)
         if seq is None:
             raise UnknownSequenceError(f"unknown sequence {seq_id}")
         return seq
 
-    def _live(self, seq_id: int) -> SeqState:
+    def _live(self, seq_id: int) -> SeqBlocks:
         seq = self._get(seq_id)
         if seq.host_table is not None:
             raise ValueError(f"sequence {seq_id} is swapped out")
@@ -425,45 +388,12 @@ class KVCacheManager:
             self._tree.evict(short)
         return self._pool.allocate(n)
 
-    def _cache_full_blocks(self, seq: SeqState, num_full_blocks: int) -> None:
-        start, end = seq.num_cached_blocks, min(num_full_blocks, len(seq.block_table))
-        if not self.enable_prefix_caching or end <= start:
-            return
-        bs, tokens = self.block_size, seq.token_ids
-        parent = seq.block_hashes[start - 1] if start else None
-        keys, hashes = [], []
-        h = parent
-        for i in range(start, end):
-            key = block_key(tokens[i * bs : (i + 1) * bs], extra_keys_for_block(i, seq.cache_salt))
-            h = hash_block(h, key, self._hash_fn)
-            keys.append(key)
-            hashes.append(h)
-        table = seq.block_table
-        resident = self._tree.insert_chain(parent, hashes, keys, table[start:end]).resident
-        shadow = [r for i, r in enumerate(resident) if r != table[start + i]]
-        self._tree.lock(shadow)
-        seq.shadow.extend(shadow)
-        seq.block_hashes.extend(hashes[: len(resident)])
-        seq.num_cached_blocks += len(resident)
-
-    def _uncache_past(self, seq: SeqState, keep_blocks: int) -> None:
-        rc, tree = self._pool.ref_counts, self._tree
-        own = []  # blocks past keep_blocks that only this sequence (and the tree) holds, deepest first
-        for i in range(seq.num_cached_blocks - 1, keep_blocks - 1, -1):
-            block_id = seq.block_table[i]
-            if rc[block_id] != 2 or tree.block_hash(block_id) != seq.block_hashes[i]:
-                break
-            own.append(block_id)
-        seq.num_cached_blocks -= tree.uncache(own)
-        del seq.block_hashes[seq.num_cached_blocks :]
-
     def check_invariants(self) -> None:
         """Recount everything from scratch: exact ref counts (tables + shadows + tree), each block exactly one of
-        free / evictable / in use, per-sequence bounds, host pool ownership. O(blocks + sequences * table).
+        free / evictable / in use, per-sequence bounds and cached paths, host pool ownership.
+        O(blocks + sequences * table). For tests: far too slow for the serving loop.
 
         Raises:
             AssertionError: with a message naming the sequence or block.
         """
-        from radix.invariants import check_manager
-
-        check_manager(self)
+        check_manager(self._pool, self._tree, self._host_pool, self._seqs, self.block_size)

@@ -1,14 +1,16 @@
-"""Radix tree of full, hashed KV blocks: match, insert (de-duplicating), lock/unlock, LRU eviction of leaves.
+"""Radix tree of full KV blocks: match by tokens, insert (de-duplicating), lock/unlock, LRU eviction of leaves.
 
-Shape: one node per block, found through one dict keyed by the block's chained hash (radix/hashing.py), not
-compressed runs split on divergence. Why: a chained hash already names the whole prefix, so a lookup is one dict
-probe per block (O(1), no token-by-token walk and no split/merge code); a block is the unit of sharing, locking and
-eviction anyway, so per-block nodes make ref counting and leaf eviction exact; and the router speaks in block hashes,
-so the tree answers a list of hashes directly. Nodes keep no children dict (only a child count), which keeps a cached
-block at a few hundred bytes (benchmarks/radix_ops.py measures it).
+Shape: one node per block. A node's children are a dict keyed by the child block's packed tokens (radix/keys.py):
+a match walks the prompt block by block with one dict probe each (exact comparison, Python's native bytes hashing;
+no cryptographic hash, no token-by-token loop, no split/merge code: a block is the unit of sharing, locking and
+eviction anyway, so per-block nodes make ref counting and leaf eviction exact). Each cache_salt has its own root, so
+tenants never share a block; an empty salted root is dropped with its last child.
 
-Collision safety: each node stores its block ``key`` (the exact byte encoding of its tokens and extra keys) and its
-parent; a hash hit counts only when both match, so a colliding hash can never return another prefix's KV.
+Naming: when a block first enters the tree it gets its chained content hash (radix/hashing.py: BLAKE2b over the parent
+hash, the tokens and, on the first block, the salt), computed exactly once. The hash names the block in KV events and
+snapshots, and a second index (hash -> node) answers the router's chains of hashes (``match_hashes``). A new block
+whose hash is already taken by another resident block (a collision: never seen with BLAKE2b-128, forced in tests with
+a weak hash) is not cached, so a hash always names exactly one block.
 
 References: the tree holds one reference (BlockPool ref count) to each cached block. A cached block whose only
 reference is the tree's (ref count 1) is *evictable*; as the manager keeps every sequence referencing the whole
@@ -16,6 +18,9 @@ cached path it uses ("path property": ref count >= 2 implies the parent's is too
 reclaimed by evicting leaves, children before parents. Evictable leaves sit in a ``sortedcontainers.SortedList`` keyed
 by ``last_access << 32 | block_id`` (last_access is a logical clock bumped per unlock/insert call), so eviction pops the
 least recently used leaf in O(log n) and never scans the tree.
+
+``epoch`` counts the calls that removed blocks (evict, uncache, clear): a match taken at epoch e names resident blocks
+only while the epoch is still e (radix/manager.py checks it before locking a match).
 """
 
 from __future__ import annotations
@@ -28,7 +33,17 @@ from sortedcontainers import SortedList
 
 from radix.block_pool import BlockPool
 from radix.events import KvEventLog
-from radix.hashing import BlockHash, ExtraKey, HashFn, blake2b_128, block_key, hash_block
+from radix.hashing import (
+    CHILD_PREFIX,
+    NO_EXTRA_KEYS_FIELD,
+    U32,
+    BlockHash,
+    HashFn,
+    blake2b_128,
+    extra_keys_for_block,
+    hash_block,
+    packed_block_key,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -36,32 +51,50 @@ _ID_BITS = 32
 _ID_MASK = (1 << _ID_BITS) - 1
 
 
-class _Node:
-    __slots__ = ("block_id", "block_hash", "key", "parent", "num_children", "lru_key")
+class Node:
+    """One cached block (or, with block_id -1, the root of one salt's subtree). Owned by the RadixTree; callers hold
+    a Node only as an opaque handle (PrefixMatch.last_node, SeqBlocks.cached_node) while they reference its block.
 
-    def __init__(self, block_id: int, block_hash: BlockHash, key: bytes, parent: _Node | None, lru_key: int) -> None:
+    key: the block's packed tokens (the parent's children dict key). children: None until the first child.
+    lru_key: last_access << 32 | block_id (meaningful while evictable).
+    """
+
+    __slots__ = ("block_id", "block_hash", "key", "parent", "children", "lru_key")
+
+    def __init__(self, block_id: int, block_hash: BlockHash | None, key: bytes, parent: Node | None, lru_key: int):
         self.block_id = block_id
         self.block_hash = block_hash
         self.key = key
         self.parent = parent
-        self.num_children = 0
+        self.children: dict[bytes, Node] | None = None
         self.lru_key = lru_key
 
 
+class _Root(Node):
+    """The root of one cache_salt's subtree (no block)."""
+
+    __slots__ = ("salt",)
+
+    def __init__(self, salt: str | None) -> None:
+        super().__init__(-1, None, b"", None, 0)
+        self.salt = salt
+
+
 class TreeMatch(NamedTuple):
-    """Cached prefix: block ids and their chained hashes, one per matched full block, root first."""
+    """Cached prefix: block ids root first, and the node of the last one (None when nothing matched)."""
 
     block_ids: list[int]
-    block_hashes: list[BlockHash]
+    last_node: Node | None
 
 
 class InsertResult(NamedTuple):
-    """resident: the tree's block for each processed block (a prefix of the input; shorter when a hash collided).
+    """resident: the tree's block for each processed block (a prefix of the input; shorter after a hash collision).
     duplicates: given block ids that were not inserted because an identical block is resident (the caller keeps and
-    later releases them)."""
+    later releases them). last_node: the node of the last resident block (the given parent when none)."""
 
     resident: list[int]
     duplicates: list[int]
+    last_node: Node | None
 
 
 class RadixTree:
@@ -72,6 +105,7 @@ class RadixTree:
         block_size: tokens per block.
         hash_fn: block digest function (default BLAKE2b-128; tests inject a weak one).
         events: where BlockStored / BlockRemoved / AllBlocksCleared go (None: not recorded).
+    Block ids passed to any method must be the pool's (1 .. num_blocks - 1); they are not range-checked here.
     """
 
     def __init__(
@@ -83,8 +117,11 @@ class RadixTree:
         self.block_size = block_size
         self.hash_fn = hash_fn
         self.events = events if events is not None else KvEventLog(enabled=False)
-        self._nodes: dict[BlockHash, _Node] = {}
-        self._by_block: list[_Node | None] = [None] * pool.num_blocks
+        self.epoch = 0
+        self._count_field = U32.pack(block_size)  # packed_block_key's token count field
+        self._roots: dict[str | None, _Root] = {None: _Root(None)}
+        self._nodes: dict[BlockHash, Node] = {}
+        self._by_block: list[Node | None] = [None] * pool.num_blocks
         self._lru: SortedList = SortedList()
         self._clock = 0
         self._num_evictable = 0
@@ -101,19 +138,8 @@ class RadixTree:
         """Cached blocks whose only reference is the tree's (reclaimable by evicting leaves first)."""
         return self._num_evictable
 
-    def is_cached(self, block_id: int) -> bool:
-        """Whether the block is a node of the tree."""
-        return self._by_block[block_id] is not None
-
-    def is_leaf(self, block_id: int) -> bool:
-        """Whether the cached block has no cached child. Raises KeyError if it is not cached."""
-        node = self._by_block[block_id]
-        if node is None:
-            raise KeyError(f"block {block_id} is not cached")
-        return node.num_children == 0
-
     def block_hash(self, block_id: int) -> BlockHash | None:
-        """Hash of a cached block, None if the block is not cached."""
+        """Hash of a cached block, None if the block is not cached. O(1)."""
         node = self._by_block[block_id]
         return None if node is None else node.block_hash
 
@@ -130,50 +156,35 @@ class RadixTree:
         """Evictable leaves, next victim first (for tests). O(number of such leaves)."""
         return [key & _ID_MASK for key in self._lru]
 
-    def lookup(self, parent_hash: BlockHash | None, block_hash: BlockHash, key: bytes) -> int | None:
-        """Block id cached for (parent, key) under ``block_hash``, or None; a hash hit whose key or parent differs
-        (a collision) is a miss. O(len(key))."""
-        node = self._nodes.get(block_hash)
-        if node is None or node.key != key:
-            return None
-        parent = node.parent
-        if (None if parent is None else parent.block_hash) != parent_hash:
-            return None
-        return node.block_id
+    def match(self, blocks: Sequence[bytes], salt: str | None, max_blocks: int) -> TreeMatch:
+        """Longest cached prefix of ``blocks`` (packed tokens, radix/keys.py) in salt's subtree, at most max_blocks.
 
-    def match(
-        self, token_ids: Sequence[int], extra_keys: Sequence[ExtraKey] = (), max_blocks: int | None = None
-    ) -> TreeMatch:
-        """Longest cached prefix of the full blocks of ``token_ids`` (extra_keys enter the first block).
-
-        Pure: takes no reference and leaves the LRU order alone. O(matched blocks * block_size).
+        Pure: takes no reference, leaves the LRU order alone, hashes nothing. O(matched blocks) dict probes.
         """
-        bs = self.block_size
-        n = len(token_ids) // bs
-        if max_blocks is not None:
-            n = min(n, max_blocks)
+        node: Node | None = self._roots.get(salt)
         block_ids: list[int] = []
-        hashes: list[BlockHash] = []
-        parent: BlockHash | None = None
-        for i in range(n):
-            key = block_key(token_ids[i * bs : (i + 1) * bs], extra_keys if i == 0 else ())
-            h = hash_block(parent, key, self.hash_fn)
-            block_id = self.lookup(parent, h, key)
-            if block_id is None:
+        if node is None:
+            return TreeMatch(block_ids, None)
+        append = block_ids.append
+        for key in blocks[:max_blocks] if max_blocks < len(blocks) else blocks:
+            children = node.children
+            if children is None:
                 break
-            block_ids.append(block_id)
-            hashes.append(h)
-            parent = h
-        return TreeMatch(block_ids, hashes)
+            child = children.get(key)
+            if child is None:
+                break
+            append(child.block_id)
+            node = child
+        return TreeMatch(block_ids, node if block_ids else None)
 
     def match_hashes(self, block_hashes: Sequence[BlockHash]) -> list[int]:
-        """Block ids of the longest cached prefix of a chain of hashes (router use: no tokens to compare, so this
-        trusts the collision resistance of the default hash). Pure. O(len(block_hashes))."""
+        """Block ids of the longest cached prefix of a chain of hashes starting at a root (router use: no tokens to
+        compare, so this trusts the collision resistance of the default hash). Pure. O(len(block_hashes))."""
         block_ids: list[int] = []
-        parent: _Node | None = None
+        parent: Node | None = None
         for h in block_hashes:
             node = self._nodes.get(h)
-            if node is None or node.parent is not parent:
+            if node is None or (node.parent is not parent if parent is not None else type(node.parent) is not _Root):
                 break
             block_ids.append(node.block_id)
             parent = node
@@ -181,79 +192,65 @@ class RadixTree:
 
     # ----------------------------------------------------------------- insert
     def insert_chain(
-        self,
-        parent_hash: BlockHash | None,
-        block_hashes: Sequence[BlockHash],
-        keys: Sequence[bytes],
-        block_ids: Sequence[int],
+        self, parent: Node | None, salt: str | None, blocks: Sequence[bytes], block_ids: Sequence[int]
     ) -> InsertResult:
-        """Insert consecutive full blocks hanging under the cached block ``parent_hash`` (None: the root).
+        """Insert consecutive full blocks (packed tokens ``blocks``, held in ``block_ids``) under ``parent``, a node
+        the caller holds a reference to (None: the root of salt's subtree; salt is ignored otherwise).
 
-        A block whose (hash, key, parent) is resident is a duplicate: the resident block stays, the given one is not
-        inserted. A new block gets a tree reference (its ref count + 1) and becomes a child of the previous one.
-        Stops early (shorter ``resident``) on a hash collision or when ``parent_hash`` is not cached.
-        Emits one BlockStored for the new blocks. Only call once the blocks' KV is written. O(len(block_ids)).
+        A block whose tokens are already a child is a duplicate: the resident block stays, the given one is not
+        inserted. A new block is hashed (once, here), gets a tree reference (its ref count + 1) and becomes a child of
+        the previous one. Stops early (shorter ``resident``) on a hash collision. Emits one BlockStored for the new
+        blocks. Only call once the blocks' KV is written. O(len(block_ids)) plus one hash per new block.
 
         Raises:
-            ValueError: a block id is already cached under another hash, or is free.
+            ValueError: a new block id is already cached, or is free.
         """
-        parent = None if parent_hash is None else self._nodes.get(parent_hash)
-        if parent_hash is not None and parent is None:
-            return InsertResult([], [])
+        if parent is None:
+            parent = self._roots.get(salt)
+            if parent is None:
+                parent = self._roots[salt] = _Root(salt)
         resident: list[int] = []
         duplicates: list[int] = []
         stored: list[BlockHash] = []
         stored_parent: BlockHash | None = None
-        tick = self._tick()
-        for h, key, block_id in zip(block_hashes, keys, block_ids, strict=True):
-            node = self._nodes.get(h)
-            if node is not None:
-                if node.key != key or node.parent is not parent:
+        lru_tick = self._tick() << _ID_BITS
+        hash_fn, nodes, by_block, rcs = self.hash_fn, self._nodes, self._by_block, self.pool.ref_counts
+        count_field = self._count_field
+        for key, block_id in zip(blocks, block_ids, strict=True):
+            children = parent.children
+            node = None if children is None else children.get(key)
+            if node is None:
+                if type(parent) is _Root:
+                    h = hash_block(None, packed_block_key(key, extra_keys_for_block(0, parent.salt)), hash_fn)
+                else:  # hash_block(parent hash, packed_block_key(key)) without the calls: the hot path of a miss
+                    ph = parent.block_hash
+                    assert ph is not None
+                    h = hash_fn(CHILD_PREFIX + U32.pack(len(ph)) + ph + count_field + key + NO_EXTRA_KEYS_FIELD)
+                if h in nodes:
                     logger.debug("block hash collision at block %d; not cached", block_id)
                     break
-                if node.block_id != block_id:
-                    duplicates.append(block_id)
-            else:
-                if self._by_block[block_id] is not None:
-                    raise ValueError(f"block {block_id} is already cached under another hash")
-                node = self._add_node(block_id, h, key, parent, tick)
+                rc = rcs[block_id]
+                if rc == 0 or by_block[block_id] is not None:
+                    raise ValueError(f"block {block_id} is free or already cached")
+                rcs[block_id] = rc + 1  # >= 2: the caller's reference and the tree's, so not idle
+                node = Node(block_id, h, key, parent, lru_tick | block_id)
+                nodes[h] = node
+                by_block[block_id] = node
+                if children is None:
+                    if type(parent) is not _Root and rcs[parent.block_id] == 1:
+                        self._lru.remove(parent.lru_key)  # an idle leaf no more
+                    parent.children = {key: node}
+                else:
+                    children[key] = node
                 if not stored:
-                    stored_parent = None if parent is None else parent.block_hash
+                    stored_parent = parent.block_hash
                 stored.append(h)
+            elif node.block_id != block_id:
+                duplicates.append(block_id)
             resident.append(node.block_id)
             parent = node
         self.events.stored(stored, stored_parent, self.block_size)
-        return InsertResult(resident, duplicates)
-
-    def insert(
-        self, token_ids: Sequence[int], block_ids: Sequence[int], extra_keys: Sequence[ExtraKey] = ()
-    ) -> InsertResult:
-        """Insert the full blocks of ``token_ids`` held in ``block_ids`` (block i holds tokens [i*B, (i+1)*B)),
-        from the root. Same contract as insert_chain. O(len(token_ids))."""
-        bs = self.block_size
-        n = min(len(token_ids) // bs, len(block_ids))
-        keys, hashes = [], []
-        parent: BlockHash | None = None
-        for i in range(n):
-            key = block_key(token_ids[i * bs : (i + 1) * bs], extra_keys if i == 0 else ())
-            parent = hash_block(parent, key, self.hash_fn)
-            keys.append(key)
-            hashes.append(parent)
-        return self.insert_chain(None, hashes, keys, list(block_ids[:n]))
-
-    def _add_node(self, block_id: int, h: BlockHash, key: bytes, parent: _Node | None, tick: int) -> _Node:
-        rc = self.pool.incref(block_id)
-        node = _Node(block_id, h, key, parent, (tick << _ID_BITS) | block_id)
-        self._nodes[h] = node
-        self._by_block[block_id] = node
-        if parent is not None:
-            if parent.num_children == 0 and self.pool.ref_counts[parent.block_id] == 1:
-                self._lru.remove(parent.lru_key)
-            parent.num_children += 1
-        if rc == 1:  # the caller held no reference: cached and idle at once
-            self._num_evictable += 1
-            self._lru.add(node.lru_key)
-        return node
+        return InsertResult(resident, duplicates, None if type(parent) is _Root else parent)
 
     def _tick(self) -> int:
         self._clock += 1
@@ -263,49 +260,97 @@ class RadixTree:
     def lock(self, block_ids: Sequence[int]) -> None:
         """Add one reference to each block (cached or not); a cached block stops being evictable.
 
-        Mutates ref counts and the LRU set. O(len(block_ids) * log n). Raises ValueError for a free block.
+        Mutates ref counts and the LRU set. O(len(block_ids) * log n) at worst, O(1) per block not leaving the LRU.
+        Raises:
+            ValueError: a block is free (nothing after it is locked).
         """
-        pool, by_block = self.pool, self._by_block
+        rcs, by_block = self.pool.ref_counts, self._by_block
         for block_id in block_ids:
-            rc = pool.incref(block_id)
-            node = by_block[block_id]
-            if rc == 2 and node is not None:
-                self._num_evictable -= 1
-                if node.num_children == 0:
-                    self._lru.remove(node.lru_key)
+            rc = rcs[block_id]
+            if rc == 0:
+                raise ValueError(f"lock of free block {block_id}")
+            rcs[block_id] = rc + 1
+            if rc == 1:
+                node = by_block[block_id]
+                if node is not None:
+                    self._num_evictable -= 1
+                    if node.children is None:
+                        self._lru.remove(node.lru_key)
 
     def unlock(self, block_ids: Sequence[int]) -> None:
         """Drop one reference from each block. A private block at 0 goes to the free queue; a cached block left with
-        only the tree's reference becomes evictable, last accessed now. O(len(block_ids) * log n).
+        only the tree's reference becomes evictable, last accessed now. O(len(block_ids) * log n) at worst.
 
         Raises:
-            ValueError: a block is already free.
+            ValueError: a block is already free (nothing after it is unlocked).
         """
         pool, by_block = self.pool, self._by_block
+        rcs = pool.ref_counts
         tick = self._tick() << _ID_BITS
         for block_id in block_ids:
-            rc = pool.decref(block_id)
-            node = by_block[block_id]
-            if rc == 1 and node is not None:
-                self._num_evictable += 1
-                node.lru_key = tick | block_id
-                if node.num_children == 0:
-                    self._lru.add(node.lru_key)
+            rc = rcs[block_id]
+            if rc <= 1:
+                pool.decref(block_id)  # to the free queue (or ValueError for a free block)
+                continue
+            rcs[block_id] = rc - 1
+            if rc == 2:
+                node = by_block[block_id]
+                if node is not None:
+                    self._num_evictable += 1
+                    node.lru_key = tick | block_id
+                    if node.children is None:
+                        self._lru.add(node.lru_key)
 
     # ----------------------------------------------------------------- removal
     def evict(self, n: int) -> list[int]:
         """Free up to ``n`` evictable blocks, least recently used leaf first; a parent whose last child goes becomes
         a leaf and competes by its own last access. Returns the freed block ids in eviction order (now on the pool's
-        free queue). Emits one BlockRemoved. O(n log N), no scan."""
+        free queue). Emits one BlockRemoved; bumps epoch if anything went. O(n log N), no scan: a parent that is the
+        next victim anyway (its last access older than every other idle leaf's, e.g. the rest of a chain released
+        at once) is taken directly, without entering the LRU list."""
         freed: list[int] = []
-        lru = self._lru
-        while len(freed) < n and lru:
-            node = self._by_block[lru.pop(0) & _ID_MASK]
-            self._num_evictable -= 1
-            self._remove_node(node)
+        lru, by_block = self._lru, self._by_block
+        node: Node | None = None
+        while len(freed) < n:
+            if node is None:
+                if not lru:
+                    break
+                node = by_block[lru.pop(0) & _ID_MASK]
+                assert node is not None
             freed.append(node.block_id)
-        self.events.removed(self._take_removed())
+            node = self._unlink(node, lru)
+        if node is not None:  # a parent taken out of turn but not needed: back to the LRU list
+            lru.add(node.lru_key)
+        if freed:
+            self._num_evictable -= len(freed)
+            self.pool.release_last(freed)
+            self.epoch += 1
+            self.events.removed(self._take_removed())
         return freed
+
+    def _unlink(self, node: Node, lru: SortedList | None) -> Node | None:
+        """Take a leaf out of the tree (its block keeps the tree's reference; the caller drops it). A parent left an
+        idle leaf joins the LRU list, or, given lru and when it would be its first entry, is returned instead."""
+        h = node.block_hash
+        assert h is not None
+        del self._nodes[h]
+        self._by_block[node.block_id] = None
+        self._removed.append(h)
+        parent = node.parent
+        assert parent is not None and parent.children is not None
+        children = parent.children
+        del children[node.key]
+        if children:
+            return None
+        parent.children = None
+        if type(parent) is _Root:
+            if parent.salt is not None:
+                del self._roots[parent.salt]
+        elif self.pool.ref_counts[parent.block_id] == 1:
+            if lru is not None and (not lru or parent.lru_key < lru[0]):
+                return parent
+            self._lru.add(parent.lru_key)
+        return None
 
     def _take_removed(self) -> list[BlockHash]:
         hashes, self._removed = self._removed, []
@@ -314,72 +359,36 @@ class RadixTree:
     def uncache(self, block_ids: Sequence[int]) -> int:
         """Take cached leaves out of the tree, in the given order (children first), stopping at the first block that
         is not a cached leaf. The tree's reference is dropped; other holders keep the block as a private block. Used
-        so that no block past a stop string stays cached. Returns how many were removed; emits one BlockRemoved.
-        O(len(block_ids) * log n)."""
+        so that no block past a stop string stays cached. Returns how many were removed; emits one BlockRemoved and
+        bumps epoch if any. O(len(block_ids) * log n)."""
         removed = 0
         for block_id in block_ids:
             node = self._by_block[block_id]
-            if node is None or node.num_children:
+            if node is None or node.children is not None:
                 break
             if self.pool.ref_counts[block_id] == 1:
                 self._num_evictable -= 1
                 self._lru.remove(node.lru_key)
-            self._remove_node(node)
+            self._unlink(node, None)
+            self.pool.decref(block_id)
             removed += 1
-        self.events.removed(self._take_removed())
+        if removed:
+            self.epoch += 1
+            self.events.removed(self._take_removed())
         return removed
 
-    def _remove_node(self, node: _Node) -> None:
-        del self._nodes[node.block_hash]
-        self._by_block[node.block_id] = None
-        self._removed.append(node.block_hash)
-        parent = node.parent
-        if parent is not None:
-            parent.num_children -= 1
-            if parent.num_children == 0 and self.pool.ref_counts[parent.block_id] == 1:
-                self._lru.add(parent.lru_key)
-        self.pool.decref(node.block_id)
-
     def clear(self) -> bool:
-        """Drop every cached block at once if all are evictable (emits AllBlocksCleared); else change nothing and
-        return False. O(num_cached)."""
+        """Drop every cached block at once if all are evictable (emits AllBlocksCleared, bumps epoch); else change
+        nothing and return False. O(num_cached)."""
         if self._num_evictable != len(self._nodes):
             return False
         for node in self._nodes.values():
             self._by_block[node.block_id] = None
             self.pool.decref(node.block_id)
         self._nodes.clear()
+        self._roots = {None: _Root(None)}
         self._lru.clear()
         self._num_evictable = 0
+        self.epoch += 1
         self.events.cleared()
         return True
-
-    # ----------------------------------------------------------------- checks
-    def check_invariants(self) -> None:
-        """Nodes, child counts, evictable count, LRU set and the path property are consistent. O(num_cached).
-
-        Raises:
-            AssertionError: naming the offending block.
-        """
-        rc = self.pool.ref_counts
-        children: dict[int, int] = {}
-        evictable = 0
-        for h, node in self._nodes.items():
-            b = node.block_id
-            assert node.block_hash == h, f"node {b} filed under another hash"
-            assert self._by_block[b] is node, f"block {b} not indexed by id"
-            assert rc[b] >= 1, f"cached block {b} has ref count {rc[b]}"
-            evictable += rc[b] == 1
-            parent = node.parent
-            if parent is not None:
-                assert self._nodes.get(parent.block_hash) is parent, f"cached block {b} has an uncached parent"
-                children[parent.block_id] = children.get(parent.block_id, 0) + 1
-                assert rc[b] == 1 or rc[parent.block_id] >= 2, f"block {b} in use but its parent is only cached"
-        indexed = sum(node is not None for node in self._by_block)
-        assert indexed == len(self._nodes), f"{indexed} blocks indexed, {len(self._nodes)} nodes"
-        for node in self._nodes.values():
-            n = children.get(node.block_id, 0)
-            assert node.num_children == n, f"block {node.block_id}: child count {node.num_children}, real {n}"
-        assert evictable == self._num_evictable, f"evictable count {self._num_evictable}, real {evictable}"
-        want = sorted(n.lru_key for n in self._nodes.values() if n.num_children == 0 and rc[n.block_id] == 1)
-        assert list(self._lru) == want, f"LRU set {self.lru_order()} != evictable leaves {want}"

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections import deque
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from radix_testing import admit, match, ref_count, snapshot
 
 from radix.block_pool import NoFreeBlocksError
-from radix.manager import KVCacheManager
+from radix.manager import KVCacheManager, PrefixMatch, StaleMatchError
 
 B = 2  # block size: small so that prompts share and split blocks often
 TOKENS = st.lists(st.integers(1, 3), min_size=1, max_size=9)
@@ -138,14 +140,17 @@ class KVCacheMachine(RuleBasedStateMachine):
         return ids[index % len(ids)] if ids else None
 
     @rule(tokens=TOKENS, salt=SALT, chunk=st.sampled_from([None, None, 1, 3]))
-    def add(self, tokens: list[int], salt: str | None, chunk: int | None) -> None:
+    def add(self, tokens: list[int], salt: str | None, chunk: int | None, taken: PrefixMatch | None = None) -> None:
         md = self.model
         matched = md.match(tokens, salt)
         cached = len(matched) * B
         n_new = len(tokens) - cached if chunk is None else min(chunk, len(tokens) - cached)
         need = cdiv(cached + n_new, B) - len(matched)
         idle = sum(md.refs[b] == 1 for b in matched)
-        got = self.m.add_sequence(self.next_id, tokens, salt, n_new)
+        if taken is None:
+            got = admit(self.m, self.next_id, tokens, salt, n_new)
+        else:
+            got = self.m.add_sequence(self.next_id, taken, n_new)
         if need > len(md.free_q) + md.evictable() - idle:
             assert got is None
             return
@@ -161,6 +166,25 @@ class KVCacheMachine(RuleBasedStateMachine):
             s.computed = len(tokens)
             md.cache_blocks(s, len(tokens) // B)
         self.next_id += 1
+
+    @rule(tokens=TOKENS, salt=SALT, n=st.integers(0, 2))
+    def match_evict_add(self, tokens: list[int], salt: str | None, n: int) -> None:
+        """The admission contract: a match taken before an eviction is refused (StaleMatchError, no side effect);
+        one taken after it, or with no eviction in between, is locked exactly as taken."""
+        taken = self.m.match_prefix(self.m.block_keys(tokens, salt))
+        assert (taken.block_ids, taken.num_tokens) == (self.model.match(tokens, salt), len(taken.block_ids) * B)
+        evicted = 0
+        for _ in range(n):
+            evicted += self.model.evict_one()
+        assert len(self.m.tree.evict(n)) == evicted
+        self.m.drain_events()
+        if evicted:
+            assert not self.m.is_current(taken)
+            with pytest.raises(StaleMatchError):
+                self.m.add_sequence(self.next_id, taken)
+            return  # agrees_with_model checks that nothing changed
+        assert self.m.is_current(taken)
+        self.add(tokens, salt, None, taken)
 
     @rule(tokens=TOKENS, salt=SALT)
     def finished_request(self, tokens: list[int], salt: str | None) -> None:
@@ -253,7 +277,7 @@ class KVCacheMachine(RuleBasedStateMachine):
     @rule(tokens=TOKENS, salt=SALT)
     def match(self, tokens: list[int], salt: str | None) -> None:
         blocks = self.model.match(tokens, salt)
-        assert self.m.match_prefix(tokens, salt) == (blocks, len(blocks) * B)
+        assert match(self.m, tokens, salt) == (blocks, len(blocks) * B)
 
     @rule(index=st.integers(0, 50))
     def swap_out(self, index: int) -> None:
@@ -289,7 +313,7 @@ class KVCacheMachine(RuleBasedStateMachine):
     def agrees_with_model(self) -> None:
         m, md = self.m, self.model
         m.check_invariants()
-        assert [m.ref_count(b) for b in md.refs] == list(md.refs.values())
+        assert [ref_count(m, b) for b in md.refs] == list(md.refs.values())
         assert m._pool.free_block_ids() == list(md.free_q)
         assert m._host_pool.free_block_ids() == list(md.host_q)
         free = {b for b, r in md.refs.items() if r == 0}
@@ -301,14 +325,14 @@ class KVCacheMachine(RuleBasedStateMachine):
             len(free), len(evictable), len(in_use)
         )  # fmt: skip
         assert stats.cached_blocks == len(md.cache)
-        assert sorted(m.tree.resident_block(h) for h in m.snapshot()) == sorted(md.cache.values())
+        assert sorted(m.tree.resident_block(h) for h in snapshot(m)) == sorted(md.cache.values())
         for key in md.cache:  # no cached child without its parent
             assert len(key[1]) == B or (key[0], key[1][:-B]) in md.cache
         for seq_id, s in md.seqs.items():
             assert m.block_table(seq_id) == s.table
             assert m.num_computed_tokens(seq_id) == s.computed and m.num_tokens(seq_id) == len(s.tokens)
             for b in s.table:
-                assert m.ref_count(b) >= 1 and b not in free
+                assert ref_count(m, b) >= 1 and b not in free
 
 
 KVCacheMachine.TestCase.settings = settings(

@@ -1,0 +1,71 @@
+"""KVStats: the KVCacheManager's usage counters, and the one function that counts them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from radix.block_pool import BlockPool
+from radix.sequence import SeqBlocks
+from radix.tree import RadixTree
+
+
+class KVStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """KV usage counters. Blocks exclude the null block; free + evictable + in_use == total.
+
+    cached_blocks: blocks in the radix tree (evictable or not). prefix_*_tokens: prompt tokens looked up / found
+    cached at admission. waste_slots: allocated slots minus known tokens, over live (not swapped) sequences.
+    """
+
+    total_blocks: int
+    free_blocks: int
+    evictable_blocks: int
+    in_use_blocks: int
+    cached_blocks: int
+    prefix_queries_tokens: int
+    prefix_hits_tokens: int
+    waste_slots: int
+    num_sequences: int
+    num_swapped: int
+    host_total_blocks: int
+    host_free_blocks: int
+
+    @property
+    def hit_rate(self) -> float:
+        """prefix_hits_tokens / prefix_queries_tokens (0.0 before any query)."""
+        return self.prefix_hits_tokens / self.prefix_queries_tokens if self.prefix_queries_tokens else 0.0
+
+
+def count_stats(
+    pool: BlockPool,
+    tree: RadixTree,
+    host_pool: BlockPool,
+    seqs: Iterable[SeqBlocks],
+    block_size: int,
+    queries_tokens: int,
+    hits_tokens: int,
+) -> KVStats:
+    """KVStats of a manager's pools, tree and sequences. Pure, O(sequences)."""
+    free, evictable, total = pool.num_free, tree.num_evictable, pool.num_usable
+    waste = swapped = num_seqs = 0
+    for s in seqs:
+        num_seqs += 1
+        if s.host_table is None:
+            waste += max(0, len(s.block_table) * block_size - s.num_tokens)
+        else:
+            swapped += 1
+    return KVStats(
+        total_blocks=total,
+        free_blocks=free,
+        evictable_blocks=evictable,
+        in_use_blocks=total - free - evictable,
+        cached_blocks=tree.num_cached,
+        prefix_queries_tokens=queries_tokens,
+        prefix_hits_tokens=hits_tokens,
+        waste_slots=waste,
+        num_sequences=num_seqs,
+        num_swapped=swapped,
+        host_total_blocks=host_pool.num_blocks,
+        host_free_blocks=host_pool.num_free,
+    )
