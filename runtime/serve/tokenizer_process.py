@@ -1,21 +1,22 @@
 """The tokenizer process loop: the public ROUTER endpoint in front of the scheduler (ARCHITECTURE.md).
 
 Per client frame: decode strictly (runtime.protocol.decode_client_frame), validate, apply the chat template, tokenize,
-forward a TokenizedRequest to the scheduler under an internal rid. Per TokenOutput from the scheduler: detokenize
-incrementally (runtime.tokenizer.Detokenizer: no replacement characters in streamed text), apply stop strings with
-hold-back (StopChecker; on a stop string it sends Stop(rid, index, keep_tokens) so the scheduler caches no block past
-the kept tokens), and send StreamChunks to the client's identity. A client that vanished (the ROUTER_MANDATORY send
-fails; Heartbeats probe quiet clients) has its requests aborted. Every bad input is answered with an ErrorResponse
-and the loop goes on. The loop blocks on zmq.Poller with a timeout and exits when the launcher dies or says Shutdown.
+check the prompt (runtime.prompt_check, as the Engine and the scheduler do), forward a TokenizedRequest to the
+scheduler under an internal rid. Per TokenOutput from the scheduler: feed the completion's CompletionStream
+(runtime.tokenizer, the Engine's text path: incremental detokenization, stop strings with hold-back; on a stop string it
+sends Stop(rid, index, keep_tokens) so the scheduler caches no block past the kept tokens), and send StreamChunks to the
+client's identity (streamed: every non-empty delta; non-streamed: one chunk per completion when it ends). A client
+that vanished (the ROUTER_MANDATORY send fails; Heartbeats probe quiet clients) has its requests aborted. Every bad
+input is answered with an ErrorResponse and the loop goes on. The loop blocks on zmq.Poller with a timeout and exits
+when the launcher dies or says Shutdown.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,10 @@ import msgspec
 import zmq
 
 from runtime import protocol as p
+from runtime.prompt_check import check_prompt
 from runtime.serve.frontend import ClientFrontend
 from runtime.serve.process import POLL_MS
-from runtime.tokenizer import ChatTemplateError, Detokenizer, StopChecker, apply_chat_template
+from runtime.tokenizer import ChatTemplateError, CompletionStream, apply_chat_template
 
 logger = logging.getLogger(__name__)
 
@@ -33,27 +35,11 @@ HEARTBEAT_S = 0.25  # a client with requests in flight and nothing sent for this
 
 
 @dataclass
-class _Completion:
-    """Text state of completion `index` of one request."""
-
-    detok: Detokenizer
-    stop: StopChecker | None
-    stop_token_ids: frozenset[int]  # ids that end the completion: kept in token_ids, never in the text
-    token_ids: list[int] = field(default_factory=list)  # not yet sent (non-stream: every token until the end)
-    text: str = ""  # not yet sent
-    logprobs: list[p.TokenLogprobs | None] | None = None  # not yet sent
-    sent_tokens: int = 0  # token ids already sent to the client
-    emitted_chars: int = 0  # characters released by the stop checker (sent or in text)
-    usage: p.Usage | None = None  # the latest usage the scheduler reported (prompt and cached tokens)
-    finished: bool = False
-
-
-@dataclass
 class _Request:
     identity: bytes
     rid: str  # the client's rid
     stream: bool
-    completions: list[_Completion]
+    completions: list[CompletionStream]
 
 
 class TokenizerServer:
@@ -123,8 +109,7 @@ class TokenizerServer:
             self.clients.send(identity, p.ErrorResponse(req.rid, exc.code, str(exc)))
             return
         sp = req.sampling_params
-        completions = [_Completion(Detokenizer(self.tokenizer), StopChecker(sp.stop) if sp.stop else None,
-                                   frozenset(sp.stop_token_ids)) for _ in range(sp.n)]
+        completions = [CompletionStream(self.tokenizer, sp, self.ready.eos_token_ids) for _ in range(sp.n)]
         internal = self._new_rid()
         self.requests[internal] = _Request(identity, req.rid, req.stream, completions)
         self.by_client[(identity, req.rid)] = internal
@@ -140,10 +125,6 @@ class TokenizerServer:
         if (identity, req.rid) in self.by_client:
             raise _Reject(p.ERR_DUPLICATE, f"a request with rid {req.rid!r} is already in flight")
         if req.input_ids is not None:
-            vocab = self.ready.vocab_size
-            bad = [t for t in req.input_ids if not 0 <= t < vocab]
-            if bad:
-                raise _Reject(p.ERR_INVALID, f"token ids outside the vocabulary [0, {vocab}): {bad[:8]}")
             ids = list(req.input_ids)
         elif req.messages is not None:
             try:
@@ -153,11 +134,10 @@ class TokenizerServer:
                 raise _Reject(p.ERR_INVALID, f"chat template failed: {exc}") from None
         else:
             ids = list(self.tokenizer.encode(req.prompt))
-        if not ids:
-            raise _Reject(p.ERR_INVALID, "the prompt has no tokens")
-        if len(ids) >= self.ready.max_model_len:
-            raise _Reject(p.ERR_CONTEXT, f"prompt of {len(ids)} tokens does not fit the context of "
-                                         f"{self.ready.max_model_len} tokens (one token must be left to generate)")
+        r = self.ready
+        prompt_problem = check_prompt(ids, r.max_model_len, r.vocab_size, r.block_size, r.num_blocks)
+        if prompt_problem is not None:
+            raise _Reject(*prompt_problem)
         return ids
 
     # ---- scheduler side ------------------------------------------------------------------------------------------
@@ -197,60 +177,26 @@ class TokenizerServer:
         self.control.clear()
 
     def on_output(self, out: p.TokenOutput) -> None:
-        """Detokenizes, applies stop strings, and sends (stream) or accumulates (non-stream) one TokenOutput."""
+        """Feeds one TokenOutput to its CompletionStream; sends the delta (stream) or, once the completion ends, the
+        whole completion (non-stream); a stop string sends Stop(keep_tokens) to the scheduler."""
         req = self.requests.get(out.rid)
-        if req is None or req.completions[out.index].finished:
-            return  # aborted, or already ended by a stop string
-        comp = req.completions[out.index]
-        comp.usage = out.usage or comp.usage
-        finish = out.finish_reason
-        new_text = comp.detok.step([t for t in out.token_ids if t not in comp.stop_token_ids])
-        comp.token_ids.extend(out.token_ids)
-        if out.logprobs is not None:
-            comp.logprobs = (comp.logprobs or []) + list(out.logprobs)
-        if comp.stop is not None:
-            check = comp.stop.update(comp.detok.text, comp.detok.token_ends)
-            new_text = check.new_text
-            if check.stopped:
-                keep_unsent = max(0, check.keep_tokens - comp.sent_tokens)
-                del comp.token_ids[keep_unsent:]
-                if comp.logprobs is not None:
-                    del comp.logprobs[keep_unsent:]
-                if finish is None:  # the scheduler still runs it: finish it keeping only these tokens
-                    self.to_scheduler.send(self._encoder.encode(p.Stop(out.rid, out.index, check.keep_tokens)))
-                finish = "stop"
-            elif finish is not None:
-                new_text += comp.stop.flush(comp.detok.text)
-        comp.text += new_text
-        comp.emitted_chars += len(new_text)
-        if finish is not None:
-            self._send_chunk(req, out.index, len(comp.token_ids), finish)
-            if all(c.finished for c in req.completions):
-                self.abort_quietly(out.rid)
-        elif req.stream:
-            n = len(comp.token_ids)
-            if comp.stop is not None:  # token ids are held back with their text: none past a stop string leaks
-                n = max(0, bisect.bisect_right(comp.detok.token_ends, comp.emitted_chars) - comp.sent_tokens)
-            if comp.text or n:
-                self._send_chunk(req, out.index, n, None)
-
-    def _send_chunk(self, req: _Request, index: int, n: int, finish: str | None) -> None:
-        """Sends completion index's unsent text and its first n unsent token ids (usage when finish is set)."""
-        comp = req.completions[index]
-        usage = None
-        if finish is not None:
-            comp.finished = True
-            u = comp.usage or p.Usage(0, 0, 0)
-            usage = p.Usage(u.prompt_tokens, u.cached_tokens, comp.sent_tokens + n)
-        logprobs = None if comp.logprobs is None else comp.logprobs[:n]
-        self.clients.send(req.identity, p.StreamChunk(rid=req.rid, index=index, text=comp.text,
-                                                      token_ids=comp.token_ids[:n], logprobs=logprobs,
-                                                      finish_reason=finish, usage=usage))
-        comp.sent_tokens += n
-        comp.text = ""
-        del comp.token_ids[:n]
-        if comp.logprobs is not None:
-            del comp.logprobs[:n]
+        if req is None:
+            return  # aborted, failed or already answered
+        stream = req.completions[out.index]
+        delta = stream.feed(out)
+        if delta.stop_keep_tokens is not None:  # the scheduler still runs it: finish it keeping only these tokens
+            self.to_scheduler.send(self._encoder.encode(p.Stop(out.rid, out.index, delta.stop_keep_tokens)))
+        if req.stream:
+            if not delta.empty:
+                self.clients.send(req.identity, p.StreamChunk(
+                    rid=req.rid, index=out.index, text=delta.text, token_ids=delta.token_ids,
+                    logprobs=delta.logprobs, finish_reason=delta.finish_reason, usage=delta.usage))
+        elif delta.finish_reason is not None:
+            self.clients.send(req.identity, p.StreamChunk(
+                rid=req.rid, index=out.index, text=stream.text, token_ids=stream.token_ids, logprobs=stream.logprobs,
+                finish_reason=delta.finish_reason, usage=delta.usage))
+        if delta.finish_reason is not None and all(c.finish_reason is not None for c in req.completions):
+            self.abort_quietly(out.rid)
 
     def heartbeat(self, now: float) -> None:
         """Heartbeats clients waiting on a request or a control request (runtime.serve.frontend.ClientFrontend)."""
@@ -295,9 +241,19 @@ def serve_tokenizer(server: TokenizerServer, from_scheduler: zmq.Socket, alive) 
                     server.on_client_frames(frames)
                 except Exception:  # a bug must not take the endpoint down: answer and go on
                     logger.exception("failed to handle a client message")
-                    server.send(frames[0], p.ErrorResponse("", p.ERR_SERVER, "internal error handling the request"))
+                    _answer_internal_error(server, frames)
         if server.requests:
             server.heartbeat(time.monotonic())
+
+
+def _answer_internal_error(server: TokenizerServer, frames: list[bytes]) -> None:
+    """The last-resort answer to a client frame whose handling raised: ErrorResponse(ERR_SERVER) to its identity.
+    Never raises (the client may be gone, the frame may have no identity); a failure to answer is only logged."""
+    try:
+        if frames:
+            server.clients.send(frames[0], p.ErrorResponse("", p.ERR_SERVER, "internal error handling the request"))
+    except Exception:
+        logger.exception("could not answer a client after an internal error")
 
 
 def _load_tokenizer(model: str, reports: zmq.Socket) -> Any:
@@ -362,7 +318,7 @@ def run_tokenizer_process(spec) -> None:
                                                                  f"{exc.strerror}"))
         reports.close(linger=2000)
         return
-    endpoint = router.getsockopt(zmq.LAST_ENDPOINT).decode()
+    endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
     server = TokenizerServer(tokenizer, ready, args.max_message_bytes, router, push)
     report(reports, p.ProcessReady("tokenizer", os.getpid(), endpoint))
     logger.info("serving on %s", endpoint)

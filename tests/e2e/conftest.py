@@ -104,6 +104,13 @@ def smol_server(tmp_path_factory: pytest.TempPathFactory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def server_factory():
+    """start_server(model, log, *flags) -> Server, for a module-scoped server on a model folder a test builds (the
+    caller stops it)."""
+    return start_server
+
+
 @pytest.fixture
 def launch(tmp_path: Path):
     """start_server(model, *flags) for tests that stop or kill their own server; stopped at teardown."""

@@ -10,10 +10,11 @@ import zmq
 from radix.manager import KVCacheManager
 from runtime import protocol as p
 from runtime.config import ServerArgs
+from runtime.request import RequestRejected
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler
 from runtime.serve.scheduler_process import SchedulerServer
-from runtime.serve.tokenizer_process import TokenizerServer
+from runtime.serve.tokenizer_process import TokenizerServer, serve_tokenizer
 
 
 class Pair:
@@ -133,3 +134,56 @@ def test_tokenizer_keeps_a_stop_token_id_out_of_the_text(ctx, smollm2_tokenizer)
 def test_a_deeply_nested_frame_is_malformed_not_a_server_error():
     msg = p.decode_client_frame(b"\x91" * 100_000 + b"\x00", 8 << 20)
     assert isinstance(msg, p.ErrorResponse) and msg.code == p.ERR_MALFORMED
+
+
+def make_tokenizer_server(ctx, name: str, tokenizer, num_blocks: int = 32):
+    """A TokenizerServer on inproc sockets: (server, client DEALER, the scheduler side Pair)."""
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.bind(f"inproc://public-{name}")
+    client = ctx.socket(zmq.DEALER)
+    client.connect(f"inproc://public-{name}")
+    to_sched = Pair(ctx, f"sched-{name}", p.SchedulerInput)
+    ready = p.Ready(num_blocks=num_blocks, block_size=4, max_model_len=64, num_host_blocks=0, vocab_size=49152,
+                    eos_token_ids=[2])
+    return TokenizerServer(tokenizer, ready, 65536, router, to_sched.push), client, to_sched
+
+
+def test_tokenizer_loop_answers_a_handler_bug_and_its_last_resort_cannot_fail(ctx, smollm2_tokenizer):
+    server, client, _to_sched = make_tokenizer_server(ctx, "boom", smollm2_tokenizer)
+    from_sched = Pair(ctx, "tok-in-boom", p.TokenizerInput)
+    handled: list[list[bytes]] = []
+
+    def boom(frames: list[bytes]) -> None:
+        handled.append(frames)
+        raise RuntimeError("injected handler bug")
+
+    server.on_client_frames = boom
+    client.send(b"first")
+    serve_tokenizer(server, from_sched.pull, lambda: len(handled) < 1)
+    reply = msgspec.msgpack.decode(client.recv(), type=p.ServerMessage)
+    assert isinstance(reply, p.ErrorResponse) and reply.code == p.ERR_SERVER
+    server.clients = None  # now answering raises too: the loop must still go on
+    client.send(b"second")
+    serve_tokenizer(server, from_sched.pull, lambda: len(handled) < 2)
+    assert len(handled) == 2 and not client.poll(50)
+
+
+def test_tokenizer_applies_the_one_prompt_check(ctx, smollm2_tokenizer):
+    """The tokenizer rejects what Scheduler.add_request would, with the same code and message (prompt_check)."""
+    from runtime.prompt_check import check_prompt
+
+    server, client, to_sched = make_tokenizer_server(ctx, "check", smollm2_tokenizer, num_blocks=8)
+    cases = {"vocab": [1, 49152], "context": [5] * 64, "pool": [5] * 29}  # 8 blocks: 7 usable x 4 tokens
+    for rid, ids in cases.items():
+        expected = check_prompt(ids, 64, 49152, 4, 8)
+        client.send(msgspec.msgpack.encode({"type": "generate", "rid": rid, "input_ids": ids}))
+        server.on_client_frames(server.router.recv_multipart())
+        reply = msgspec.msgpack.decode(client.recv(), type=p.ServerMessage)
+        assert (reply.rid, reply.code, reply.message) == (rid, *expected)
+        sched = Scheduler(KVCacheManager(8, 4), ServerArgs(num_blocks=8, block_size=4), max_model_len=64,
+                          vocab_size=49152)
+        with pytest.raises(RequestRejected) as info:
+            sched.add_request(rid, ids, SamplingParams())
+        assert (info.value.code, str(info.value)) == expected
+    assert to_sched.drain() == []

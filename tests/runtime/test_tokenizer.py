@@ -1,10 +1,20 @@
-"""Detokenizer (multi-byte safe), StopChecker (hold-back, keep count) and chat-template application."""
+"""Detokenizer (multi-byte safe), StopChecker (hold-back, keep count), CompletionStream (the one text path) and
+chat-template application."""
 
 from __future__ import annotations
 
 import pytest
 
-from runtime.tokenizer import REPLACEMENT_CHAR, ChatTemplateError, Detokenizer, StopChecker, apply_chat_template
+from runtime.protocol import TokenLogprobs, TokenOutput, Usage
+from runtime.sampling_params import SamplingParams
+from runtime.tokenizer import (
+    REPLACEMENT_CHAR,
+    ChatTemplateError,
+    CompletionStream,
+    Detokenizer,
+    StopChecker,
+    apply_chat_template,
+)
 
 TEXT = "héllo 日本語 🎉 world\nUser: ok"
 
@@ -114,3 +124,67 @@ def test_chat_template(smollm2_tokenizer):
     assert ids.count(smollm2_tokenizer.convert_tokens_to_ids("<|im_start|>")) == 3
     with pytest.raises(ChatTemplateError):
         apply_chat_template(smollm2_tokenizer, [{"content": "no role"}])
+
+
+# ---- CompletionStream: the one text path (EOS, stop token ids, stop strings, streaming release, logprobs) --------
+
+
+def _out(ids, finish=None, usage=None, logprobs=None) -> TokenOutput:
+    return TokenOutput("r", 0, list(ids), finish, usage, logprobs)
+
+
+def _lp(tid: int) -> TokenLogprobs:
+    return TokenLogprobs(-0.5, [tid], [-0.5])
+
+
+HI, THERE, WORLD = 26843, 665, 905  # "Hi", " there", " world" in the SmolLM2 tokenizer (none special)
+
+
+def test_stream_keeps_eos_and_stop_ids_in_token_ids_but_not_in_text(smollm2_tokenizer):
+    s = CompletionStream(smollm2_tokenizer, SamplingParams(), eos_token_ids=[WORLD])  # an EOS that is not special
+    deltas = [s.feed(_out([HI], usage=Usage(3, 0, 1))), s.feed(_out([THERE])), s.feed(_out([WORLD], "stop"))]
+    assert [(d.text, d.token_ids, d.finish_reason) for d in deltas] == [
+        ("Hi", [HI], None), (" there", [THERE], None), ("", [WORLD], "stop")]
+    assert (s.text, s.token_ids, s.finish_reason) == ("Hi there", [HI, THERE, WORLD], "stop")
+    assert deltas[-1].usage == Usage(3, 0, 3) and deltas[-1].stop_keep_tokens is None
+    assert s.feed(_out([THERE], "stop")).empty  # nothing after the end
+    ignored = CompletionStream(smollm2_tokenizer, SamplingParams(ignore_eos=True), eos_token_ids=[WORLD])
+    assert ignored.feed(_out([HI, WORLD], "length")).text == "Hi world"  # ignore_eos: an ordinary token
+    stop_id = CompletionStream(smollm2_tokenizer, SamplingParams(stop_token_ids=[THERE]), eos_token_ids=[2])
+    d = stop_id.feed(_out([HI, THERE], "stop"))
+    assert (d.text, d.token_ids, d.finish_reason) == ("Hi", [HI, THERE], "stop")
+
+
+def test_stream_stop_string_inside_a_token_tells_the_scheduler_what_to_keep(smollm2_tokenizer):
+    ids = smollm2_tokenizer.encode(" big world! more", add_special_tokens=False)
+    s = CompletionStream(smollm2_tokenizer, SamplingParams(stop=["orld"], logprobs=0))
+    deltas = [s.feed(_out([t], logprobs=[_lp(t)])) for t in ids]
+    assert [(d.text, d.token_ids, d.finish_reason, d.stop_keep_tokens) for d in deltas] == [
+        (" big", ids[:1], None, None), (" w", ids[1:2], "stop", 2), ("", [], None, None), ("", [], None, None)]
+    assert (s.text, s.token_ids, s.logprobs) == (" big w", ids[:2], [_lp(t) for t in ids[:2]])
+    # found in the step the scheduler ends it anyway: the stop string still wins, nothing to tell the scheduler
+    late = CompletionStream(smollm2_tokenizer, SamplingParams(stop=["big"], logprobs=0))
+    d = late.feed(_out(ids[:2], "length", logprobs=[_lp(t) for t in ids[:2]]))
+    assert (d.text, d.token_ids, d.finish_reason, d.stop_keep_tokens) == (" ", ids[:1], "stop", None)
+    assert d.logprobs == [_lp(ids[0])]
+
+
+def test_stream_never_releases_a_token_a_later_stop_string_drops(smollm2_tokenizer):
+    ids = [HI, 0] + smollm2_tokenizer.encode(" STOP", add_special_tokens=False)  # 0: a special token, no text
+    s = CompletionStream(smollm2_tokenizer, SamplingParams(stop=[" STOP"]))
+    deltas = [s.feed(_out([t])) for t in ids]
+    assert "".join(d.text for d in deltas) == s.text == "Hi"
+    assert [t for d in deltas for t in d.token_ids] == s.token_ids == [HI]
+    assert deltas[-1].finish_reason == "stop" and deltas[-1].stop_keep_tokens == 1
+
+
+def test_stream_releases_held_back_text_at_the_end_and_works_without_a_tokenizer(smollm2_tokenizer):
+    s = CompletionStream(smollm2_tokenizer, SamplingParams(stop=[" thereafter"]))
+    d = s.feed(_out([HI, THERE]))
+    assert (d.text, d.token_ids) == ("Hi", [HI])  # " there" may begin the stop string: held back with its token
+    d = s.feed(_out([], "abort"))
+    assert (d.text, d.token_ids, d.finish_reason) == (" there", [THERE], "abort")
+    assert (s.text, s.token_ids) == ("Hi there", [HI, THERE])
+    bare = CompletionStream(None, SamplingParams(stop=["x"], logprobs=1))
+    d = bare.feed(_out([5, 6], "length", Usage(2, 0, 2)))
+    assert (d.text, d.token_ids, d.logprobs, d.usage) == ("", [5, 6], [None, None], Usage(2, 0, 2))
