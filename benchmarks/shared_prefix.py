@@ -42,14 +42,14 @@ def run_mode(model: str, caching: bool, prompts: list[list[int]], output: int, e
     """One mode on a fresh Engine; returns the mode's figures (see the module docstring)."""
     engine = Engine(model=model, enable_prefix_caching=caching, **engine_kwargs)
     engine.generate(input_ids=[[1, 2, 3, 4]], sampling_params=SamplingParams(max_tokens=2, temperature=0.0))
-    before = dict(engine.scheduler.counters)
+    before = engine.stats()
     fwd_before = sum(engine.runner.forward_tokens_by_seq.values())
     params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
     start, cpu_start = time.perf_counter(), time.process_time()
     outs = engine.generate(input_ids=prompts, sampling_params=params)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    c = engine.scheduler.counters
-    prefill = c["prefill_tokens_computed"] - before["prefill_tokens_computed"]
+    c = engine.stats()
+    prefill = c.prefill_tokens_computed - before.prefill_tokens_computed
     forward = sum(engine.runner.forward_tokens_by_seq.values()) - fwd_before
     decode_fed = sum(len(o.token_ids) - 1 for o in outs)
     assert forward - decode_fed == prefill, f"worker ran {forward - decode_fed} prompt tokens, scheduler says {prefill}"
@@ -64,7 +64,7 @@ def run_mode(model: str, caching: bool, prompts: list[list[int]], output: int, e
         "prompt_tokens": prompt_tokens,
         "cached_tokens": cached,
         "completion_tokens": sum(o.usage.completion_tokens for o in outs),
-        "steps": c["num_steps"] - before["num_steps"],
+        "steps": c.num_steps - before.num_steps,
         "output_token_ids_head": [o.token_ids[:4] for o in outs[:2]],
     }
     engine.shutdown()

@@ -21,15 +21,15 @@ class RouterStats:
 
 
 def merge_stats(stats: list[p.ServerStats]) -> p.ServerStats:
-    """The sum of several replicas' ServerStats: counts and token totals add up; kv_usage = used / (blocks - one
-    null block per replica); hit_rate = cached_tokens / prompt_tokens; tokens_per_s adds up. Pure."""
+    """The sum of several replicas' ServerStats: every count, block count, token total and tokens_per_s adds up;
+    the ratios are recomputed from the sums: kv_usage = num_used_blocks / (num_blocks - one null block per replica),
+    hit_rate = cached_tokens / prompt_tokens. Pure; O(replicas * fields)."""
     total = p.ServerStats()
+    ratios = ("kv_usage", "hit_rate")
     for s in stats:
-        for name in ("num_running", "num_waiting", "num_blocks", "num_free_blocks", "num_cached_blocks",
-                     "num_used_blocks", "prompt_tokens", "cached_tokens", "generated_tokens", "num_steps",
-                     "num_preemptions", "num_swaps", "recomputed_tokens"):
-            setattr(total, name, getattr(total, name) + getattr(s, name))
-        total.tokens_per_s += s.tokens_per_s
+        for name in p.ServerStats.__struct_fields__:
+            if name not in ratios:
+                setattr(total, name, getattr(total, name) + getattr(s, name))
     usable = total.num_blocks - len(stats)
     total.kv_usage = total.num_used_blocks / usable if usable > 0 else 0.0
     total.hit_rate = total.cached_tokens / total.prompt_tokens if total.prompt_tokens else 0.0

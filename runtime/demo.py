@@ -49,12 +49,15 @@ def first_run_note(model: str) -> str | None:
 
 async def _reply(client: AsyncClient, messages: list[dict[str, str]], max_tokens: int) -> tuple[str, Usage, float]:
     """Streams one reply; returns (text, usage, TTFT in seconds)."""
-    start, ttft, text, usage = time.perf_counter(), None, "", None
+    start, ttft, text = time.perf_counter(), None, ""
+    usage: Usage | None = None
     async for chunk in client.stream(messages=messages, max_tokens=max_tokens, temperature=0.0):
         if ttft is None and chunk.token_ids:
             ttft = time.perf_counter() - start
         text += chunk.text
         usage = chunk.usage or usage
+    if usage is None:  # the server sets usage on every completion's last chunk
+        raise RuntimeError("the stream ended without usage")
     return text, usage, ttft or 0.0
 
 
@@ -114,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows, stats = asyncio.run(chat(endpoint, CONVERSATIONS[: ns.conversations], ns.max_tokens))
         print_table(rows)
-        print(f"server: {stats.num_cached_blocks} cached blocks, {stats.num_free_blocks} free, "
-              f"{stats.num_used_blocks} in use")
+        print(f"server: {stats.num_cached_blocks} cached blocks ({stats.num_evictable_blocks} evictable), "
+              f"{stats.num_free_blocks} free, {stats.num_used_blocks} in use")
     finally:
         launcher.shutdown("demo finished")
     print(f"done in {time.perf_counter() - t0:.1f} s")

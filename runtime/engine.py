@@ -1,5 +1,6 @@
-"""Engine: the public in-process API. The same Scheduler, ModelRunner, Detokenizer and StopChecker as the server's
-processes, wired together in one process with no sockets (the Engine's step loop is the scheduler loop).
+"""Engine: the public in-process API. The same Scheduler, ModelRunner, prompt check and CompletionStream as the
+server's processes, wired together in one process with no sockets (the Engine's step loop is the scheduler loop), so
+the Engine and the server give the same text, token_ids and finish_reason for the same request.
 
     engine = Engine(model="smollm2", block_size=16, enable_prefix_caching=True)   # any ServerArgs field
     outs = engine.generate(input_ids=[[...]], sampling_params=SamplingParams(max_tokens=32, temperature=0.0))
@@ -18,11 +19,12 @@ from typing import Any
 
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
-from runtime.protocol import ERR_CONTEXT, ERR_INVALID, ForwardResult, StreamChunk, TokenLogprobs, TokenOutput, Usage
+from runtime.prompt_check import check_prompt
+from runtime.protocol import ForwardResult, ServerStats, StreamChunk, TokenLogprobs, TokenOutput, Usage
 from runtime.request import RequestRejected
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler
-from runtime.tokenizer import Detokenizer, StopChecker, apply_chat_template
+from runtime.tokenizer import CompletionStream, apply_chat_template
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +38,10 @@ class EngineError(RuntimeError):
 
 @dataclass
 class CompletionOutput:
-    """One completion of a request: index (0..n-1), text (stop strings removed), token_ids (completion tokens,
-    truncated at a stop string's kept tokens; an EOS / stop token id is kept), finish_reason ("stop", "length",
-    "abort"), logprobs (aligned with token_ids when asked)."""
+    """One completion of a request: index (0..n-1), text, token_ids, finish_reason ("stop", "length", "abort"),
+    logprobs (aligned with token_ids when asked). EOS, stop token ids and stop strings follow CompletionStream's rule
+    (runtime/tokenizer.py): an EOS / stop id stays in token_ids but not in text; a stop string cuts text before it and
+    token_ids to the tokens that cover that text."""
 
     index: int
     text: str = ""
@@ -71,16 +74,12 @@ class RequestOutput:
         return self.outputs[0].finish_reason
 
 
-class _Completion:
-    """Text state of one completion: detokenizer, stop checker, collected tokens."""
+class _Live:
+    """A request the Engine is serving: its params, prompt ids and one CompletionStream per completion."""
 
-    def __init__(self, index: int, tokenizer: Any, params: SamplingParams, stop_ids: frozenset[int]) -> None:
-        self.out = CompletionOutput(index, logprobs=[] if params.logprobs is not None else None)
-        self.detok = Detokenizer(tokenizer) if tokenizer is not None else None
-        self.stopper = StopChecker(params.stop) if params.stop and tokenizer is not None else None
-        self.stop_ids = stop_ids
-        self.usage: Usage | None = None
-        self.stopping = False
+    def __init__(self, params: SamplingParams, prompt_ids: list[int], streams: list[CompletionStream]) -> None:
+        self.params, self.prompt_ids, self.streams = params, prompt_ids, streams
+        self.submit_time = time.monotonic()
         self.first_token_time: float | None = None
 
 
@@ -109,11 +108,10 @@ class Engine:
         except ModelLoadError as e:
             logger.warning("no tokenizer for %s (%s): input_ids only, no text", model, e)
             self.tokenizer = None
-        self._eos = frozenset(ready.eos_token_ids)
+        self._eos = tuple(ready.eos_token_ids)
         self._rids = itertools.count()
-        self._live: dict[str, tuple[SamplingParams, list[int], list[_Completion]]] = {}
+        self._live: dict[str, _Live] = {}
         self._done: dict[str, RequestOutput] = {}
-        self._submit_time: dict[str, float] = {}
 
     # ------------------------------------------------------------------ high level
     def generate(self, prompts: str | Sequence[str] | None = None, *, input_ids: Sequence[Sequence[int]] | None = None,
@@ -158,10 +156,8 @@ class Engine:
         params = sampling_params or SamplingParams()
         rid = rid if rid is not None else f"req-{next(self._rids)}"
         self.scheduler.add_request(rid, ids, params, cache_salt)
-        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos)
-        comps = [_Completion(i, self.tokenizer, params, stop_ids) for i in range(params.n)]
-        self._live[rid] = (params, ids, comps)
-        self._submit_time[rid] = time.monotonic()
+        streams = [CompletionStream(self.tokenizer, params, self._eos) for _ in range(params.n)]
+        self._live[rid] = _Live(params, ids, streams)
         return rid
 
     def step(self) -> list[StreamChunk]:
@@ -197,74 +193,47 @@ class Engine:
         """The RequestOutput of a request finished through step() (removed once taken). Raises KeyError."""
         return self._done.pop(rid)
 
-    def stats(self) -> dict[str, Any]:
-        """The KV manager's stats plus running, waiting, hit_rate, preemptions, token counters (Scheduler.stats)."""
+    def stats(self) -> ServerStats:
+        """The scheduler's ServerStats (the same Struct the server answers StatsRequest with; see its fields), e.g.
+        num_used_blocks, num_free_blocks, num_running, hit_rate. tokens_per_s is 0.0 here (no stats interval)."""
         return self.scheduler.stats()
 
     def shutdown(self) -> None:
         """Abort everything and release the model and KV cache. The engine is unusable afterwards."""
         for rid in list(self._live):
             self.abort(rid)
-        self.runner = None
+        if hasattr(self, "runner"):  # a second shutdown is a no-op
+            del self.runner  # the model and KV tensors go with it
         logger.info("engine shut down")
 
     # ------------------------------------------------------------------ internals
     def _on_output(self, o: TokenOutput) -> StreamChunk | None:
-        """Detokenize one scheduler delta, apply stop strings (telling the scheduler how many tokens to keep)."""
-        entry = self._live.get(o.rid)
-        if entry is None:
+        """Feed one scheduler delta to its CompletionStream; a stop string tells the scheduler how many tokens to
+        keep (its final delta then comes out of drain_outputs and is ignored). None when there is nothing to send."""
+        live = self._live.get(o.rid)
+        if live is None:
             return None
-        comp = entry[2][o.index]
-        if o.usage is not None:
-            comp.usage = o.usage
-        if comp.out.finish_reason is not None:
+        if o.token_ids and live.first_token_time is None:
+            live.first_token_time = time.monotonic()
+        delta = live.streams[o.index].feed(o)
+        if delta.stop_keep_tokens is not None:
+            self.scheduler.stop(o.rid, delta.stop_keep_tokens, o.index)
+        if delta.empty:
             return None
-        if o.token_ids and comp.first_token_time is None:
-            comp.first_token_time = time.monotonic()
-        prev = len(comp.out.token_ids)
-        tokens = list(o.token_ids) if not comp.stopping else []
-        comp.out.token_ids.extend(tokens)
-        if comp.out.logprobs is not None and o.logprobs and tokens:
-            comp.out.logprobs.extend(o.logprobs)
-        new_text = ""
-        if comp.detok is not None and tokens:
-            delta = comp.detok.step([t for t in tokens if t not in comp.stop_ids])
-            if comp.stopper is None:
-                new_text = delta
-            else:
-                check = comp.stopper.update(comp.detok.text, comp.detok.token_ends)
-                new_text = check.new_text
-                if check.stopped and o.finish_reason is None:
-                    # the scheduler finishes it now; its final delta (reason "stop", usage) follows in this step
-                    self.scheduler.stop(o.rid, check.keep_tokens, o.index)
-                    comp.stopping = True
-                    del comp.out.token_ids[check.keep_tokens :]
-                    if comp.out.logprobs is not None:
-                        del comp.out.logprobs[check.keep_tokens :]
-                    tokens = tokens[: max(0, check.keep_tokens - prev)]
-        reason = o.finish_reason
-        if reason is not None and comp.stopping:
-            reason = "stop"  # the stop string came with the last token the scheduler was going to produce anyway
-        if reason is not None and comp.stopper is not None and comp.detok is not None:
-            new_text += comp.stopper.flush(comp.detok.text)
-        comp.out.text += new_text
-        chunk = StreamChunk(rid=o.rid, index=o.index, text=new_text, token_ids=tokens, finish_reason=reason)
-        if reason is not None:
-            comp.out.finish_reason = reason
-            chunk.usage = Usage(len(entry[1]), comp.usage.cached_tokens if comp.usage else 0, len(comp.out.token_ids))
-            if all(c.out.finish_reason is not None for c in entry[2]):
-                self._finish_request(o.rid)
-        return chunk
+        if delta.finish_reason is not None and all(s.finish_reason is not None for s in live.streams):
+            self._finish_request(o.rid)
+        return StreamChunk(rid=o.rid, index=o.index, text=delta.text, token_ids=delta.token_ids,
+                           logprobs=delta.logprobs, finish_reason=delta.finish_reason, usage=delta.usage)
 
     def _finish_request(self, rid: str) -> None:
-        params, prompt_ids, comps = self._live.pop(rid)
-        usages = [c.usage for c in comps if c.usage is not None]
+        live = self._live.pop(rid)
+        outs = [CompletionOutput(i, s.text, s.token_ids, s.finish_reason, s.logprobs)
+                for i, s in enumerate(live.streams)]  # fmt: skip
+        usages = [s.usage for s in live.streams if s.usage is not None]
         cached = usages[0].cached_tokens if usages else 0
-        usage = Usage(len(prompt_ids), cached, sum(len(c.out.token_ids) for c in comps))
-        firsts = [c.first_token_time for c in comps if c.first_token_time is not None]
-        ttft = min(firsts) - self._submit_time.pop(rid) if firsts else None
-        self._submit_time.pop(rid, None)
-        self._done[rid] = RequestOutput(rid, prompt_ids, [c.out for c in comps], usage, ttft)
+        usage = Usage(len(live.prompt_ids), cached, sum(len(o.token_ids) for o in outs))
+        ttft = live.first_token_time - live.submit_time if live.first_token_time is not None else None
+        self._done[rid] = RequestOutput(rid, live.prompt_ids, outs, usage, ttft)
 
     def _encode(self, prompt: str | None, input_ids: Sequence[int] | None,
                 messages: list[dict[str, Any]] | None) -> list[int]:  # fmt: skip
@@ -297,15 +266,13 @@ class Engine:
                 for ids, p, s in zip(encoded, params, salts, strict=True)]  # fmt: skip
 
     def _check_admissible(self, encoded: list[list[int]]) -> None:
-        """Reject the whole call before queueing anything when one prompt can never run (RequestRejected)."""
-        usable, bs = self.manager.num_blocks - 1, self.manager.block_size
+        """Reject the whole call before queueing anything when one prompt can never run (RequestRejected with the
+        code and message of runtime.prompt_check.check_prompt, prefixed with the prompt's index)."""
         for i, ids in enumerate(encoded):
-            if not ids:
-                raise RequestRejected(ERR_INVALID, f"prompt {i} is empty")
-            if len(ids) >= self.scheduler.max_model_len or -(-len(ids) // bs) > usable:
-                raise RequestRejected(ERR_CONTEXT, f"prompt {i} has {len(ids)} tokens: beyond max_model_len "
-                                      f"{self.scheduler.max_model_len} or the KV pool ({usable} blocks of {bs})")
-
+            problem = check_prompt(ids, self.scheduler.max_model_len, self.scheduler.vocab_size,
+                                   self.manager.block_size, self.manager.num_blocks)  # fmt: skip
+            if problem is not None:
+                raise RequestRejected(problem.code, f"prompt {i}: {problem.message}")
 
 def _per_item(value: Any, n: int, single: type) -> list[Any]:
     if value is None or isinstance(value, single):

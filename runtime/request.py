@@ -1,13 +1,13 @@
-"""Request and sequence state the Scheduler owns: plain data classes, the typed errors of admission, and per-request
-metrics. Pure Python (no torch)."""
+"""Request and sequence state the Scheduler owns: plain data classes and the typed errors of admission. Pure Python
+(no torch)."""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
 
+from radix.keys import BlockKeys
+from runtime.protocol import Usage
 from runtime.sampling_params import SamplingParams
 
 
@@ -41,16 +41,21 @@ class RequestState:
     cache_salt: str | None
     arrival_time: float
     arrival_step: int
-    block_keys: list[int]
+    block_keys: BlockKeys  # the prompt's per-block keys (radix/keys.py), made once at add_request
     cached_tokens: int | None = None
     first_token_time: float | None = None
-    seqs: list[SeqState] = field(default_factory=list)
+    seqs: list[SchedulerSeq] = field(default_factory=list)
     live: int = 0
 
 
 @dataclass(eq=False)
-class SeqState:
-    """One sequence (one completion, or the prompt-only parent of n > 1 samples). token_ids = prompt + output."""
+class SchedulerSeq:
+    """The scheduler's state of one sequence (one completion, or the prompt-only parent of n > 1 samples).
+
+    token_ids = prompt + output. admitted_at: admission order (preemption picks the latest). sent_blocks: how many
+    entries of its block table the worker has. in_worker: the worker holds its copy of this sequence (sent since
+    its last drop). preempted: it was preempted by recompute at least once (its recomputed tokens are counted).
+    """
 
     seq_id: int
     req: RequestState
@@ -74,25 +79,6 @@ class SeqState:
         """Tokens that must have KV before this sequence samples (the parent of n > 1 stops one short)."""
         return len(self.req.prompt_ids) - 1 if self.prefill_only else len(self.token_ids)
 
-
-class RequestMetrics(NamedTuple):
-    """Per-request figures: tokens, time to first token (seconds, None before it), finish reason per index."""
-
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    ttft_s: float | None
-    finish_reasons: dict[int, str | None]
-
-
-def prompt_block_keys(prompt: Sequence[int], block_size: int, cache_salt: str | None) -> list[int]:
-    """In-process chained keys of the prompt's full blocks (for in-flight prefix dedup only, never cache lookup).
-
-    O(len(prompt)). key_i = hash((key_{i-1}, tokens of block i)); the salt enters block 0 like the cache hash does.
-    """
-    keys: list[int] = []
-    parent: Any = ("salt", cache_salt)
-    for i in range(len(prompt) // block_size):
-        parent = hash((parent, tuple(prompt[i * block_size : (i + 1) * block_size])))
-        keys.append(parent)
-    return keys
+    def usage(self) -> Usage:
+        """This completion's token counts (cached_tokens is 0 until the request's first admission)."""
+        return Usage(len(self.req.prompt_ids), self.req.cached_tokens or 0, max(0, self.num_output))

@@ -17,31 +17,16 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from radix.block_pool import NoFreeBlocksError
-from radix.manager import KVCacheManager
+from radix.manager import KVCacheManager, PrefixMatch
 from runtime.config import ServerArgs
-from runtime.protocol import (
-    ERR_CONTEXT,
-    ERR_INVALID,
-    ForwardBatch,
-    ForwardResult,
-    ScheduledSeq,
-    TokenLogprobs,
-    TokenOutput,
-    Usage,
-)
-from runtime.request import (
-    RequestMetrics,
-    RequestRejected,
-    RequestState,
-    SeqState,
-    SeqStatus,
-    UnknownRequestError,
-    prompt_block_keys,
-)
+from runtime.prompt_check import check_prompt
+from runtime.protocol import ForwardBatch, ForwardResult, ServerStats, TokenLogprobs, TokenOutput
+from runtime.request import RequestRejected, RequestState, SchedulerSeq, SeqStatus, UnknownRequestError
 from runtime.sampling_params import SamplingParams
+from runtime.scheduler_stats import SchedulerCounters, scheduler_stats
+from runtime.step_plan import InflightChunk, StepPlan
 
 logger = logging.getLogger(__name__)
 
@@ -81,20 +66,17 @@ class Scheduler:
         self.lpm_starvation_steps = lpm_starvation_steps
         self.clock = clock
         self.requests: dict[str, RequestState] = {}
-        self.waiting: deque[SeqState] = deque()
-        self.running: list[SeqState] = []
-        self.swapped: deque[SeqState] = deque()
+        self.waiting: deque[SchedulerSeq] = deque()
+        self.running: list[SchedulerSeq] = []
+        self.swapped: deque[SchedulerSeq] = deque()
         self._next_seq_id = 1
         self._admit_counter = 0
         self._step_id = 0
         self._drops: list[int] = []
         self._outputs: list[TokenOutput] = []
-        self._inflight: list[tuple[SeqState, int, int, bool]] = []
+        self._inflight: list[InflightChunk] = []  # the step in flight, until its ForwardResult
         self._enter_waiting_step: dict[int, int] = {}
-        self.counters = dict.fromkeys(
-            ["prompt_tokens", "cached_tokens", "recomputed_tokens", "prefill_tokens_computed", "generated_tokens",
-             "preemptions", "swaps", "num_steps", "forward_tokens", "rejected"], 0)  # fmt: skip
-        self._start_time = clock()
+        self.counters = SchedulerCounters()
 
     # ------------------------------------------------------------------ requests in and out
     def add_request(
@@ -105,23 +87,11 @@ class Scheduler:
         if rid in self.requests:
             raise ValueError(f"duplicate request id {rid!r}")
         prompt = [int(t) for t in prompt_ids]
-        usable = self.manager.num_blocks - 1
-        blocks = -(-len(prompt) // self.block_size)
-        problem = None
-        if not prompt:
-            problem = (ERR_INVALID, "the prompt is empty")
-        elif self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in prompt):
-            bad = [t for t in prompt if not 0 <= t < self.vocab_size][:8]
-            problem = (ERR_INVALID, f"token ids outside the vocabulary [0, {self.vocab_size}): {bad}")
-        elif len(prompt) >= self.max_model_len:
-            problem = (ERR_CONTEXT, f"prompt of {len(prompt)} tokens leaves no room under max_model_len "
-                       f"{self.max_model_len}")  # fmt: skip
-        elif blocks > usable:
-            problem = (ERR_CONTEXT, f"prompt of {len(prompt)} tokens needs {blocks} KV blocks; the pool has {usable}")
+        problem = check_prompt(prompt, self.max_model_len, self.vocab_size, self.block_size, self.manager.num_blocks)
         if problem is not None:
-            self.counters["rejected"] += 1
+            self.counters.num_rejected += 1
             raise RequestRejected(*problem)
-        keys = prompt_block_keys(prompt, self.block_size, cache_salt) if self.args.enable_prefix_caching else []
+        keys = self.manager.block_keys(prompt, cache_salt)  # once: every match and the in-flight dedup reuse it
         req = RequestState(rid, prompt, params, cache_salt, self.clock(), self._step_id, keys)
         self.requests[rid] = req
         if params.n > 1 and len(prompt) >= 2:
@@ -163,39 +133,34 @@ class Scheduler:
         """Build the next step's ForwardBatch, or None when no sequence can run (pending drops wait for the next
         batch). Mutates: block tables (allocate, copy-on-write, preemption), queues, the in-flight record."""
         self._step_id += 1
-        batch: list[ScheduledSeq] = []
-        copies: list[tuple[int, int]] = []
-        swap_out: list[tuple[int, int]] = []
-        swap_in: list[tuple[int, int]] = []
-        self._inflight = []
-        budget = [self.args.max_prefill_tokens]
-        preempted_before = self.counters["preemptions"]
+        step = StepPlan(self.args.max_prefill_tokens)
+        preempted_before = self.counters.num_preemptions
         for seq in sorted(self.running, key=lambda s: s.admitted_at):
             if seq.status == SeqStatus.RUNNING:
-                self._plan(seq, batch, copies, swap_out, budget, may_preempt=True)
-        if self.counters["preemptions"] == preempted_before or not batch:
+                self._plan(seq, step, may_preempt=True)
+        if self.counters.num_preemptions == preempted_before or not step.seqs:
             while self.swapped and len(self.running) < self.args.max_running_requests:
                 seq = self.swapped[0]
-                # its blocks plus one to grow into, else it would be swapped straight out again
-                if not self.manager.can_allocate(-(-self.manager.num_computed_tokens(seq.seq_id) // self.block_size)
-                                                 + 1):  # fmt: skip
+                need = -(-self.manager.num_computed_tokens(seq.seq_id) // self.block_size) + 1
+                if not self.manager.can_allocate(need):  # +1 to grow into, else it is swapped straight out again
                     break
                 pairs = self.manager.swap_in(seq.seq_id)
                 if pairs is None:
                     break
                 self.swapped.popleft()
-                swap_in.extend(pairs)
+                step.swap_in.extend(pairs)
                 seq.status, seq.in_worker = SeqStatus.RUNNING, False
                 self.running.append(seq)
-                self._plan(seq, batch, copies, swap_out, budget)
+                self._plan(seq, step)
             if not self.swapped:
-                self._admit(batch, copies, swap_out, budget)
-        if not batch:
+                self._admit(step)
+        if not step.seqs:
             self._inflight = []
             return None
+        self._inflight = step.inflight
         drops, self._drops = self._drops, []
-        self.counters["num_steps"] += 1
-        return ForwardBatch(self._step_id, batch, drops, swap_out, swap_in, copies)
+        self.counters.num_steps += 1
+        return step.batch(self._step_id, drops)
 
     def process_result(self, result: ForwardResult) -> list[TokenOutput]:
         """Apply a finished step: mark KV as computed (full blocks enter the radix tree now), append sampled tokens,
@@ -204,37 +169,37 @@ class Scheduler:
         with "abort" (logged)."""
         if result.error is not None:
             logger.error("step %d failed in the worker: %s", result.step_id, result.error)
-            for seq, *_ in self._inflight:
-                if seq.status == SeqStatus.RUNNING:
-                    self._finish(seq, "abort")
+            for chunk in self._inflight:
+                if chunk.seq.status == SeqStatus.RUNNING:
+                    self._finish(chunk.seq, "abort")
             self._inflight = []
             return self.drain_outputs()
         sampled = dict(zip(result.seq_ids, result.token_ids, strict=True))
         logprobs = dict(zip(result.seq_ids, result.logprobs, strict=True)) if result.logprobs else {}
-        self.counters["forward_tokens"] += result.num_forward_tokens
-        for seq, start, n, sample in self._inflight:
+        self.counters.forward_tokens += result.num_forward_tokens
+        for seq, start, num_tokens, sample in self._inflight:
             if seq.status != SeqStatus.RUNNING:
                 continue  # aborted or stopped while the step ran
-            self.manager.commit_computed(seq.seq_id, start + n)
+            self.manager.commit_computed(seq.seq_id, start + num_tokens)
             if sample:
                 self._on_token(seq, sampled[seq.seq_id], logprobs.get(seq.seq_id))
-            elif seq.prefill_only and start + n == seq.target:
+            elif seq.prefill_only and start + num_tokens == seq.target:
                 self._fork(seq)
         self._inflight = []
         return self.drain_outputs()
 
     # ------------------------------------------------------------------ planning
-    def _plan(self, seq: SeqState, batch: list, copies: list, swap_out: list, budget: list[int],
-              may_preempt: bool = False) -> bool:  # fmt: skip
-        """Reserve blocks for seq's next chunk and add it to the batch; False when seq was preempted or finished, or
-        (may_preempt False) could not get its blocks this step. Preemption is only allowed in the running phase, so
-        a step never swaps a sequence out after swapping one in (the worker copies swap_out before swap_in)."""
+    def _plan(self, seq: SchedulerSeq, step: StepPlan, may_preempt: bool = False) -> None:
+        """Reserve blocks for seq's next chunk (decode: 1 token; else up to chunked_prefill_size and the step's
+        prefill budget) and add it to step. Nothing is added when seq was preempted or finished, or (may_preempt
+        False) could not get its blocks this step. Preemption is only allowed in the running phase, so a step never
+        swaps a sequence out after swapping one in (the worker copies swap_out before swap_in)."""
         computed = self.manager.num_computed_tokens(seq.seq_id)
         remaining = seq.target - computed
         is_decode = remaining == 1 and seq.num_output > 0
-        chunk = 1 if is_decode else min(remaining, self.args.chunked_prefill_size, budget[0])
+        chunk = 1 if is_decode else min(remaining, self.args.chunked_prefill_size, step.prefill_budget)
         if chunk <= 0:
-            return True
+            return
         while True:
             if self.manager.allocate(seq.seq_id, chunk) is not None:
                 try:
@@ -242,44 +207,38 @@ class Scheduler:
                     break
                 except NoFreeBlocksError:
                     pass
-            if not may_preempt or not self._preempt_for(seq, swap_out):
-                return False
+            if not may_preempt or not self._preempt_for(seq, step):
+                return
         if pairs and seq.in_worker:  # the worker's table copy cannot express a replaced entry: re-register seq
             self._drops.append(seq.seq_id)
             seq.in_worker = False
-        copies.extend(pairs)
+        step.copies.extend(pairs)
         table = self.manager.block_table(seq.seq_id)
         new_blocks = table if not seq.in_worker else table[seq.sent_blocks :]
         sample = not seq.prefill_only and computed + chunk == len(seq.token_ids)
-        first = not seq.in_worker
-        batch.append(ScheduledSeq(
-            seq.seq_id, seq.token_ids[computed : computed + chunk], computed, list(new_blocks), sample,
-            seq.req.params if first else None, len(seq.req.prompt_ids) if first else 0, seq.index if first else 0,
-        ))  # fmt: skip
+        step.add(seq, computed, chunk, list(new_blocks), sample, first=not seq.in_worker, is_decode=is_decode)
         seq.in_worker, seq.sent_blocks = True, len(table)
-        self._inflight.append((seq, computed, chunk, sample))
         if not is_decode:
-            budget[0] -= chunk
-            self.counters["prefill_tokens_computed"] += chunk
-        return True
+            self.counters.prefill_tokens_computed += chunk
 
-    def _preempt_for(self, seq: SeqState, swap_out: list) -> bool:
+    def _preempt_for(self, seq: SchedulerSeq, step: StepPlan) -> bool:
         """Free blocks for seq by preempting the most recently admitted running sequence not yet planned this step
         (seq itself wins ties). Returns False when seq was the victim, or when seq alone holds blocks and so
         finished "length" (it can never grow further)."""
-        planned = {id(f[0]) for f in self._inflight}
+        planned = {id(c.seq) for c in step.inflight}
         others = [s for s in self.running if s is not seq and id(s) not in planned]
         if len(self.running) == 1:
             self._finish(seq, "length")
             return False
         victim = max([seq, *others], key=lambda s: s.admitted_at)
-        self._preempt(victim, swap_out)
+        self._preempt(victim, step.swap_out)
         return victim is not seq
 
-    def _preempt(self, seq: SeqState, swap_out: list) -> None:
+    def _preempt(self, seq: SchedulerSeq, swap_out: list[tuple[int, int]]) -> None:
         """Recompute: free seq (full computed blocks stay cached) and requeue it at the front. Swap: move its blocks
-        to the host pool (falls back to recompute when the host pool is full)."""
-        self.counters["preemptions"] += 1
+        to the host pool (falls back to recompute when the host pool is full); the (device, host) pairs go to
+        swap_out."""
+        self.counters.num_preemptions += 1
         self.running.remove(seq)
         if seq.in_worker:
             self._drops.append(seq.seq_id)
@@ -290,7 +249,7 @@ class Scheduler:
                 swap_out.extend(pairs)
                 seq.status = SeqStatus.SWAPPED
                 self.swapped.append(seq)
-                self.counters["swaps"] += 1
+                self.counters.num_swaps += 1
                 return
         self.manager.free(seq.seq_id)
         seq.status, seq.preempted = SeqStatus.WAITING, True
@@ -299,23 +258,23 @@ class Scheduler:
         logger.debug("preempted seq %d of %s (recompute)", seq.seq_id, seq.req.rid)
 
     # ------------------------------------------------------------------ admission
-    def _admit(self, batch: list, copies: list, swap_out: list, budget: list[int]) -> None:
+    def _admit(self, step: StepPlan) -> None:
         inflight = self._inflight_keys()
-        for seq in self._admission_order():
-            if len(self.running) >= self.args.max_running_requests or budget[0] <= 0:
+        for seq, match in self._admission_order():
+            if len(self.running) >= self.args.max_running_requests or step.prefill_budget <= 0:
                 return
             req = seq.req
-            match = self.manager.match_prefix(seq.token_ids, req.cache_salt)
+            if match is None or not self.manager.is_current(match):
+                match = self.manager.match_prefix(req.block_keys.extended(seq.token_ids))  # + output if preempted
             m = match.num_tokens // self.block_size
-            if m < len(req.block_keys) and req.block_keys[m] in inflight:
+            if inflight and m < len(match.keys) and match.keys.chain_ids[m] in inflight:
                 continue  # another sequence computes this block now: wait a step, then hit it
             first_time = req.cached_tokens is None
             need = -(-seq.target // self.block_size) - m
             if not self.manager.can_allocate(need):
                 return
-            chunk = min(seq.target - match.num_tokens, self.args.chunked_prefill_size, budget[0])
-            cached = self.manager.add_sequence(seq.seq_id, seq.token_ids, req.cache_salt, num_new_tokens=chunk,
-                                               count_stats=first_time)  # fmt: skip
+            chunk = min(seq.target - match.num_tokens, self.args.chunked_prefill_size, step.prefill_budget)
+            cached = self.manager.add_sequence(seq.seq_id, match, num_new_tokens=chunk, count_stats=first_time)
             if cached is None:
                 return
             self.waiting.remove(seq)
@@ -325,46 +284,50 @@ class Scheduler:
             self.running.append(seq)
             if first_time:
                 req.cached_tokens = cached
-                self.counters["prompt_tokens"] += len(req.prompt_ids)
-                self.counters["cached_tokens"] += cached
+                self.counters.prompt_tokens += len(req.prompt_ids)
+                self.counters.cached_tokens += cached
             elif seq.preempted:
-                self.counters["recomputed_tokens"] += len(seq.token_ids) - cached
+                self.counters.recomputed_tokens += len(seq.token_ids) - cached
             if seq.prefill_only and cached == seq.target:
                 for child in self._fork(seq):
-                    self._plan(child, batch, copies, swap_out, budget)
+                    self._plan(child, step)
                 continue
-            self._plan(seq, batch, copies, swap_out, budget)
-            inflight.update(req.block_keys[m:])
+            self._plan(seq, step)
+            if self.args.enable_prefix_caching:
+                inflight.update(req.block_keys.chain_ids[m:])
 
-    def _admission_order(self) -> list[SeqState]:
+    def _admission_order(self) -> list[tuple[SchedulerSeq, PrefixMatch | None]]:
+        """Waiting sequences in admission order, each with the match lpm sorted it by (None: _admit matches)."""
         seqs = list(self.waiting)
         if self.args.schedule_policy != "lpm" or len(seqs) > LPM_QUEUE_LIMIT or not self.args.enable_prefix_caching:
-            return seqs
-        starved = [s for s in seqs if self._step_id - self._waiting_since(s) >= self.lpm_starvation_steps]
-        rest = [s for s in seqs if self._step_id - self._waiting_since(s) < self.lpm_starvation_steps]
-        cached = {s.seq_id: self.manager.match_prefix(s.token_ids, s.req.cache_salt).num_tokens for s in rest}
-        rest.sort(key=lambda s: -cached[s.seq_id])  # stable: ties keep arrival order
-        return starved + rest
+            return [(s, None) for s in seqs]
+        order: list[tuple[SchedulerSeq, PrefixMatch | None]] = [
+            (s, None) for s in seqs if self._step_id - self._waiting_since(s) >= self.lpm_starvation_steps]
+        rest = [(s, self.manager.match_prefix(s.req.block_keys.extended(s.token_ids))) for s in seqs
+                if self._step_id - self._waiting_since(s) < self.lpm_starvation_steps]  # fmt: skip
+        rest.sort(key=lambda pair: -pair[1].num_tokens)  # stable: ties keep arrival order
+        return order + rest
 
-    def _waiting_since(self, seq: SeqState) -> int:
+    def _waiting_since(self, seq: SchedulerSeq) -> int:
         return self._enter_waiting_step.get(seq.seq_id, seq.req.arrival_step)
 
     def _inflight_keys(self) -> set[int]:
-        """Keys of full prompt blocks that running sequences have not finished computing yet."""
+        """Chain ids (radix/keys.py) of full prompt blocks that running sequences have not finished computing yet."""
         keys: set[int] = set()
         if not self.args.enable_prefix_caching:
             return keys
         for seq in self.running:
             computed = self.manager.num_computed_tokens(seq.seq_id)
-            keys.update(seq.req.block_keys[computed // self.block_size :])
+            if computed // self.block_size < len(seq.req.block_keys):
+                keys.update(seq.req.block_keys.chain_ids[computed // self.block_size :])
         return keys
 
     # ------------------------------------------------------------------ tokens, finishing, forking
-    def _on_token(self, seq: SeqState, token: int, logprobs: TokenLogprobs | None) -> None:
+    def _on_token(self, seq: SchedulerSeq, token: int, logprobs: TokenLogprobs | None) -> None:
         req, params = seq.req, seq.req.params
         seq.token_ids.append(token)
         self.manager.append_tokens(seq.seq_id, [token])
-        self.counters["generated_tokens"] += 1
+        self.counters.generated_tokens += 1
         if req.first_token_time is None:
             req.first_token_time = self.clock()
         reason = None
@@ -374,12 +337,12 @@ class Scheduler:
             reason = "length"
         out = TokenOutput(req.rid, seq.index, [token], logprobs=[logprobs] if params.logprobs is not None else None)
         if not seq.usage_sent:
-            out.usage, seq.usage_sent = self._usage(seq), True
+            out.usage, seq.usage_sent = seq.usage(), True
         self._outputs.append(out)
         if reason is not None:
             self._finish(seq, reason)
 
-    def _finish(self, seq: SeqState, reason: str, keep_tokens: int | None = None) -> None:
+    def _finish(self, seq: SchedulerSeq, reason: str, keep_tokens: int | None = None) -> None:
         """Release seq's blocks (caching none past keep_tokens), drop it from the worker, emit its last delta."""
         if seq.status in (SeqStatus.RUNNING, SeqStatus.SWAPPED):
             self.manager.free(seq.seq_id, keep_tokens=keep_tokens)
@@ -392,14 +355,14 @@ class Scheduler:
         req = seq.req
         req.live -= 1
         if not seq.prefill_only:
-            self._outputs.append(TokenOutput(req.rid, seq.index, [], reason, self._usage(seq)))
+            self._outputs.append(TokenOutput(req.rid, seq.index, [], reason, seq.usage()))
         elif reason != "forked":
             for i in range(req.params.n):
-                self._outputs.append(TokenOutput(req.rid, i, [], reason, self._usage(seq)))
+                self._outputs.append(TokenOutput(req.rid, i, [], reason, seq.usage()))
         if req.live == 0:
             self.requests.pop(req.rid, None)
 
-    def _fork(self, parent: SeqState) -> list[SeqState]:
+    def _fork(self, parent: SchedulerSeq) -> list[SchedulerSeq]:
         """The parent's prompt[:-1] has KV: fork n children sharing its blocks; each runs the last prompt token."""
         children = []
         for i in range(parent.req.params.n):
@@ -411,12 +374,8 @@ class Scheduler:
         self._finish(parent, "forked")
         return children
 
-    def _usage(self, seq: SeqState) -> Usage:
-        req = seq.req
-        return Usage(len(req.prompt_ids), req.cached_tokens or 0, max(0, seq.num_output))
-
-    def _new_seq(self, req: RequestState, index: int, prefill_only: bool = False) -> SeqState:
-        seq = SeqState(self._next_seq_id, req, index, list(req.prompt_ids), prefill_only)
+    def _new_seq(self, req: RequestState, index: int, prefill_only: bool = False) -> SchedulerSeq:
+        seq = SchedulerSeq(self._next_seq_id, req, index, list(req.prompt_ids), prefill_only)
         self._next_seq_id += 1
         req.seqs.append(seq)
         req.live += 1
@@ -428,29 +387,9 @@ class Scheduler:
             raise UnknownRequestError(rid)
         return req
 
-    # ------------------------------------------------------------------ metrics
-    def request_metrics(self, rid: str) -> RequestMetrics:
-        """Figures of a live request (see RequestMetrics). Raises UnknownRequestError."""
-        return self._metrics(self._get(rid))
-
-    def _metrics(self, req: RequestState) -> RequestMetrics:
-        done = [s for s in req.seqs if not s.prefill_only]
-        ttft = None if req.first_token_time is None else req.first_token_time - req.arrival_time
-        return RequestMetrics(prompt_tokens=len(req.prompt_ids), cached_tokens=req.cached_tokens or 0,
-                              completion_tokens=sum(max(0, s.num_output) for s in done), ttft_s=ttft,
-                              finish_reasons={s.index: s.finish_reason for s in done})  # fmt: skip
-
-    def stats(self) -> dict[str, Any]:
-        """The manager's KVStats fields plus running, waiting, swapped, kv_usage, hit_rate (cached prompt tokens /
-        prompt tokens, each request counted once at its first admission), preemptions, tokens_per_s (generated
-        tokens per second since start) and the raw counters."""
-        kv = self.manager.stats()
-        out = {f: getattr(kv, f) for f in kv.__struct_fields__} if hasattr(kv, "__struct_fields__") else kv._asdict()
-        c = self.counters
-        usable = max(1, self.manager.num_blocks - 1)
-        out.update(c)
-        out.update(running=len(self.running), waiting=len(self.waiting), swapped=len(self.swapped),
-                   kv_usage=out.get("in_use_blocks", 0) / usable,
-                   hit_rate=c["cached_tokens"] / c["prompt_tokens"] if c["prompt_tokens"] else 0.0,
-                   tokens_per_s=c["generated_tokens"] / max(1e-9, self.clock() - self._start_time))  # fmt: skip
-        return out
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> ServerStats:
+        """A ServerStats snapshot (see its fields): the queues, the manager's block counts and the counters.
+        tokens_per_s is 0.0 (no interval here; the scheduler process fills it in). O(sequences)."""
+        return scheduler_stats(self.counters, self.manager.stats(), len(self.running), len(self.waiting),
+                               len(self.swapped))  # fmt: skip

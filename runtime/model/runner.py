@@ -1,8 +1,8 @@
 """ModelRunner: the worker's model, KV cache tensors, per-sequence block tables and sampler.
 
-It executes ForwardBatch messages (runtime/protocol.py, the delta format of ARCHITECTURE.md): drop, swap_out, swap_in,
-copies, then one forward over every scheduled sequence's tokens as a flat varlen batch, then one sampled token per
-sequence with sample=True. The process loop around it is runtime/serve/worker_process.py.
+It executes ForwardBatch messages (runtime/protocol/worker.py, the delta format of ARCHITECTURE.md): drop, swap_out,
+swap_in, copies, then one forward over every scheduled sequence's tokens as a flat varlen batch, then one sampled token
+per sequence with sample=True. The process loop around it is runtime/serve/worker_process.py.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class WorkerError(Exception):
 
 
 @dataclass
-class SeqState:
+class WorkerSeq:
     """The worker's copy of one live sequence: its block table and sampling state."""
 
     block_table: list[int]
@@ -76,7 +76,7 @@ class ModelRunner:
     free memory after loading the weights) divided by kv_block_bytes. max_model_len = args.max_model_len capped at the
     model's max_position_embeddings (the rotary tables cover it).
 
-    Public state: ready (the Ready handshake), seqs (seq_id -> SeqState of live sequences), forward_tokens_by_seq
+    Public state: ready (the Ready handshake), seqs (seq_id -> WorkerSeq of live sequences), forward_tokens_by_seq
     (seq_id -> tokens run through the model, cumulative, kept after the sequence is dropped).
 
     Raises (at construction): runtime.model.loader.ModelLoadError subclasses; runtime.config.InvalidConfig.
@@ -103,7 +103,7 @@ class ModelRunner:
         self.host_k_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
         self.host_v_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
         self.sampler = Sampler(args.seed)
-        self.seqs: dict[int, SeqState] = {}
+        self.seqs: dict[int, WorkerSeq] = {}
         self.forward_tokens_by_seq: dict[int, int] = {}
         self.ready = Ready(num_blocks=self.num_blocks, block_size=self.block_size, max_model_len=self.max_model_len,
                            num_host_blocks=args.num_host_blocks, vocab_size=cfg.vocab_size,
@@ -175,7 +175,7 @@ class ModelRunner:
 
     def _register(self, s: ScheduledSeq) -> None:
         if s.sampling_params is not None:
-            self.seqs[s.seq_id] = SeqState(list(s.new_block_ids), s.sampling_params, s.prompt_len, s.sample_index)
+            self.seqs[s.seq_id] = WorkerSeq(list(s.new_block_ids), s.sampling_params, s.prompt_len, s.sample_index)
             return
         state = self.seqs.get(s.seq_id)
         if state is None:

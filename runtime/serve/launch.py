@@ -191,10 +191,10 @@ class Launcher:
 
 
 def log_stats(s: p.ServerStats) -> None:
-    """One log line: running, waiting, tokens/s, KV usage, hit rate."""
-    logger.info("running %d, waiting %d, %.1f tokens/s, KV usage %.1f%% (%d cached blocks), hit rate %.1f%%",
-                s.num_running, s.num_waiting, s.tokens_per_s, 100 * s.kv_usage, s.num_cached_blocks,
-                100 * s.hit_rate)
+    """One log line: running, waiting, tokens/s, KV usage, blocks in the radix tree (evictable of them), hit rate."""
+    logger.info("running %d, waiting %d, %.1f tokens/s, KV usage %.1f%%, %d cached blocks (%d evictable), "
+                "hit rate %.1f%%", s.num_running, s.num_waiting, s.tokens_per_s, 100 * s.kv_usage,
+                s.num_cached_blocks, s.num_evictable_blocks, 100 * s.hit_rate)
 
 
 def main(argv: list[str] | None = None) -> int:

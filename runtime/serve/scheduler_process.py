@@ -13,13 +13,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
 
 from runtime import protocol as p
 from runtime.serve.process import POLL_MS
+
+if TYPE_CHECKING:
+    from runtime.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +36,7 @@ class SchedulerServer:
     (None: not published). Mutates the scheduler; at most one batch is in flight.
     """
 
-    def __init__(self, scheduler: Any, to_worker: zmq.Socket, to_tokenizer: zmq.Socket, pub: zmq.Socket | None,
+    def __init__(self, scheduler: Scheduler, to_worker: zmq.Socket, to_tokenizer: zmq.Socket, pub: zmq.Socket | None,
                  stats_interval_s: float, events_port: int = 0) -> None:
         self.scheduler, self.to_worker, self.to_tokenizer, self.pub = scheduler, to_worker, to_tokenizer, pub
         self.stats_interval_s = stats_interval_s
@@ -108,23 +111,17 @@ class SchedulerServer:
         self.to_tokenizer.send(self._encoder.encode(msg))
 
     def server_stats(self) -> p.ServerStats:
-        """ServerStats from Scheduler.stats() (num_blocks includes the null block)."""
-        s = self.scheduler.stats()
-        return p.ServerStats(
-            num_running=s["running"], num_waiting=s["waiting"],
-            num_blocks=self.scheduler.manager.num_blocks, num_free_blocks=s["free_blocks"],
-            num_cached_blocks=s["evictable_blocks"], num_used_blocks=s["in_use_blocks"], kv_usage=s["kv_usage"],
-            prompt_tokens=s["prompt_tokens"], cached_tokens=s["cached_tokens"],
-            generated_tokens=s["generated_tokens"], hit_rate=s["hit_rate"], tokens_per_s=self._tokens_per_s,
-            num_steps=s["num_steps"], num_preemptions=s["preemptions"], num_swaps=s["swaps"],
-            recomputed_tokens=s["recomputed_tokens"])
+        """Scheduler.stats() with tokens_per_s filled in from the last stats interval (see publish_stats)."""
+        stats = self.scheduler.stats()
+        stats.tokens_per_s = self._tokens_per_s
+        return stats
 
     def publish_stats(self, now: float) -> None:
         """Publishes ServerStats every stats_interval_s (tokens_per_s: forward tokens over the interval)."""
         then, tokens_then = self._last_stats
         if now - then < self.stats_interval_s:
             return
-        tokens = self.scheduler.counters["forward_tokens"]
+        tokens = self.scheduler.counters.forward_tokens
         self._tokens_per_s = (tokens - tokens_then) / (now - then)
         self._last_stats = (now, tokens)
         if self.pub is not None:
@@ -186,7 +183,7 @@ def run_scheduler_process(spec) -> None:
     events_port = 0
     if args.events_port is not None:
         pub.bind(f"tcp://{args.host}:{args.events_port}")
-        events_port = int(pub.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
+        events_port = int(pub.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
     ready_decoder = msgspec.msgpack.Decoder(p.Ready)
     ready = None
     while ready is None and parent_alive(spec):

@@ -22,7 +22,7 @@ LONG = {"ignore_eos": True, "temperature": 0.0, "max_tokens": 1000}
 
 def assert_idle(stats) -> None:
     assert (stats.num_running, stats.num_waiting, stats.num_used_blocks) == (0, 0, 0)
-    assert stats.num_free_blocks + stats.num_cached_blocks == stats.num_blocks - 1
+    assert stats.num_free_blocks + stats.num_evictable_blocks == stats.num_blocks - 1
 
 
 def test_break_out_of_stream_aborts(tiny_server, wait_idle):

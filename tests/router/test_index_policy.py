@@ -80,6 +80,15 @@ def test_router_args_checked():
         RouterArgs(backends=["tcp://127.0.0.1:5557"], health_interval_s=2.0, health_timeout_s=1.0)
 
 
+def test_merge_stats_sums_every_field_and_recomputes_the_ratios():
+    fields = [f for f in p.ServerStats.__struct_fields__ if f not in ("kv_usage", "hit_rate")]
+    a = p.ServerStats(**{f: i + 1 for i, f in enumerate(fields)})
+    b = p.ServerStats(**{f: 100 * (i + 1) for i, f in enumerate(fields)})
+    m = merge_stats([a, b])
+    assert {f: getattr(m, f) for f in fields} == {f: 101 * (i + 1) for i, f in enumerate(fields)}
+    assert m.kv_usage == m.num_used_blocks / (m.num_blocks - 2) and m.hit_rate == m.cached_tokens / m.prompt_tokens
+
+
 def test_merge_stats_sums_replicas():
     a = p.ServerStats(num_running=1, num_blocks=11, num_used_blocks=5, prompt_tokens=100, cached_tokens=50,
                       tokens_per_s=10.0, num_preemptions=2, num_swaps=1, recomputed_tokens=30)

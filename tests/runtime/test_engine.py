@@ -61,8 +61,8 @@ def record_batches(engine: Engine) -> list[ForwardBatch]:
 
 def assert_idle(engine: Engine) -> None:
     s = engine.stats()
-    assert s["in_use_blocks"] == 0 and s["free_blocks"] + s["evictable_blocks"] == s["total_blocks"]
-    assert s["running"] == s["waiting"] == s["num_sequences"] == 0
+    assert s.num_used_blocks == 0 and s.num_free_blocks + s.num_evictable_blocks == s.num_blocks - 1
+    assert s.num_running == s.num_waiting == engine.manager.stats().num_sequences == 0
 
 
 def forward_of(engine: Engine, rid: str) -> int:
@@ -146,7 +146,7 @@ def test_c5_multi_turn_cache_includes_reply_and_stop_string_keeps_cache_short(ma
     assert stopped.finish_reason == "stop" and text not in stopped.text
     k = len(stopped.token_ids)
     assert k <= 7 and stopped.token_ids == full.token_ids[:k]
-    assert engine.manager.match_prefix(short + full.token_ids + [1]).num_tokens <= 20 + k
+    assert engine.manager.match_prefix(engine.manager.block_keys(short + full.token_ids + [1])).num_tokens <= 20 + k
     assert_idle(engine)
 
 
@@ -184,15 +184,15 @@ def test_c8_hit_rate_and_chunks(make_engine):
     batches = record_batches(engine)
     engine.generate(input_ids=[list(range(1, 13))], sampling_params=greedy(1))
     assert [len(b.seqs[0].token_ids) for b in batches] == [4, 4, 4]
-    s = engine.stats()
-    assert (s["hit_rate"], s["prefix_hits_tokens"], s["prefix_queries_tokens"]) == (0.0, 0, 12)
+    s, kv = engine.stats(), engine.manager.stats()
+    assert (s.hit_rate, kv.prefix_hits_tokens, kv.prefix_queries_tokens) == (0.0, 0, 12)
 
     engine = make_engine(num_blocks=12, max_running_requests=6)
     prompts = [[500 + 37 * i + 3 * j for j in range(9 + i % 4)] for i in range(8)]
     engine.generate(input_ids=prompts, sampling_params=greedy(8))
-    s = engine.stats()
-    assert s["preemptions"] > 0 and s["recomputed_tokens"] > 0
-    assert s["hit_rate"] == 0.0 and s["prompt_tokens"] == s["prefix_queries_tokens"] == sum(map(len, prompts))
+    s, kv = engine.stats(), engine.manager.stats()
+    assert s.num_preemptions > 0 and s.recomputed_tokens > 0
+    assert s.hit_rate == 0.0 and s.prompt_tokens == kv.prefix_queries_tokens == sum(map(len, prompts))
 
 
 def test_c12_cache_salt(make_engine):
@@ -211,7 +211,7 @@ def test_token_ids_outside_the_vocabulary_are_rejected_and_the_engine_keeps_serv
             engine.generate(input_ids=[bad], sampling_params=GREEDY)
         assert info.value.code == "invalid_request"
     stats = engine.stats()
-    assert (stats["running"], stats["waiting"], stats["in_use_blocks"]) == (0, 0, 0)
+    assert (stats.num_running, stats.num_waiting, stats.num_used_blocks) == (0, 0, 0)
     assert engine.generate(input_ids=[[5, 6, 7]], sampling_params=greedy(3))[0].token_ids == cold([5, 6, 7], 3)
 
 
@@ -229,8 +229,8 @@ def test_a_failed_forward_step_aborts_its_requests_and_returns_their_blocks(make
     with pytest.raises(EngineError, match="injected worker failure"):
         engine.generate(input_ids=[list(range(1, 10))], sampling_params=greedy(3))
     stats = engine.stats()
-    assert (stats["running"], stats["waiting"], stats["in_use_blocks"]) == (0, 0, 0)
-    assert stats["free_blocks"] + stats["evictable_blocks"] == stats["total_blocks"]
+    assert (stats.num_running, stats.num_waiting, stats.num_used_blocks) == (0, 0, 0)
+    assert stats.num_free_blocks + stats.num_evictable_blocks == stats.num_blocks - 1
     engine.manager.check_invariants()
     assert engine.generate(input_ids=[list(range(1, 10))], sampling_params=greedy(3))[0].token_ids == cold(
         list(range(1, 10)), 3)

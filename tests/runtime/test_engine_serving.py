@@ -72,8 +72,8 @@ def test_memory_pressure_every_request_completes_unchanged(make_engine, unpressu
     record_batches(engine)
     outs = engine.generate(input_ids=PROMPTS, sampling_params=greedy(12))
     s = engine.stats()
-    assert s["preemptions"] > 0 and (mode == "recompute" or s["swaps"] > 0)
-    assert s["evictable_blocks"] + s["free_blocks"] == s["total_blocks"]
+    assert s.num_preemptions > 0 and (mode == "recompute" or s.num_swaps > 0)
+    assert s.num_evictable_blocks + s.num_free_blocks == s.num_blocks - 1
     assert [o.token_ids for o in outs] == unpressured
     assert all(o.finish_reason == "length" for o in outs)
     assert_idle(engine)

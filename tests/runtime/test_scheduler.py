@@ -145,6 +145,12 @@ class Harness:
         assert s.in_use_blocks == 0 and s.free_blocks + s.evictable_blocks == s.total_blocks
         assert s.num_sequences == 0 and not self.sched.requests
 
+    def request_metrics(self, rid: str) -> Usage:
+        """A live request's tokens (prompt, cached, completion summed over its completions); test-only."""
+        req = self.sched.requests[rid]
+        done = [s for s in req.seqs if not s.prefill_only]
+        return Usage(len(req.prompt_ids), req.cached_tokens or 0, sum(max(0, s.num_output) for s in done))
+
 
 def test_single_request_matches_reference():
     h = Harness()
@@ -202,9 +208,9 @@ def test_shared_uncached_prefix_is_computed_once():
     for i in range(32):
         h.add(f"q{i}", system + [5000 + 64 * i + j for j in range(64)], max_tokens=2)
     h.run()
-    assert h.sched.counters["prefill_tokens_computed"] == 512 + 32 * 64
+    assert h.sched.counters.prefill_tokens_computed == 512 + 32 * 64
     assert [h.usage[(f"q{i}", 0)].cached_tokens for i in range(32)] == [0] + [512] * 31
-    assert h.sched.stats()["hit_rate"] == pytest.approx(31 * 512 / (32 * 576))
+    assert h.sched.stats().hit_rate == pytest.approx(31 * 512 / (32 * 576))
 
 
 def test_chunked_prefill_splits_long_prompt_and_budget():
@@ -239,6 +245,25 @@ def test_parallel_sampling_forks_after_one_prefill():
     h.assert_idle()
 
 
+def test_stats_block_counts_have_one_meaning_each():
+    """num_cached_blocks: every block in the tree; num_evictable_blocks: those no sequence references."""
+    h = Harness(num_blocks=32, block_size=4)
+    prompt = list(range(1, 14))
+    h.add("a", prompt, max_tokens=1)
+    h.run()
+    h.add("b", prompt, max_tokens=3)
+    h.step()  # b holds the 3 cached prompt blocks and a private one
+    s, kv = h.sched.stats(), h.manager.stats()
+    assert (s.num_cached_blocks, s.num_evictable_blocks, s.num_used_blocks) == (kv.cached_blocks, 0, 4) == (3, 0, 4)
+    assert s.num_free_blocks + s.num_evictable_blocks + s.num_used_blocks == s.num_blocks - 1 == 31
+    assert (s.num_running, s.num_waiting, s.num_swapped, s.kv_usage) == (1, 0, 0, 4 / 31)
+    h.run()
+    s = h.sched.stats()
+    assert (s.num_cached_blocks, s.num_evictable_blocks, s.num_used_blocks) == (3, 3, 0)
+    assert (s.prompt_tokens, s.cached_tokens, s.generated_tokens, s.num_steps) == (26, 12, 4, 4)
+    assert s.forward_tokens == sum(h.runner.forward_tokens_by_seq.values()) and s.tokens_per_s == 0.0
+
+
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_memory_pressure_preempts_and_outputs_are_unchanged(mode):
     h = Harness(num_blocks=13, block_size=4, num_host_blocks=64 if mode == "swap" else 0, preemption_mode=mode)
@@ -246,15 +271,15 @@ def test_memory_pressure_preempts_and_outputs_are_unchanged(mode):
     for i, p in enumerate(prompts):
         h.add(f"r{i}", p, max_tokens=10)
     h.run()
-    assert h.sched.counters["preemptions"] > 0
+    assert h.sched.counters.num_preemptions > 0
     if mode == "swap":
-        assert h.sched.counters["swaps"] > 0
+        assert h.sched.counters.num_swaps > 0
     # the served ServerStats carries the same counters (so a user can see that swap mode swapped)
     from runtime.serve.scheduler_process import SchedulerServer
 
     served = SchedulerServer(h.sched, None, None, None, 5.0).server_stats()
     assert (served.num_preemptions, served.num_swaps, served.recomputed_tokens) == (
-        h.sched.counters["preemptions"], h.sched.counters["swaps"], h.sched.counters["recomputed_tokens"])
+        h.sched.counters.num_preemptions, h.sched.counters.num_swaps, h.sched.counters.recomputed_tokens)
     assert (served.num_swaps > 0) == (mode == "swap") and (served.recomputed_tokens > 0) == (mode == "recompute")
     for i, p in enumerate(prompts):
         assert h.tokens[(f"r{i}", 0)] == reference(p, 10)

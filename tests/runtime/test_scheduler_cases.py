@@ -82,8 +82,8 @@ def test_c5_multi_turn_key_includes_reply_and_stop_caches_nothing_past_keep():
     h.run()
     assert h.finish[("s", 0)] == "stop"
     out = h.tokens[("s", 0)]
-    assert h.manager.match_prefix(prompt + out + [1]).num_tokens <= 100 + 9
-    assert h.manager.match_prefix(prompt + out[:9] + [1]).num_tokens == 108
+    assert h.manager.match_prefix(h.manager.block_keys(prompt + out + [1])).num_tokens <= 100 + 9
+    assert h.manager.match_prefix(h.manager.block_keys(prompt + out[:9] + [1])).num_tokens == 108
 
 
 def test_eos_and_stop_token_ids_and_ignore_eos():
@@ -108,8 +108,8 @@ def test_c8_hit_rate_counts_each_request_once_and_never_recomputation():
     h = Harness(block_size=4, chunked_prefill_size=4, max_prefill_tokens=4)
     h.add("a", list(range(1, 13)), max_tokens=1)
     h.run()
-    s = h.sched.stats()
-    counts = (s["prompt_tokens"], s["cached_tokens"], s["prefix_queries_tokens"], s["prefix_hits_tokens"])
+    s, kv = h.sched.stats(), h.manager.stats()
+    counts = (s.prompt_tokens, s.cached_tokens, kv.prefix_queries_tokens, kv.prefix_hits_tokens)
     assert counts == (12, 0, 12, 0)
     assert [len(b.seqs[0].token_ids) for b in h.runner.steps] == [4, 4, 4]
 
@@ -118,11 +118,11 @@ def test_c8_hit_rate_counts_each_request_once_and_never_recomputation():
     for i in range(12):
         h.add(f"r{i}", [rng.randrange(10, 1000) for _ in range(rng.randrange(5, 14))], max_tokens=8)
     h.run()
-    s = h.sched.stats()
-    assert s["preemptions"] > 0 and s["recomputed_tokens"] > 0
-    assert s["hit_rate"] == 0.0 and s["prefix_hits_tokens"] == 0
+    s, kv = h.sched.stats(), h.manager.stats()
+    assert s.num_preemptions > 0 and s.recomputed_tokens > 0
+    assert s.hit_rate == 0.0 and kv.prefix_hits_tokens == 0
     prompt_tokens = sum(h.usage[(f"r{i}", 0)].prompt_tokens for i in range(12))
-    assert s["prompt_tokens"] == s["prefix_queries_tokens"] == prompt_tokens
+    assert s.prompt_tokens == kv.prefix_queries_tokens == prompt_tokens
 
 
 def test_c12_cache_salt_isolates_tenants():
@@ -183,7 +183,7 @@ def test_stress_submit_abort_stop_step(mode):
             if reason == "length":
                 assert got == ref
     h.assert_idle()
-    assert h.sched.counters["preemptions"] > 0
+    assert h.sched.counters.num_preemptions > 0
 
 
 def test_c8_request_retried_before_admission_is_counted_once_and_metrics():
@@ -191,7 +191,7 @@ def test_c8_request_retried_before_admission_is_counted_once_and_metrics():
     h.add("big", list(range(1, 33)), max_tokens=4)  # 8 of the 9 usable blocks, 9 with its output
     h.add("late", list(range(100, 112)), max_tokens=2)  # needs 3 blocks: waits until big finishes
     h.step()
-    metrics = h.sched.request_metrics("big")
+    metrics = h.request_metrics("big")
     assert metrics.prompt_tokens == 32 and metrics.cached_tokens == 0 and metrics.completion_tokens == 1
     waited = 0
     while "late" in h.sched.requests and not h.runner.forward_tokens_by_seq.get(2):
@@ -199,7 +199,7 @@ def test_c8_request_retried_before_admission_is_counted_once_and_metrics():
         waited += 1
     assert waited >= 3
     h.run()
-    s = h.sched.stats()
-    assert (s["prompt_tokens"], s["prefix_queries_tokens"], s["cached_tokens"]) == (44, 44, 0)
-    assert (s["running"], s["waiting"], s["kv_usage"], s["preemptions"]) == (0, 0, 0.0, 0)
+    s, kv = h.sched.stats(), h.manager.stats()
+    assert (s.prompt_tokens, kv.prefix_queries_tokens, s.cached_tokens) == (44, 44, 0)
+    assert (s.num_running, s.num_waiting, s.kv_usage, s.num_preemptions) == (0, 0, 0.0, 0)
     assert h.tokens[("late", 0)] == reference(list(range(100, 112)), 2)
