@@ -37,6 +37,7 @@ class ClientFrontend:
 
     def send(self, identity: bytes, msg: p.ServerMessage) -> bool:
         """Sends msg to a client; False (after on_gone) when the client is gone or too slow to read."""
+        assert self.socket is not None, "the owner sets ClientFrontend.socket before the first send"
         try:
             self.socket.send_multipart([identity, self._encoder.encode(msg)], flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:

@@ -65,7 +65,8 @@ class Attention(torch.nn.Module):
         names = [f"{prefix}.{p}_proj" for p in "qkv"]
         self.qkv_weight = _frozen(torch.cat([src.take(f"{n}.weight") for n in names]))
         biases = [src.take_optional(f"{n}.bias") for n in names]
-        self.qkv_bias = _frozen(torch.cat(biases)) if all(b is not None for b in biases) else None
+        present = [b for b in biases if b is not None]
+        self.qkv_bias = _frozen(torch.cat(present)) if len(present) == len(biases) else None
         self.o_weight = _frozen(src.take(f"{prefix}.o_proj.weight"))
         self.rotary = rotary
         self.scale = self.head_dim**-0.5

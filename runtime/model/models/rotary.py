@@ -45,6 +45,9 @@ class RotaryEmbedding(torch.nn.Module):
     Buffers cos, sin: [max_positions, head_dim], dtype of the model.
     """
 
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, max_positions: int, theta: float, rope_type: str, scaling: dict[str, Any],
                  dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__()
@@ -53,7 +56,7 @@ class RotaryEmbedding(torch.nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos().to(device=device, dtype=dtype), persistent=False)
         self.register_buffer("sin", emb.sin().to(device=device, dtype=dtype), persistent=False)
-        self.half = head_dim // 2
+        self.half_dim = head_dim // 2
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q [T, Hq, D] and k [T, Hk, D] by positions int64 [T]; returns new tensors (inputs unchanged)."""
@@ -62,5 +65,5 @@ class RotaryEmbedding(torch.nn.Module):
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x[..., : self.half], x[..., self.half :]
+        x1, x2 = x[..., : self.half_dim], x[..., self.half_dim :]
         return x * cos + torch.cat((-x2, x1), dim=-1) * sin
