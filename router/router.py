@@ -218,18 +218,13 @@ class Router:
     def tokenize(self, req: p.GenerateRequest) -> list[int] | None:
         """The prompt's token ids as the replica's tokenizer process computes them; None when the router cannot
         (no tokenizer, or the template fails: the replica then answers with the same error it would give)."""
-        if req.input_ids is not None:
-            return list(req.input_ids)
-        if self.tokenizer is None:
+        if req.input_ids is None and self.tokenizer is None:
             return None
-        from runtime.tokenizer import ChatTemplateError, apply_chat_template
+        from runtime.tokenizer import ChatTemplateError, encode_prompt
 
         try:
-            if req.messages is not None:
-                return apply_chat_template(self.tokenizer, [{"role": m.role, "content": m.content}
-                                                            for m in req.messages])
-            return list(self.tokenizer.encode(req.prompt))
-        except (ChatTemplateError, ValueError, TypeError):
+            return encode_prompt(self.tokenizer, req.prompt, req.messages, req.input_ids)
+        except ChatTemplateError:
             return None
 
     def abort(self, internal: str) -> None:

@@ -20,11 +20,20 @@ from typing import Any
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
 from runtime.prompt_check import check_prompt
-from runtime.protocol import ForwardResult, ServerStats, StreamChunk, TokenLogprobs, TokenOutput, Usage
+from runtime.protocol import (
+    ERR_INVALID,
+    ForwardResult,
+    ServerStats,
+    StreamChunk,
+    TokenLogprobs,
+    TokenOutput,
+    Usage,
+    input_problem,
+)
 from runtime.request import RequestRejected
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler
-from runtime.tokenizer import CompletionStream, apply_chat_template
+from runtime.tokenizer import ChatTemplateError, CompletionStream, encode_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -237,16 +246,18 @@ class Engine:
 
     def _encode(self, prompt: str | None, input_ids: Sequence[int] | None,
                 messages: list[dict[str, Any]] | None) -> list[int]:  # fmt: skip
-        given = [x is not None for x in (prompt, input_ids, messages)]
-        if sum(given) != 1:
-            raise ValueError("pass exactly one of prompt, input_ids, messages")
-        if input_ids is not None:
-            return [int(t) for t in input_ids]
-        if self.tokenizer is None:
+        """The prompt's ids through the server's own path (input_problem, encode_prompt): the same errors, as
+        RequestRejected(ERR_INVALID, message). Raises EngineError for text without a tokenizer."""
+        problem = input_problem(prompt, None if messages is None else list(messages),
+                                None if input_ids is None else list(input_ids))  # fmt: skip
+        if problem is not None:
+            raise RequestRejected(ERR_INVALID, problem)
+        if input_ids is None and self.tokenizer is None:
             raise EngineError(f"model {self.args.model!r} has no tokenizer: pass input_ids")
-        if messages is not None:
-            return apply_chat_template(self.tokenizer, list(messages))
-        return list(self.tokenizer.encode(prompt))
+        try:
+            return encode_prompt(self.tokenizer, prompt, messages, input_ids)
+        except ChatTemplateError as exc:
+            raise RequestRejected(ERR_INVALID, str(exc)) from None
 
     def _submit(self, prompts, input_ids, messages, sampling_params, cache_salt) -> list[str]:
         if isinstance(prompts, str):

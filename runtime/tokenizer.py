@@ -310,3 +310,27 @@ def apply_chat_template(
             raise ChatTemplateError(f"message {i} must be a dict with 'role' and 'content', got {m!r}")
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def encode_prompt(tokenizer: Any, prompt: str | None = None, messages: Sequence[Any] | None = None,
+                  input_ids: Sequence[int] | None = None) -> list[int]:  # fmt: skip
+    """A request's prompt token ids, the one way the tokenizer process, the router and the Engine compute them.
+
+    Args:
+        tokenizer: a transformers tokenizer (unused for input_ids; may then be None).
+        prompt / messages / input_ids: exactly one is set (runtime.protocol.input_problem checks that first).
+            messages: dicts or ChatMessage structs with role and content; the chat template is applied.
+    Returns:
+        the token ids (list[int]): input_ids as given, the template's ids, or the prompt text encoded.
+    Raises:
+        ChatTemplateError: "chat template failed: ..." (no template, a bad message, the template raised).
+    """
+    if input_ids is not None:
+        return [int(t) for t in input_ids]
+    if messages is not None:
+        turns = [m if isinstance(m, dict) else {"role": m.role, "content": m.content} for m in messages]
+        try:
+            return apply_chat_template(tokenizer, turns)
+        except (ChatTemplateError, ValueError, TypeError) as exc:
+            raise ChatTemplateError(f"chat template failed: {exc}") from None
+    return list(tokenizer.encode(prompt))

@@ -53,6 +53,7 @@ from runtime.protocol.public import (
     StreamChunk,
     Usage,
     decode_client_frame,
+    input_problem,
 )
 from runtime.protocol.worker import (
     ForwardBatch,
@@ -100,6 +101,7 @@ __all__ = [
     "ServerMessage",
     "CLIENT_TAGS",
     "decode_client_frame",
+    "input_problem",
     "TokenizedRequest",
     "Stop",
     "TokenOutput",

@@ -38,18 +38,26 @@ class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True, forbid_unkno
 
     def check(self) -> str | None:
         """The reason this request is invalid regardless of the model (None when it is well formed)."""
-        given = [name for name in ("prompt", "messages", "input_ids") if getattr(self, name) is not None]
-        if len(given) != 1:
-            return f"exactly one of prompt, messages, input_ids must be set, got {given or 'none'}"
-        if self.prompt is not None and self.prompt == "":
-            return "prompt is empty"
-        if self.messages is not None and not self.messages:
-            return "messages is empty"
-        if self.input_ids is not None and not self.input_ids:
-            return "input_ids is empty"
-        if not self.rid:
+        problem = input_problem(self.prompt, self.messages, self.input_ids)
+        if problem is None and not self.rid:
             return "rid is empty"
-        return None
+        return problem
+
+
+def input_problem(prompt: str | None, messages: list | None, input_ids: list[int] | None) -> str | None:
+    """Why a request's inputs are malformed, whatever the model (None when exactly one of prompt, messages,
+    input_ids is set and it is not empty). GenerateRequest.check (the server, the router) and the Engine use it."""
+    inputs = (("prompt", prompt), ("messages", messages), ("input_ids", input_ids))
+    given = [name for name, value in inputs if value is not None]
+    if len(given) != 1:
+        return f"exactly one of prompt, messages, input_ids must be set, got {given or 'none'}"
+    if prompt is not None and prompt == "":
+        return "prompt is empty"
+    if messages is not None and not messages:
+        return "messages is empty"
+    if input_ids is not None and not input_ids:
+        return "input_ids is empty"
+    return None
 
 
 class AbortRequest(msgspec.Struct, tag="abort", forbid_unknown_fields=True):

@@ -27,7 +27,7 @@ from runtime import protocol as p
 from runtime.prompt_check import check_prompt
 from runtime.serve.frontend import ClientFrontend
 from runtime.serve.process import POLL_MS
-from runtime.tokenizer import ChatTemplateError, CompletionStream, apply_chat_template
+from runtime.tokenizer import ChatTemplateError, CompletionStream, encode_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -124,16 +124,10 @@ class TokenizerServer:
             raise _Reject(p.ERR_INVALID, problem)
         if (identity, req.rid) in self.by_client:
             raise _Reject(p.ERR_DUPLICATE, f"a request with rid {req.rid!r} is already in flight")
-        if req.input_ids is not None:
-            ids = list(req.input_ids)
-        elif req.messages is not None:
-            try:
-                ids = apply_chat_template(self.tokenizer, [{"role": m.role, "content": m.content}
-                                                           for m in req.messages])
-            except (ChatTemplateError, ValueError, TypeError) as exc:
-                raise _Reject(p.ERR_INVALID, f"chat template failed: {exc}") from None
-        else:
-            ids = list(self.tokenizer.encode(req.prompt))
+        try:
+            ids = encode_prompt(self.tokenizer, req.prompt, req.messages, req.input_ids)
+        except ChatTemplateError as exc:
+            raise _Reject(p.ERR_INVALID, str(exc)) from None
         r = self.ready
         prompt_problem = check_prompt(ids, r.max_model_len, r.vocab_size, r.block_size, r.num_blocks)
         if prompt_problem is not None:

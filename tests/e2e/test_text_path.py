@@ -159,3 +159,31 @@ def test_parallel_samples_with_logprobs(engine, server):
     assert [len(o[1]) for o in outs] == [6, 6, 6] and {o[2] for o in outs} == {"length"}
     assert all(len(o[3]) == 6 for o in outs)
     assert len({tuple(o[1]) for o in outs}) > 1
+
+
+def test_malformed_inputs_get_the_same_error_from_engine_and_server(engine, server):
+    """One prompt path (input_problem, encode_prompt, check_prompt): the Engine raises RequestRejected with the very
+    code and message the server answers, for malformed inputs and for prompts that can never run."""
+    from runtime.client import ServerError
+    from runtime.protocol import ERR_CONTEXT, ERR_INVALID
+    from runtime.request import RequestRejected
+
+    vocab = engine.scheduler.vocab_size
+    cases = {
+        "empty prompt": ({"prompt": ""}, ERR_INVALID, "prompt is empty"),
+        "empty messages": ({"messages": []}, ERR_INVALID, "messages is empty"),
+        "empty input_ids": ({"input_ids": []}, ERR_INVALID, "input_ids is empty"),
+        "out of vocabulary": ({"input_ids": [1, vocab]}, ERR_INVALID,
+                              f"token ids outside the vocabulary [0, {vocab}): [{vocab}]"),
+        "too long": ({"input_ids": [5] * engine.scheduler.max_model_len}, ERR_CONTEXT, None),
+    }
+    for case, (inputs, code, message) in cases.items():
+        with pytest.raises(RequestRejected) as engine_error:
+            engine.add_request(**inputs)
+        with server.client(timeout=60) as c, pytest.raises(ServerError) as server_error:
+            c.generate(max_tokens=2, **inputs)
+        assert engine_error.value.code == server_error.value.code == code, case
+        assert str(engine_error.value) == server_error.value.message, case
+        if message is not None:
+            assert server_error.value.message == message, case
+    assert not engine.scheduler.has_unfinished()
