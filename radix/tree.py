@@ -33,17 +33,7 @@ from sortedcontainers import SortedList
 
 from radix.block_pool import BlockPool
 from radix.events import KvEventLog
-from radix.hashing import (
-    CHILD_PREFIX,
-    NO_EXTRA_KEYS_FIELD,
-    U32,
-    BlockHash,
-    HashFn,
-    blake2b_128,
-    extra_keys_for_block,
-    hash_block,
-    packed_block_key,
-)
+from radix.hashing import BlockHash, HashFn, blake2b_128, hash_packed_block
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +108,6 @@ class RadixTree:
         self.hash_fn = hash_fn
         self.events = events if events is not None else KvEventLog(enabled=False)
         self.epoch = 0
-        self._count_field = U32.pack(block_size)  # packed_block_key's token count field
         self._roots: dict[str | None, _Root] = {None: _Root(None)}
         self._nodes: dict[BlockHash, Node] = {}
         self._by_block: list[Node | None] = [None] * pool.num_blocks
@@ -215,17 +204,11 @@ class RadixTree:
         stored_parent: BlockHash | None = None
         lru_tick = self._tick() << _ID_BITS
         hash_fn, nodes, by_block, rcs = self.hash_fn, self._nodes, self._by_block, self.pool.ref_counts
-        count_field = self._count_field
         for key, block_id in zip(blocks, block_ids, strict=True):
             children = parent.children
             node = None if children is None else children.get(key)
             if node is None:
-                if type(parent) is _Root:
-                    h = hash_block(None, packed_block_key(key, extra_keys_for_block(0, parent.salt)), hash_fn)
-                else:  # hash_block(parent hash, packed_block_key(key)) without the calls: the hot path of a miss
-                    ph = parent.block_hash
-                    assert ph is not None
-                    h = hash_fn(CHILD_PREFIX + U32.pack(len(ph)) + ph + count_field + key + NO_EXTRA_KEYS_FIELD)
+                h = hash_packed_block(parent.block_hash, key, parent.salt if type(parent) is _Root else None, hash_fn)
                 if h in nodes:
                     logger.debug("block hash collision at block %d; not cached", block_id)
                     break

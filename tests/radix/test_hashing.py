@@ -47,3 +47,19 @@ def test_bad_inputs():
         block_key([2**32])
     with pytest.raises(ValueError):
         block_key([1], (1.5,))
+
+
+def test_hash_packed_block_is_hash_block_of_the_packed_key():
+    """The tree's per-block hash (from packed tokens) is the chained hash the router computes from token ids."""
+    from radix.hashing import hash_packed_block, pack_tokens
+
+    tokens = list(range(100, 112))
+    for salt in (None, "tenant-a"):
+        chain, parent = [], None
+        for i in range(3):
+            parent = hash_packed_block(parent, pack_tokens(tokens[4 * i : 4 * i + 4]), salt)
+            chain.append(parent)
+        assert chain == hash_block_tokens(tokens, 4, salt)
+    assert hash_packed_block(None, pack_tokens([1, 2]), "s") == hash_block(None, block_key([1, 2], ("s",)))
+    parent = hash_block(None, block_key([1, 2]))
+    assert hash_packed_block(parent, pack_tokens([3, 4]), "ignored") == hash_block(parent, block_key([3, 4]))
