@@ -84,10 +84,10 @@ class RequestOutput:
 
 
 class _Live:
-    """A request the Engine is serving: its params, prompt ids and one CompletionStream per completion."""
+    """A request the Engine is serving: its prompt ids and one CompletionStream per completion."""
 
-    def __init__(self, params: SamplingParams, prompt_ids: list[int], streams: list[CompletionStream]) -> None:
-        self.params, self.prompt_ids, self.streams = params, prompt_ids, streams
+    def __init__(self, prompt_ids: list[int], streams: list[CompletionStream]) -> None:
+        self.prompt_ids, self.streams = prompt_ids, streams
         self.submit_time = time.monotonic()
         self.first_token_time: float | None = None
 
@@ -166,7 +166,7 @@ class Engine:
         rid = rid if rid is not None else f"req-{next(self._rids)}"
         self.scheduler.add_request(rid, ids, params, cache_salt)
         streams = [CompletionStream(self.tokenizer, params, self._eos) for _ in range(params.n)]
-        self._live[rid] = _Live(params, ids, streams)
+        self._live[rid] = _Live(ids, streams)
         return rid
 
     def step(self) -> list[StreamChunk]:

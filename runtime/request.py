@@ -12,8 +12,9 @@ from runtime.sampling_params import SamplingParams
 
 
 class RequestRejected(ValueError):
-    """A request can never be served: empty prompt, prompt longer than max_model_len, or more KV blocks than the
-    whole pool. Raised by add_request at once; code is a runtime.protocol ERR_* value."""
+    """A request can never be served: malformed inputs, empty prompt, prompt longer than max_model_len, more KV
+    blocks than the whole pool (or, in the tokenizer process, a duplicate rid). Raised at once, nothing queued; code
+    is a runtime.protocol ERR_* value."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)

@@ -25,6 +25,7 @@ import zmq
 
 from runtime import protocol as p
 from runtime.prompt_check import check_prompt
+from runtime.request import RequestRejected
 from runtime.serve.frontend import ClientFrontend
 from runtime.serve.process import POLL_MS
 from runtime.tokenizer import ChatTemplateError, CompletionStream, encode_prompt
@@ -105,7 +106,7 @@ class TokenizerServer:
         """Validates and tokenizes a GenerateRequest, then forwards it; errors go back as ErrorResponse."""
         try:
             input_ids = self.tokenize(identity, req)
-        except _Reject as exc:
+        except RequestRejected as exc:
             self.clients.send(identity, p.ErrorResponse(req.rid, exc.code, str(exc)))
             return
         sp = req.sampling_params
@@ -118,20 +119,20 @@ class TokenizerServer:
         self.to_scheduler.send(self._encoder.encode(msg))
 
     def tokenize(self, identity: bytes, req: p.GenerateRequest) -> list[int]:
-        """The prompt's token ids. Raises _Reject (code, message) for any request this server cannot serve."""
+        """The prompt's token ids. Raises RequestRejected (code, message) for any request this server cannot serve."""
         problem = req.check()
         if problem:
-            raise _Reject(p.ERR_INVALID, problem)
+            raise RequestRejected(p.ERR_INVALID, problem)
         if (identity, req.rid) in self.by_client:
-            raise _Reject(p.ERR_DUPLICATE, f"a request with rid {req.rid!r} is already in flight")
+            raise RequestRejected(p.ERR_DUPLICATE, f"a request with rid {req.rid!r} is already in flight")
         try:
             ids = encode_prompt(self.tokenizer, req.prompt, req.messages, req.input_ids)
         except ChatTemplateError as exc:
-            raise _Reject(p.ERR_INVALID, str(exc)) from None
+            raise RequestRejected(p.ERR_INVALID, str(exc)) from None
         r = self.ready
         prompt_problem = check_prompt(ids, r.max_model_len, r.vocab_size, r.block_size, r.num_blocks)
         if prompt_problem is not None:
-            raise _Reject(*prompt_problem)
+            raise RequestRejected(*prompt_problem)
         return ids
 
     # ---- scheduler side ------------------------------------------------------------------------------------------
@@ -196,12 +197,6 @@ class TokenizerServer:
         """Heartbeats clients waiting on a request or a control request (runtime.serve.frontend.ClientFrontend)."""
         waiting = [req.identity for req in self.requests.values()] + [ident for ident, _ in self.control.values()]
         self.clients.heartbeat(waiting, now)
-
-
-class _Reject(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def serve_tokenizer(server: TokenizerServer, from_scheduler: zmq.Socket, alive) -> None:
