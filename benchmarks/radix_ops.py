@@ -164,7 +164,7 @@ def run_trace(trace, page_size: int = 16, pool_tokens: int = 200_000) -> dict:
     inside add_sequence and allocate). Raises MemoryError when a step does not fit the pool.
     """
     bs = page_size
-    m = KVCacheManager(pool_tokens // bs + 1, bs)
+    m = KVCacheManager(pool_tokens // bs + 1, bs, record_events=True)  # BlockRemoved events count evictions
     ops = ("keys", "match", "add", "commit_prompt", "append", "allocate", "commit_full", "free", "drain")
     spent = dict.fromkeys(ops, 0.0)
     hit_tokens = prompt_tokens = evicted_blocks = checksum = 0

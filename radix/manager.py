@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from radix.block_pool import BlockPool, NoFreeBlocksError
 from radix.events import KvEvent, KvEventLog, KvSnapshot
 from radix.hashing import HashFn, blake2b_128
 from radix.invariants import check_manager
 from radix.keys import BlockKeys, pack_blocks
+from radix.prefix_match import PrefixMatch, StaleMatchError
 from radix.sequence import SeqBlocks
 from radix.stats import KVStats, count_stats
 from radix.swap import release_host, swap_in, swap_out
-from radix.tree import Node, RadixTree
+from radix.tree import RadixTree
 
 logger = logging.getLogger(__name__)
 
@@ -44,27 +44,6 @@ __all__ = [
 
 class UnknownSequenceError(KeyError):
     """The seq_id is not registered with the KVCacheManager."""
-
-
-class StaleMatchError(ValueError):
-    """add_sequence got a PrefixMatch taken before blocks left the tree (an eviction, uncache or reset since)."""
-
-
-class PrefixMatch(NamedTuple):
-    """Cached prefix of a token sequence, from match_prefix.
-
-    block_ids: cached blocks, root first. num_tokens = len(block_ids) * block_size. keys: the BlockKeys matched (the
-    sequence add_sequence admits). last_node: the tree's handle of the last block (None when nothing matched).
-    epoch: the tree's epoch when taken. Valid only until the next eviction / uncache / reset (any of them bumps the
-    epoch; is_current tells): after that its blocks may be free or reused. Blocks cached after it was taken do not
-    invalidate it, they only make it shorter than a new match.
-    """
-
-    block_ids: list[int]
-    num_tokens: int
-    keys: BlockKeys
-    last_node: Node | None
-    epoch: int
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -79,6 +58,9 @@ class KVCacheManager:
         block_size: tokens per block, >= 1.
         enable_prefix_caching: keep written full blocks in the radix tree and reuse them.
         num_host_blocks: host-memory blocks for swap_out / swap_in (ids 0 .. num_host_blocks - 1), >= 0.
+        record_events: keep KV events (radix/events.py) for drain_events; only an owner that drains them (the
+            scheduler process, which publishes them) should ask: a bounded ring of DEFAULT_EVENT_CAPACITY events
+            whose overflow drops the oldest, seen by the consumer as a seq gap. Off: no event is made at all.
         hash_fn: block digest (default BLAKE2b-128); tests inject a weak one to force collisions.
     Raises:
         ValueError: bad sizes.
@@ -91,6 +73,7 @@ class KVCacheManager:
         enable_prefix_caching: bool = True,
         num_host_blocks: int = 0,
         *,
+        record_events: bool = False,
         hash_fn: HashFn = blake2b_128,
     ) -> None:
         if block_size < 1:
@@ -103,7 +86,7 @@ class KVCacheManager:
         self.num_host_blocks = num_host_blocks
         self._pool = BlockPool(num_blocks)
         self._host_pool = BlockPool(num_host_blocks, reserve_null=False)
-        self._events = KvEventLog(enabled=enable_prefix_caching)
+        self._events = KvEventLog(enabled=record_events and enable_prefix_caching)
         self._tree = RadixTree(self._pool, block_size, hash_fn, self._events)
         self._seqs: dict[int, SeqBlocks] = {}
         self._queries_tokens = 0
@@ -352,8 +335,14 @@ class KVCacheManager:
                            self._queries_tokens, self._hits_tokens)  # fmt: skip
 
     def drain_events(self) -> list[KvEvent]:
-        """KV events since the last drain, oldest first (seq numbers consecutive)."""
+        """KV events since the last drain, oldest first; seq numbers consecutive unless the ring overflowed since
+        (then the first one skips the dropped numbers). [] when not record_events. O(events)."""
         return self._events.drain()
+
+    @property
+    def num_dropped_events(self) -> int:
+        """KV events recorded but dropped undrained because the ring was full, since the start."""
+        return self._events.num_dropped
 
     def kv_snapshot(self) -> KvSnapshot:
         """Hashes of all resident cached blocks (insertion order) and the last event seq they reflect (events not yet

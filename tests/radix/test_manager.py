@@ -90,7 +90,7 @@ def test_prefix_match_caps_and_counts_stats():
 
 
 def test_lock_prevents_eviction_and_exact_lru_order():
-    m = KVCacheManager(7, block_size=4)  # 6 usable
+    m = KVCacheManager(7, block_size=4, record_events=True)  # 6 usable
     finished(m, 1, toks(1, 8))  # blocks 1, 2
     finished(m, 2, toks(20, 27))  # blocks 3, 4
     assert m.tree.lru_order() == [2, 4]
@@ -108,7 +108,7 @@ def test_lock_prevents_eviction_and_exact_lru_order():
     events = m.drain_events()
     assert [type(e) for e in events] == [BlockStored, BlockStored, BlockRemoved]
     assert [e.seq for e in events] == [0, 1, 2]
-    assert events[2].block_hashes == list(reversed(hash_block_tokens(toks(20, 27), 4)))
+    assert events[2] == BlockRemoved(2, list(reversed(hash_block_tokens(toks(20, 27), 4))))
 
 
 def test_parents_evicted_after_children_lru_between_chains():
@@ -228,7 +228,7 @@ def test_free_releases_and_caches_only_full_computed_blocks():
 
 
 def test_free_keep_tokens_uncaches_blocks_past_a_stop_string():
-    m = KVCacheManager(11, block_size=4)
+    m = KVCacheManager(11, block_size=4, record_events=True)
     assert admit(m, 1, toks(1, 5)) == 0
     m.commit_computed(1, 5)
     m.append_tokens(1, toks(6, 13))
@@ -290,7 +290,7 @@ def test_stats_waste_and_totals():
 
 
 def test_snapshot_events_and_reset():
-    m = KVCacheManager(11, block_size=4)
+    m = KVCacheManager(11, block_size=4, record_events=True)
     finished(m, 1, toks(1, 8))
     hashes = hash_block_tokens(toks(1, 8), 4)
     assert snapshot(m) == hashes
@@ -306,7 +306,7 @@ def test_snapshot_events_and_reset():
 
 
 def test_prefix_caching_disabled():
-    m = KVCacheManager(11, block_size=4, enable_prefix_caching=False)
+    m = KVCacheManager(11, block_size=4, enable_prefix_caching=False, record_events=True)
     finished(m, 1, toks(1, 8))
     assert match(m, toks(1, 9)) == ([], 0)
     assert admit(m, 2, toks(1, 9)) == 0

@@ -1,0 +1,34 @@
+"""PrefixMatch: the cached prefix match_prefix found, and the rule for when it may still be locked.
+
+A match names physical blocks without holding references on them, so it is valid only while none of its blocks can
+have left the radix tree: the tree bumps its epoch on every eviction / uncache / reset, and KVCacheManager.add_sequence
+refuses (StaleMatchError) a match whose epoch is no longer the tree's.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from radix.keys import BlockKeys
+from radix.tree import Node
+
+
+class StaleMatchError(ValueError):
+    """add_sequence got a PrefixMatch taken before blocks left the tree (an eviction, uncache or reset since)."""
+
+
+class PrefixMatch(NamedTuple):
+    """Cached prefix of a token sequence, from match_prefix.
+
+    block_ids: cached blocks, root first. num_tokens = len(block_ids) * block_size. keys: the BlockKeys matched (the
+    sequence add_sequence admits). last_node: the tree's handle of the last block (None when nothing matched).
+    epoch: the tree's epoch when taken. Valid only until the next eviction / uncache / reset (any of them bumps the
+    epoch; is_current tells): after that its blocks may be free or reused. Blocks cached after it was taken do not
+    invalidate it, they only make it shorter than a new match.
+    """
+
+    block_ids: list[int]
+    num_tokens: int
+    keys: BlockKeys
+    last_node: Node | None
+    epoch: int
