@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -25,6 +26,7 @@ from runtime import protocol as p
 from runtime.client_errors import (
     ClientError,
     ContextLengthError,
+    InvalidInputError,
     InvalidRequestError,
     MalformedRequestError,
     RequestTimeout,
@@ -34,7 +36,7 @@ from runtime.client_errors import (
     ServerShutdownError,
     error_from_response,
 )
-from runtime.client_types import Choice, Completion, _Collector, build_request
+from runtime.client_types import Choice, Completion, _Collector, build_request, encode_request
 
 __all__ = [
     "AsyncClient",
@@ -43,6 +45,7 @@ __all__ = [
     "ClientError",
     "Completion",
     "ContextLengthError",
+    "InvalidInputError",
     "InvalidRequestError",
     "LIVENESS_S",
     "MalformedRequestError",
@@ -52,8 +55,11 @@ __all__ = [
     "ServerGoneError",
     "ServerShutdownError",
     "build_request",
+    "encode_request",
     "error_from_response",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 LIVENESS_S = 15.0  # seconds of silence that mean the server is gone (it heartbeats waiting clients every 0.25 s)
@@ -64,7 +70,6 @@ def _gone(rid: str, endpoint: str, liveness_s: float) -> ServerGoneError:
                                               "the server is gone")
 
 
-_encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(p.ServerMessage)
 
 
@@ -74,6 +79,21 @@ _Reply = p.StreamChunk | p.ErrorResponse | p.HealthResponse | p.StatsResponse | 
 
 def _new_rid() -> str:
     return uuid.uuid4().hex
+
+
+_Box = TypeVar("_Box")
+
+
+def _route(msg: _Reply, boxes: dict[str, _Box], endpoint: str) -> _Box | None:
+    """The inbox of the request msg answers (None: drop msg). Replies to requests no longer waited on (aborted,
+    timed out) are dropped; an ErrorResponse with rid "" (the server read no rid in a frame: only send_raw can send
+    such a frame, every frame this client builds carries one) fails no request, since none can be told apart by it:
+    it is logged at WARNING and dropped."""
+    if isinstance(msg, p.ErrorResponse) and msg.rid == "":
+        logger.warning("%s rejected a frame it could not attribute to a request: [%s] %s", endpoint, msg.code,
+                       msg.message)
+        return None
+    return boxes.get(msg.rid)
 
 
 _R = TypeVar("_R", p.StreamChunk, p.HealthResponse, p.StatsResponse, p.KvSnapshotResponse)
@@ -97,6 +117,8 @@ class Client:
     endpoint: the server's public endpoint, e.g. "tcp://127.0.0.1:5557". timeout: seconds a call may take before
     the request is aborted and RequestTimeout raised (None: wait forever). liveness_s: seconds without any frame from
     the server while a call waits before ServerGoneError (None: never). Use as a context manager or call close().
+    A request whose arguments cannot be sent raises InvalidSamplingParams or InvalidInputError before anything is
+    sent. An ErrorResponse with rid "" (answering a send_raw frame without a readable rid) is logged and dropped.
     """
 
     def __init__(self, endpoint: str, timeout: float | None = 120.0, liveness_s: float | None = LIVENESS_S) -> None:
@@ -125,8 +147,9 @@ class Client:
                stream: bool = False, cache_salt: str | None = None, **params: Any) -> str:
         """Sends a GenerateRequest and returns its rid without waiting; read it with result(rid) or chunks(rid)."""
         rid = _new_rid()
-        self._inbox[rid] = collections.deque()
-        self.send_raw(_encoder.encode(build_request(rid, prompt, messages, input_ids, stream, cache_salt, params)))
+        frame = encode_request(build_request(rid, prompt, messages, input_ids, stream, cache_salt, params))
+        self._inbox[rid] = collections.deque()  # only once the frame is built: a rejected call leaves nothing behind
+        self.send_raw(frame)
         return rid
 
     def send_raw(self, frame: bytes) -> None:
@@ -137,7 +160,7 @@ class Client:
     def abort(self, rid: str) -> None:
         """Cancels rid on the server (no reply); later messages for it are dropped."""
         self._inbox.pop(rid, None)
-        self._sock.send(_encoder.encode(p.AbortRequest(rid)))
+        self._sock.send(encode_request(p.AbortRequest(rid)))
 
     def _next(self, rid: str, deadline: float | None) -> _Reply:
         box = self._inbox[rid]
@@ -153,8 +176,8 @@ class Client:
             if self._sock.poll(wait, zmq.POLLIN):
                 msg = _decoder.decode(self._sock.recv())
                 self._last_heard = time.monotonic()
-                if not isinstance(msg, p.Heartbeat) and msg.rid in self._inbox:
-                    self._inbox[msg.rid].append(msg)
+                if not isinstance(msg, p.Heartbeat) and (inbox := _route(msg, self._inbox, self.endpoint)) is not None:
+                    inbox.append(msg)
         msg = box.popleft()
         if isinstance(msg, p.ErrorResponse):
             self._inbox.pop(rid, None)
@@ -209,7 +232,7 @@ class Client:
                  input_ids: list[int] | None = None, cache_salt: str | None = None, **params: Any) -> Completion:
         """Runs one request to completion. params: SamplingParams fields (max_tokens, temperature, stop, n, ...).
 
-        Raises InvalidSamplingParams before sending, ServerError subclasses, RequestTimeout."""
+        Raises InvalidSamplingParams or InvalidInputError before sending, ServerError subclasses, RequestTimeout."""
         start = time.perf_counter()
         rid = self.submit(prompt=prompt, messages=messages, input_ids=input_ids, cache_salt=cache_salt, **params)
         return self.result(rid, params.get("n", 1), start)
@@ -217,7 +240,7 @@ class Client:
     def _control(self, msg_type: _ControlRequest) -> _Reply:
         rid = _new_rid()
         self._inbox[rid] = collections.deque()
-        self.send_raw(_encoder.encode(msg_type(rid)))
+        self.send_raw(encode_request(msg_type(rid)))
         try:
             return self._next(rid, self._deadline())
         finally:
@@ -240,7 +263,8 @@ class AsyncClient:
     """asyncio client: many coroutines may use one AsyncClient; a reader task routes replies by rid.
 
     Use `async with AsyncClient(endpoint) as ac:`. timeout: seconds per call (None: wait forever). liveness_s: as
-    in Client (ServerGoneError after that long without any frame while a call waits).
+    in Client (ServerGoneError after that long without any frame while a call waits). Bad arguments and rid ""
+    errors are handled as in Client.
     """
 
     def __init__(self, endpoint: str, timeout: float | None = 120.0, liveness_s: float | None = LIVENESS_S) -> None:
@@ -273,12 +297,12 @@ class AsyncClient:
         while True:
             msg = _decoder.decode(await self._sock.recv())
             self._last_heard = time.monotonic()
-            if not isinstance(msg, p.Heartbeat) and msg.rid in self._queues:
-                self._queues[msg.rid].put_nowait(msg)
+            if not isinstance(msg, p.Heartbeat) and (queue := _route(msg, self._queues, self.endpoint)) is not None:
+                queue.put_nowait(msg)
 
     def _abort_nowait(self, rid: str) -> None:
         self._queues.pop(rid, None)
-        self._sock.send(_encoder.encode(p.AbortRequest(rid)), flags=zmq.NOBLOCK)
+        self._sock.send(encode_request(p.AbortRequest(rid)), flags=zmq.NOBLOCK)
 
     async def _next(self, rid: str, deadline: float | None) -> _Reply:
         queue = self._queues[rid]
@@ -304,9 +328,9 @@ class AsyncClient:
     async def _submit(self, prompt: str | None, messages: list | None, input_ids: list[int] | None, stream: bool,
                       cache_salt: str | None, params: dict[str, Any]) -> str:
         rid = _new_rid()
-        req = build_request(rid, prompt, messages, input_ids, stream, cache_salt, params)
+        frame = encode_request(build_request(rid, prompt, messages, input_ids, stream, cache_salt, params))
         self._queues[rid] = asyncio.Queue()
-        await self._sock.send(_encoder.encode(req))
+        await self._sock.send(frame)
         self._last_heard = time.monotonic()  # the liveness clock starts when a call starts waiting
         return rid
 
@@ -347,7 +371,7 @@ class AsyncClient:
     async def _control(self, msg_type: _ControlRequest) -> _Reply:
         rid = _new_rid()
         self._queues[rid] = asyncio.Queue()
-        await self._sock.send(_encoder.encode(msg_type(rid)))
+        await self._sock.send(encode_request(msg_type(rid)))
         self._last_heard = time.monotonic()
         try:
             return await self._next(rid, self._deadline())

@@ -1,5 +1,5 @@
 """The exceptions of runtime.client: one ServerError subclass per ErrorResponse code (runtime.protocol.ERROR_CODES),
-plus the client-side timeout and liveness errors."""
+plus the client-side input, timeout and liveness errors."""
 
 from __future__ import annotations
 
@@ -8,6 +8,14 @@ from runtime import protocol as p
 
 class ClientError(Exception):
     """Base of every error runtime.client raises."""
+
+
+class InvalidInputError(ClientError, ValueError):
+    """The request cannot be sent as given; raised before anything is sent. The message names the field: a chat
+    message that is neither a ChatMessage nor a dict with "role" and "content", text msgpack cannot carry (a lone
+    surrogate such as "\\ud800" is not UTF-8), an int outside msgpack's range [-2**63, 2**64 - 1] (token ids are
+    bounded by the server's vocabulary anyway), or a value of a type msgpack cannot encode. Out-of-range sampling
+    parameters raise runtime.sampling_params.InvalidSamplingParams (also a ValueError) instead."""
 
 
 class RequestTimeout(ClientError, TimeoutError):

@@ -1,10 +1,26 @@
-"""SamplingParams: how one request is decoded. Plain msgspec Struct, no torch, validated at construction."""
+"""SamplingParams: how one request is decoded. Plain msgspec Struct, no torch, validated at construction.
+
+Every field is bounded to what the code below it can represent: each int that reaches a torch tensor fits int32,
+every float is finite and survives float32, and the stop conditions a request may bring are limited in number and
+size, so one request can neither overflow a step's tensors nor make every stream's per-token stop check expensive.
+The limits are the module constants below.
+"""
 
 from __future__ import annotations
 
 import math
 
 import msgspec
+
+INT32_MAX = 2**31 - 1  # largest max_tokens, top_k and stop token id: each fits the int32/int64 tensors it reaches
+SEED_LIMIT = 2**63  # seed in [0, SEED_LIMIT): packed as an unsigned 64-bit word into the draw's hash
+MAX_N = 64  # completions per prompt
+MAX_LOGPROBS = 20  # top alternatives returned per token
+MAX_TEMPERATURE = 1e4  # finite in float32; above it a distribution whose logits span < 100 is within 1% of uniform
+GREEDY_TEMPERATURE = 1e-5  # 0 <= temperature < this is greedy (vLLM's _SAMPLING_EPS): logits / t overflow float32
+MAX_STOP_STRINGS = 64  # stop strings per request
+MAX_STOP_CHARS = 4096  # total characters over a request's stop strings
+MAX_STOP_TOKEN_IDS = 1024  # stop token ids per request
 
 
 class InvalidSamplingParams(ValueError):
@@ -14,22 +30,26 @@ class InvalidSamplingParams(ValueError):
 class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Decoding parameters of one request (one prompt; n completions).
 
-    Fields (units):
-        max_tokens: completion tokens to generate at most (>= 1).
-        temperature: softmax temperature (>= 0, finite); 0 means greedy (argmax).
-        top_k: keep the k most likely tokens (-1 or 0: all; else >= 1).
+    Fields (units), with the module constants that bound them:
+        max_tokens: completion tokens to generate at most, in [1, INT32_MAX] (the scheduler also stops at the
+            model's context).
+        temperature: softmax temperature, finite, in [0, MAX_TEMPERATURE]. Below GREEDY_TEMPERATURE (1e-5, 0
+            included) decoding is greedy (argmax): `greedy` is True and the sampler never divides by it.
+        top_k: keep the k most likely tokens: -1 or 0 for all, else in [1, INT32_MAX] (clamped to the vocabulary).
         top_p: keep the smallest set whose probability mass reaches top_p (0 < top_p <= 1).
         min_p: drop tokens whose probability is below min_p x the top probability (0 <= min_p <= 1).
-        seed: per-request seed; draws depend only on (seed, sample index, token index), never on the batch.
-        stop: stop strings; the text ends before the first one (hold-back in the detokenizer).
-        stop_token_ids: token ids that end the completion (the id is kept in token_ids, not in the text).
+        seed: per-request seed in [0, SEED_LIMIT); draws depend only on (seed, sample index, token index).
+        stop: stop strings (the text ends before the first one): at most MAX_STOP_STRINGS, each non-empty UTF-8
+            text, MAX_STOP_CHARS characters in all.
+        stop_token_ids: token ids that end the completion (the id is kept in token_ids, not in the text): at most
+            MAX_STOP_TOKEN_IDS, each in [0, INT32_MAX].
         ignore_eos: keep generating past EOS until max_tokens.
-        n: completions per prompt (parallel sampling; the prompt is prefilled once).
-        logprobs: when set, return the sampled token's logprob and this many top alternatives (0..20).
+        n: completions per prompt, in [1, MAX_N] (parallel sampling; the prompt is prefilled once).
+        logprobs: when set, return the sampled token's logprob and this many top alternatives (0..MAX_LOGPROBS).
 
     Raises:
-        InvalidSamplingParams: on any value outside the ranges above (msgspec also raises
-            msgspec.ValidationError for wrong types when decoding from the wire).
+        InvalidSamplingParams: on any value of the wrong type or outside the ranges above, naming the field (msgspec
+            raises msgspec.ValidationError for wrong types when decoding from the wire).
     """
 
     max_tokens: int = 16
@@ -48,29 +68,89 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         self.validate()
 
     def validate(self) -> None:
-        """Check every field; raises InvalidSamplingParams naming the first bad one."""
-        if self.max_tokens < 1:
-            raise InvalidSamplingParams(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise InvalidSamplingParams(f"temperature must be finite and >= 0, got {self.temperature}")
-        if self.top_k < -1:
-            raise InvalidSamplingParams(f"top_k must be -1, 0 (all tokens) or >= 1, got {self.top_k}")
-        if not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise InvalidSamplingParams(f"top_p must be in (0, 1], got {self.top_p}")
-        if not math.isfinite(self.min_p) or not 0.0 <= self.min_p <= 1.0:
-            raise InvalidSamplingParams(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise InvalidSamplingParams(f"seed must be in [0, 2**63), got {self.seed}")
-        if self.n < 1 or self.n > 64:
-            raise InvalidSamplingParams(f"n must be in [1, 64], got {self.n}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise InvalidSamplingParams(f"logprobs must be in [0, 20], got {self.logprobs}")
-        if any((not isinstance(s, str)) or s == "" for s in self.stop):
-            raise InvalidSamplingParams("stop strings must be non-empty strings")
-        if any(t < 0 for t in self.stop_token_ids):
-            raise InvalidSamplingParams("stop_token_ids must be >= 0")
+        """Check every field; raises InvalidSamplingParams naming the first bad one. O(len(stop) + stop chars +
+        len(stop_token_ids))."""
+        _check_int("max_tokens", self.max_tokens, 1, INT32_MAX)
+        _check_float("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        _check_top_k(self.top_k)
+        _check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _check_float("min_p", self.min_p, 0.0, 1.0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, SEED_LIMIT - 1, "[0, 2**63)")
+        _check_int("n", self.n, 1, MAX_N)
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidSamplingParams(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
+        _check_stop(self.stop)
+        _check_stop_token_ids(self.stop_token_ids)
 
     @property
     def greedy(self) -> bool:
-        """True when decoding is argmax (temperature 0)."""
-        return self.temperature == 0.0
+        """True when decoding is argmax: temperature below GREEDY_TEMPERATURE (1e-5), 0 included."""
+        return self.temperature < GREEDY_TEMPERATURE
+
+
+def _show(value: object) -> str:
+    """A short repr for an error message (a Python int of thousands of digits cannot even be printed)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_int(name: str, value: object, low: int, high: int, shown: str | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidSamplingParams(f"{name} must be an int, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise InvalidSamplingParams(f"{name} must be in {shown or f'[{low}, {high}]'}, got {_show(value)}")
+
+
+def _check_float(name: str, value: object, low: float, high: float, low_open: bool = False) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise InvalidSamplingParams(f"{name} must be a number, got {type(value).__name__}")
+    in_range = (isinstance(value, float) or value.bit_length() <= 64) and math.isfinite(value) and (
+        low < value <= high if low_open else low <= value <= high)
+    if not in_range:
+        shown = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise InvalidSamplingParams(f"{name} must be finite and in {shown}, got {_show(value)}")
+
+
+def _check_top_k(top_k: object) -> None:
+    if not isinstance(top_k, int) or isinstance(top_k, bool):
+        raise InvalidSamplingParams(f"top_k must be an int, got {type(top_k).__name__}")
+    if not -1 <= top_k <= INT32_MAX:
+        raise InvalidSamplingParams(f"top_k must be -1, 0 (all tokens) or in [1, {INT32_MAX}], got {_show(top_k)}")
+
+
+def _check_stop(stop: object) -> None:
+    if not isinstance(stop, list):
+        raise InvalidSamplingParams(f"stop must be a list of strings, got {type(stop).__name__}")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidSamplingParams(f"stop has {len(stop)} strings, at most {MAX_STOP_STRINGS} are allowed")
+    total = 0
+    for i, s in enumerate(stop):
+        if not isinstance(s, str) or s == "":
+            raise InvalidSamplingParams(f"stop strings must be non-empty strings, stop[{i}] is {_show(s)}")
+        if not s.isascii():
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidSamplingParams(f"stop[{i}] is not valid UTF-8 text (a lone surrogate)") from None
+        total += len(s)
+    if total > MAX_STOP_CHARS:
+        raise InvalidSamplingParams(f"stop strings have {total} characters in all, at most {MAX_STOP_CHARS} are "
+                                    "allowed")
+
+
+def _check_stop_token_ids(ids: object) -> None:
+    if not isinstance(ids, list):
+        raise InvalidSamplingParams(f"stop_token_ids must be a list of ints, got {type(ids).__name__}")
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise InvalidSamplingParams(f"stop_token_ids has {len(ids)} ids, at most {MAX_STOP_TOKEN_IDS} are allowed")
+    if not ids or (set(map(type, ids)) == {int} and 0 <= min(ids) and max(ids) <= INT32_MAX):
+        return  # the common case, in C: every id an int (not a bool) and in range
+    for i, t in enumerate(ids):
+        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t <= INT32_MAX:
+            raise InvalidSamplingParams(f"stop_token_ids must be ints in [0, {INT32_MAX}], stop_token_ids[{i}] is "
+                                        f"{_show(t)}")

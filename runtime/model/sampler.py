@@ -56,7 +56,12 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SampleRequest]) -> SamplerOutput:
         """Sample logits float32 [N, vocab] (N == len(rows)); returns N token ids (and logprobs where asked).
 
+        Rows whose params are greedy (temperature below GREEDY_TEMPERATURE, 0 included) take the argmax: the
+        sampler never divides by such a temperature (logits / 1e-38 overflows float32 into inf/nan, whose draw is
+        junk). Every int of the params that enters a tensor is clamped to the vocabulary first (top_k, logprobs);
+        SamplingParams bounds the rest (temperature in [1e-5, 1e4] here, seed < 2**63).
         Logprobs are the natural log-softmax of the raw logits (before temperature and filters).
+        Raises ValueError when the row count differs from len(rows).
         """
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sample requests")
@@ -83,7 +88,7 @@ class Sampler:
         temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
         vals, order = torch.sort(logits / temps[:, None], dim=-1, descending=True, stable=True)
         ranks = torch.arange(vocab, device=dev)
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=dev).clamp(max=vocab)
+        top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=dev)
         vals = vals.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
         probs = torch.softmax(vals, dim=-1)
         keep = top_k
@@ -113,7 +118,7 @@ def _logprobs(logits: torch.Tensor, rows: list[SampleRequest], ids: list[int]) -
     out: list[TokenLogprobs | None] = [None] * len(rows)
     lp = torch.log_softmax(logits.index_select(0, torch.tensor(asked, device=logits.device)), dim=-1)
     for j, i in enumerate(asked):
-        n = rows[i].params.logprobs or 0
+        n = min(rows[i].params.logprobs or 0, lp.shape[-1])
         top = torch.topk(lp[j], n) if n else None
         out[i] = TokenLogprobs(
             logprob=float(lp[j, ids[i]]),

@@ -5,11 +5,13 @@ decode_client_frame is the server's one strict, typed reader of a client frame.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from radix.events import KvSnapshot
 from runtime.protocol.worker import TokenLogprobs
-from runtime.sampling_params import SamplingParams
+from runtime.sampling_params import InvalidSamplingParams, SamplingParams
 
 
 class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
@@ -114,7 +116,7 @@ class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fiel
 
 
 # ErrorResponse codes. The client maps each to an exception class (runtime/client.py).
-ERR_MALFORMED = "malformed"  # not msgpack, wrong field types, several frames
+ERR_MALFORMED = "malformed"  # not msgpack, not a map with string keys, wrong field types or shape, several frames
 ERR_UNKNOWN_MESSAGE = "unknown_message"  # a tag this server does not know
 ERR_TOO_LARGE = "message_too_large"  # over ServerArgs.max_message_bytes
 ERR_INVALID = "invalid_request"  # well typed but out of range (sampling params, prompt fields, token ids)
@@ -127,7 +129,9 @@ ERROR_CODES = (ERR_MALFORMED, ERR_UNKNOWN_MESSAGE, ERR_TOO_LARGE, ERR_INVALID, E
 
 
 class ErrorResponse(msgspec.Struct, tag="error", forbid_unknown_fields=True):
-    """The request rid failed (rid is "" when the frame could not be read far enough to find one). Ends the request."""
+    """The request rid failed; ends the request. rid is "" only when the frame is not a msgpack map with a string
+    "rid" (decode_client_frame recovers it otherwise, also from a frame over the size limit); runtime.client logs
+    and drops such an error, since no request of its own can be told apart by it."""
 
     rid: str
     code: str
@@ -209,39 +213,122 @@ ClientMessage = GenerateRequest | AbortRequest | HealthRequest | StatsRequest | 
 ServerMessage = StreamChunk | ErrorResponse | HealthResponse | StatsResponse | KvSnapshotResponse | Heartbeat
 CLIENT_TAGS = frozenset({"generate", "abort", "health", "stats", "kv_snapshot_request"})
 
+class _Envelope(msgspec.Struct):
+    """The two fields every client message has, read without the rest: msgspec skips the other fields unread (so
+    this is cheap even for a frame over max_message_bytes). Raw: a field of the wrong type spoils only itself."""
+
+    rid: msgspec.Raw = msgspec.Raw(b"\xc0")  # msgpack nil
+    type: msgspec.Raw = msgspec.Raw(b"\xc0")
+
+
+class _UncheckedSamplingParams(SamplingParams, kw_only=True, forbid_unknown_fields=True):
+    """SamplingParams' wire shape (the same fields and types) without its range check."""
+
+    def __post_init__(self) -> None:
+        pass
+
+
+class _UncheckedGenerate(GenerateRequest, tag="generate", kw_only=True, forbid_unknown_fields=True):
+    """GenerateRequest's wire shape with unchecked SamplingParams: tells a range error from a type error."""
+
+    sampling_params: _UncheckedSamplingParams = msgspec.field(default_factory=_UncheckedSamplingParams)
+
+
 _client_decoder = msgspec.msgpack.Decoder(ClientMessage)
-_any_decoder = msgspec.msgpack.Decoder()
+_envelope_decoder = msgspec.msgpack.Decoder(_Envelope)
+_keys_decoder = msgspec.msgpack.Decoder(dict[Any, msgspec.Raw])  # a map whose keys are not all strings
+_str_decoder = msgspec.msgpack.Decoder(str)
+_unchecked_generate_decoder = msgspec.msgpack.Decoder(_UncheckedGenerate)
 
 
 def decode_client_frame(frame: bytes, max_message_bytes: int) -> ClientMessage | ErrorResponse:
     """Decode one public frame strictly; a frame that cannot be served becomes the ErrorResponse to send back.
 
-    Never raises and never unpickles: the frame is msgpack decoded into the ClientMessage union (typed, unknown
-    fields rejected, SamplingParams validated). The rid of a rejected frame is recovered when the frame is a msgpack
-    map with a string "rid", so a client with many requests in flight can route the error.
+    Total: returns for every byte string (never raises, never unpickles). The frame is msgpack decoded into the
+    ClientMessage union (typed, unknown fields rejected, SamplingParams validated). A rejected frame gets:
+    ERR_TOO_LARGE (over max_message_bytes; nothing but its rid is read), ERR_UNKNOWN_MESSAGE (a map whose "type" is
+    not one of CLIENT_TAGS), ERR_INVALID (a GenerateRequest of the right types whose SamplingParams are out of range:
+    the message names the field) or ERR_MALFORMED (not msgpack, not a map, wrong field types or shape, unknown
+    fields). The rid of a rejected frame is recovered whenever the frame is a msgpack map with a string "rid", so a
+    client with many requests in flight can route the error; else it is "". Exceptions, none of which a client
+    library produces: over max_message_bytes the other keys must be strings too (they are skipped, not decoded);
+    a map with a map or ext key (unhashable) or nested past msgspec's depth limit cannot be read at all.
+    Cost: O(len(frame)) in msgspec's C code; a rejected frame is read at most four times.
     """
     if len(frame) > max_message_bytes:
-        return ErrorResponse("", ERR_TOO_LARGE, f"message of {len(frame)} bytes exceeds {max_message_bytes} bytes")
+        return ErrorResponse(_rid_of(frame, keys_fallback=False), ERR_TOO_LARGE,
+                             f"message of {len(frame)} bytes exceeds {max_message_bytes} bytes")
     try:
         return _client_decoder.decode(frame)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:  # deep nesting: RecursionError
-        error = exc
-    try:
-        raw = _any_decoder.decode(frame)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        return ErrorResponse("", ERR_MALFORMED, f"not a msgpack message: {error}")
-    if not isinstance(raw, dict):
-        return ErrorResponse("", ERR_MALFORMED, f"a message is a msgpack map, got {type(raw).__name__}")
-    rid = raw.get("rid")
-    if not isinstance(rid, str):
-        rid = ""
-    tag = raw.get("type")
+    except Exception as exc:  # DecodeError, ValidationError, RecursionError (deep nesting), MemoryError: all rejected
+        return _rejection(frame, exc)
+
+
+def _rejection(frame: bytes, error: Exception) -> ErrorResponse:
+    """The ErrorResponse for a frame the typed decode rejected with error. Never raises."""
+    envelope = _envelope(frame)
+    if envelope is None:
+        return ErrorResponse(_rid_of(frame, keys_fallback=True), ERR_MALFORMED,
+                             f"a message is a msgpack map with string keys: {_short(error)}")
+    rid = _as_str(envelope.rid) or ""
+    tag = _as_str(envelope.type)
     if tag not in CLIENT_TAGS:
-        return ErrorResponse(rid, ERR_UNKNOWN_MESSAGE, f"unknown message type {tag!r}; known: {sorted(CLIENT_TAGS)}")
-    code = ERR_INVALID if "sampling_params" in str(error) and _is_range_error(error) else ERR_MALFORMED
-    return ErrorResponse(rid, code, str(error))
+        shown = repr(tag) if tag is not None else "missing or not a string"
+        return ErrorResponse(rid, ERR_UNKNOWN_MESSAGE,
+                             f"unknown message type {_clip(shown)}; known: {sorted(CLIENT_TAGS)}")
+    if tag == "generate":
+        return _generate_rejection(frame, rid, error)
+    return ErrorResponse(rid, ERR_MALFORMED, _short(error))
 
 
-def _is_range_error(error: Exception) -> bool:
-    """SamplingParams.validate() failures surface as ValidationErrors whose message has no 'Expected'."""
-    return "Expected" not in str(error)
+def _generate_rejection(frame: bytes, rid: str, error: Exception) -> ErrorResponse:
+    """A rejected generate frame: ERR_INVALID when every field has the right type and SamplingParams are out of
+    range (the message names the field), else ERR_MALFORMED naming the first type or shape error."""
+    try:
+        shape = _unchecked_generate_decoder.decode(frame)
+    except Exception as exc:  # a type or shape error, whatever the ranges
+        return ErrorResponse(rid, ERR_MALFORMED, _short(exc))
+    try:
+        SamplingParams(**msgspec.structs.asdict(shape.sampling_params))
+    except InvalidSamplingParams as exc:
+        return ErrorResponse(rid, ERR_INVALID, f"invalid sampling_params: {exc}")
+    return ErrorResponse(rid, ERR_MALFORMED, _short(error))
+
+
+def _envelope(frame: bytes) -> _Envelope | None:
+    try:
+        return _envelope_decoder.decode(frame)
+    except Exception:  # not msgpack, not a map, a non-string key, too deep
+        return None
+
+
+def _rid_of(frame: bytes, keys_fallback: bool) -> str:
+    """The string "rid" of a msgpack map frame, else "". keys_fallback: also read a map with non-string keys (its
+    keys are decoded: not for a frame over the size limit)."""
+    envelope = _envelope(frame)
+    if envelope is not None:
+        return _as_str(envelope.rid) or ""
+    if not keys_fallback:
+        return ""
+    try:
+        fields = _keys_decoder.decode(frame)
+        raw = fields.get("rid")
+    except Exception:  # not a map, unhashable keys, too deep
+        return ""
+    return (_as_str(raw) if raw is not None else None) or ""
+
+
+def _as_str(raw: msgspec.Raw) -> str | None:
+    try:
+        return _str_decoder.decode(raw)
+    except Exception:
+        return None
+
+
+def _clip(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _short(error: Exception) -> str:
+    """An exception as a bounded one-line message for an ErrorResponse."""
+    return _clip(str(error) or type(error).__name__, 500)

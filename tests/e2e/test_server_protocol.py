@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import pickle
 import re
@@ -13,7 +14,7 @@ import pytest
 import zmq
 
 from runtime import protocol as p
-from runtime.client import ContextLengthError, InvalidRequestError
+from runtime.client import Client, ContextLengthError, InvalidRequestError, MalformedRequestError
 from runtime.sampling_params import InvalidSamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +55,13 @@ BAD_INPUTS = {
     "unknown field": (gen(prompt="hi", colour="red"), "r", p.ERR_MALFORMED),
     "unknown tag": (enc({"type": "launch_missiles", "rid": "r"}), "r", p.ERR_UNKNOWN_MESSAGE),
     "not a map": (enc([1, 2, 3]), "", p.ERR_MALFORMED),
-    "over max_message_bytes": (gen(prompt="x" * (MAX_MESSAGE_BYTES + 1)), "", p.ERR_TOO_LARGE),
+    "over max_message_bytes": (gen(prompt="x" * (MAX_MESSAGE_BYTES + 1)), "r", p.ERR_TOO_LARGE),
+    "type not hashable": (enc({"type": [1], "rid": "r"}), "r", p.ERR_UNKNOWN_MESSAGE),
+    "unknown sampling field": (gen(prompt="hi", sampling_params={"colour": 1}), "r", p.ERR_MALFORMED),
+    "top_k beyond int64": (gen(prompt="hi", sampling_params={"top_k": 2**63}), "r", p.ERR_INVALID),
+    "max_tokens beyond int32": (gen(prompt="hi", sampling_params={"max_tokens": 2**31}), "r", p.ERR_INVALID),
+    "stop token id beyond int32": (gen(prompt="hi", sampling_params={"stop_token_ids": [2**64 - 1]}), "r",
+                                   p.ERR_INVALID),
     "no prompt field": (gen(), "r", p.ERR_INVALID),
     "two prompt fields": (gen(prompt="hi", input_ids=[1, 2]), "r", p.ERR_INVALID),
     "three prompt fields": (gen(prompt="hi", input_ids=[1], messages=[{"role": "user", "content": "x"}]), "r",
@@ -112,6 +119,24 @@ def test_client_raises_typed_errors(tiny_server):
         with pytest.raises(InvalidSamplingParams):  # checked before anything is sent
             c.generate(prompt="hi", max_tokens=0)
         assert c.health() == "ok"
+
+
+def test_client_gets_message_too_large_for_its_own_request(tiny_server):
+    """The server reads the rid of a frame over max_message_bytes, so the Client raises at once instead of a
+    ServerGoneError after its liveness interval."""
+    with Client(tiny_server.endpoint, timeout=30.0, liveness_s=5.0) as c:
+        with pytest.raises(MalformedRequestError) as info:
+            c.generate(prompt="x" * MAX_MESSAGE_BYTES, max_tokens=1)
+        assert info.value.code == p.ERR_TOO_LARGE and info.value.rid != ""
+        assert c.health() == "ok"
+
+
+def test_client_logs_and_drops_an_error_it_cannot_route(tiny_server, caplog):
+    with Client(tiny_server.endpoint, timeout=30.0) as c, caplog.at_level(logging.WARNING, "runtime.client"):
+        c.send_raw(b"\xc1")  # no rid can be read: the answer has rid ""
+        assert c.health() == "ok"
+    [record] = [r for r in caplog.records if r.name == "runtime.client"]
+    assert "could not attribute to a request: [malformed]" in record.getMessage()
 
 
 def test_decode_client_frame_never_raises():

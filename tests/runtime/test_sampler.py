@@ -110,3 +110,22 @@ def test_invalid_params_raise(kwargs):
 def test_row_count_mismatch_raises():
     with pytest.raises(ValueError, match="2 logits rows for 1"):
         Sampler(0)(_logits(0, rows=2), [SampleRequest(SamplingParams(), 0, 0)])
+
+
+def test_tiny_temperatures_give_the_greedy_tokens():
+    """Below 1e-5 the sampler takes the argmax instead of dividing: logits / 1e-38 or 1e-45 in float32 are inf/nan
+    and the draw returned junk tokens."""
+    logits = _logits(7, rows=8)
+    for temperature in (1e-30, 1e-38, 1e-45, 9e-6):
+        rows = [SampleRequest(SamplingParams(temperature=temperature, seed=i), 0, i) for i in range(8)]
+        assert Sampler(0)(logits, rows).token_ids == logits.argmax(dim=-1).tolist(), temperature
+
+
+def test_logprobs_and_top_k_are_clamped_to_a_small_vocabulary():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
+    greedy = SampleRequest(SamplingParams(temperature=0.0, logprobs=20), 0, 0)
+    out = Sampler(0)(logits, [greedy])
+    assert out.token_ids == [1] and out.logprobs[0].top_token_ids == [1, 3, 2, 0]
+    top_k = SampleRequest(SamplingParams(temperature=1.0, top_k=2**31 - 1, seed=5), 0, 0)
+    assert Sampler(0)(logits, [top_k]).token_ids == Sampler(0)(logits, [top_k._replace(
+        params=SamplingParams(temperature=1.0, top_k=-1, seed=5))]).token_ids

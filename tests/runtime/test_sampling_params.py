@@ -1,0 +1,87 @@
+"""SamplingParams bounds: every field is bounded to what the code below can represent, with an exact message naming
+the field, in Python and on the wire (decode_client_frame answers ERR_INVALID with the same words)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from runtime import protocol as p
+from runtime import sampling_params as sp
+from runtime.sampling_params import InvalidSamplingParams, SamplingParams
+
+I32 = 2**31 - 1
+BOUNDS = {
+    "max_tokens 0": ({"max_tokens": 0}, "max_tokens must be in [1, 2147483647], got 0"),
+    "max_tokens past int32": ({"max_tokens": 2**31}, "max_tokens must be in [1, 2147483647], got 2147483648"),
+    "max_tokens uint64": ({"max_tokens": 2**64 - 1}, "max_tokens must be in [1, 2147483647], got 18446744073709551615"),
+    "top_k -2": ({"top_k": -2}, "top_k must be -1, 0 (all tokens) or in [1, 2147483647], got -2"),
+    "top_k past int32": ({"top_k": 2**31}, "top_k must be -1, 0 (all tokens) or in [1, 2147483647], got 2147483648"),
+    "top_k int64 overflow": ({"top_k": 2**63}, "top_k must be -1, 0 (all tokens) or in [1, 2147483647], got "
+                                               "9223372036854775808"),
+    "stop token id past int32": ({"stop_token_ids": [1, 2**31]}, "stop_token_ids must be ints in [0, 2147483647], "
+                                                                 "stop_token_ids[1] is 2147483648"),
+    "stop token id negative": ({"stop_token_ids": [-1]}, "stop_token_ids must be ints in [0, 2147483647], "
+                                                         "stop_token_ids[0] is -1"),
+    "1025 stop token ids": ({"stop_token_ids": [5] * 1025}, "stop_token_ids has 1025 ids, at most 1024 are allowed"),
+    "65 stop strings": ({"stop": ["a"] * 65}, "stop has 65 strings, at most 64 are allowed"),
+    "4097 stop characters": ({"stop": ["a" * 4000, "b" * 97]},
+                             "stop strings have 4097 characters in all, at most 4096 are allowed"),
+    "empty stop string": ({"stop": ["x", ""]}, "stop strings must be non-empty strings, stop[1] is ''"),
+    "temperature past 1e4": ({"temperature": 1e5}, "temperature must be finite and in [0, 10000], got 100000.0"),
+    "temperature inf": ({"temperature": float("inf")}, "temperature must be finite and in [0, 10000], got inf"),
+    "temperature negative": ({"temperature": -0.5}, "temperature must be finite and in [0, 10000], got -0.5"),
+    "top_p 0": ({"top_p": 0.0}, "top_p must be finite and in (0, 1], got 0.0"),
+    "min_p nan": ({"min_p": float("nan")}, "min_p must be finite and in [0, 1], got nan"),
+    "seed 2**63": ({"seed": 2**63}, "seed must be in [0, 2**63), got 9223372036854775808"),
+    "n 65": ({"n": 65}, "n must be in [1, 64], got 65"),
+    "logprobs 21": ({"logprobs": 21}, "logprobs must be in [0, 20], got 21"),
+}
+
+
+@pytest.mark.parametrize("name", list(BOUNDS))
+def test_each_bound_raises_naming_the_field_and_is_invalid_request_on_the_wire(name):
+    kwargs, message = BOUNDS[name]
+    with pytest.raises(InvalidSamplingParams) as info:
+        SamplingParams(**kwargs)
+    assert str(info.value) == message
+    frame = msgspec.msgpack.encode({"type": "generate", "rid": "r", "prompt": "x", "sampling_params": kwargs})
+    assert p.decode_client_frame(frame, 1 << 20) == p.ErrorResponse("r", p.ERR_INVALID,
+                                                                     f"invalid sampling_params: {message}")
+
+
+PYTHON_ONLY = {  # values msgpack cannot carry or the client passes by mistake: never a raw TypeError/OverflowError
+    "stop token id 2**70": ({"stop_token_ids": [2**70]}, "stop_token_ids must be ints in [0, 2147483647], "
+                                                         "stop_token_ids[0] is an int of 71 bits"),
+    "max_tokens 10**5000": ({"max_tokens": 10**5000}, "max_tokens must be in [1, 2147483647], got an int of "
+                                                      "16610 bits"),
+    "temperature 10**400": ({"temperature": 10**400}, "temperature must be finite and in [0, 10000], got an int of "
+                                                      "1329 bits"),
+    "lone surrogate stop": ({"stop": ["ok", "\ud800"]}, "stop[1] is not valid UTF-8 text (a lone surrogate)"),
+    "stop as a string": ({"stop": "\n"}, "stop must be a list of strings, got str"),
+    "temperature as a string": ({"temperature": "hot"}, "temperature must be a number, got str"),
+    "max_tokens as a bool": ({"max_tokens": True}, "max_tokens must be an int, got bool"),
+    "top_k as a float": ({"top_k": 5.0}, "top_k must be an int, got float"),
+    "ignore_eos as an int": ({"ignore_eos": 1}, "ignore_eos must be a bool, got int"),
+}
+
+
+@pytest.mark.parametrize("name", list(PYTHON_ONLY))
+def test_values_of_the_wrong_type_or_beyond_msgpack_raise_invalid_sampling_params(name):
+    kwargs, message = PYTHON_ONLY[name]
+    with pytest.raises(InvalidSamplingParams) as info:
+        SamplingParams(**kwargs)
+    assert str(info.value) == message
+
+
+def test_the_limits_themselves_are_accepted():
+    params = SamplingParams(max_tokens=I32, top_k=I32, stop=["s" * 64] * 64, stop_token_ids=[I32] * 1024,
+                            temperature=1e4, seed=2**63 - 1, n=64, logprobs=20)
+    assert (params.max_tokens, params.top_k, len(params.stop), len(params.stop_token_ids)) == (I32, I32, 64, 1024)
+    assert (sp.INT32_MAX, sp.MAX_STOP_STRINGS, sp.MAX_STOP_CHARS, sp.MAX_STOP_TOKEN_IDS) == (I32, 64, 4096, 1024)
+
+
+def test_temperatures_below_1e_5_are_greedy():
+    assert [SamplingParams(temperature=t).greedy for t in (0.0, 1e-30, 1e-38, 9.99e-6, 1e-5, 0.5)] == [
+        True, True, True, True, False, False]
+    assert sp.GREEDY_TEMPERATURE == 1e-5
