@@ -1,16 +1,21 @@
 """The one prompt check: can a prompt of token ids ever run? Used by the tokenizer process (before forwarding), the
 Engine (before queueing any prompt of a call) and Scheduler.add_request (the last gate). Pure Python, no torch.
+Before that, the text's size is bounded (prompt_char_limit, check_prompt_chars) so that no request makes the server
+tokenize or render more than a fixed number of characters.
 
-Error codes (runtime.protocol): ERR_INVALID for an empty prompt or an id outside the vocabulary, ERR_CONTEXT for a
-prompt that leaves no room to generate under max_model_len or needs more KV blocks than the whole pool.
+Error codes (runtime.protocol): ERR_INVALID for an empty prompt, an id outside the vocabulary or text over the
+character limit, ERR_CONTEXT for a prompt that leaves no room to generate under max_model_len or needs more KV blocks
+than the whole pool.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from runtime.protocol import ERR_CONTEXT, ERR_INVALID
+
+CHARS_PER_TOKEN_LIMIT = 32  # default characters per token of context: far above the ~3-5 of real tokenizers
 
 
 class PromptProblem(NamedTuple):
@@ -18,6 +23,38 @@ class PromptProblem(NamedTuple):
 
     code: str
     message: str
+
+
+def prompt_char_limit(max_prompt_chars: int | None, max_model_len: int) -> int:
+    """The most characters a prompt (all chat messages together) may have: ServerArgs.max_prompt_chars, or
+    CHARS_PER_TOKEN_LIMIT x max_model_len (tokens) when it is None. The tokenizer process, the router and the Engine
+    all use this one rule."""
+    return max_prompt_chars if max_prompt_chars is not None else CHARS_PER_TOKEN_LIMIT * max_model_len
+
+
+def prompt_chars(prompt: str | None, messages: Sequence[Any] | None) -> int:
+    """Characters the server would tokenize or render: len(prompt), or every message's role and content (dicts or
+    ChatMessage structs; a field that is not a str counts 0, the chat template rejects it). O(len(messages))."""
+    if messages is None:
+        return len(prompt) if isinstance(prompt, str) else 0
+    total = 0
+    for m in messages:
+        role, content = (m.get("role"), m.get("content")) if isinstance(m, dict) else (
+            getattr(m, "role", None), getattr(m, "content", None))  # fmt: skip
+        total += (len(role) if isinstance(role, str) else 0) + (len(content) if isinstance(content, str) else 0)
+    return total
+
+
+def check_prompt_chars(prompt: str | None, messages: Sequence[Any] | None, limit: int | None) -> PromptProblem | None:
+    """PromptProblem(ERR_INVALID, naming both sizes) when the prompt text or the messages together exceed `limit`
+    characters (prompt_char_limit), else None; limit None: no limit. Checked before tokenizing. O(len(messages))."""
+    if limit is None:
+        return None
+    n = prompt_chars(prompt, messages)
+    if n <= limit:
+        return None
+    what = "prompt" if messages is None else "messages"
+    return PromptProblem(ERR_INVALID, f"{what} too long: {n} characters, the limit is {limit} (max_prompt_chars)")
 
 
 def check_prompt(prompt_ids: Sequence[int], max_model_len: int, vocab_size: int | None = None,

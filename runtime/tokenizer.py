@@ -1,9 +1,10 @@
 """Text side of serving: incremental detokenization, stop strings with hold-back, the one CompletionStream, and
 chat-template application.
 
-Detokenizer and StopChecker are plain per-completion classes with no torch and no sockets. CompletionStream combines
-them into the one text path of a completion (text, token_ids, logprobs, finish_reason, the keep_tokens the scheduler
-is told): the Engine uses it in process, the tokenizer process wraps it around its ZeroMQ loop.
+Detokenizer and StopChecker (runtime.stop_strings) are plain per-completion classes with no torch and no sockets.
+CompletionStream combines them into the one text path of a completion (text, token_ids, logprobs, finish_reason, the
+keep_tokens the scheduler is told): the Engine uses it in process, the tokenizer process wraps it around its ZeroMQ
+loop.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from runtime.prompt_check import check_prompt_chars
 from runtime.protocol import TokenLogprobs, TokenOutput, Usage
+from runtime.stop_strings import StopChecker
 
 if TYPE_CHECKING:
     from runtime.sampling_params import SamplingParams
@@ -23,7 +26,12 @@ logger = logging.getLogger(__name__)
 REPLACEMENT_CHAR = "\ufffd"
 
 
-class ChatTemplateError(ValueError):
+class PromptError(ValueError):
+    """A prompt the server will not tokenize (maps to ERR_INVALID; the message says why): text over the character
+    limit, text that is not valid Unicode, token ids that are not integers, or a failed chat template."""
+
+
+class ChatTemplateError(PromptError):
     """The tokenizer has no chat template, or the messages are malformed (the message says which)."""
 
 
@@ -85,90 +93,6 @@ class Detokenizer:
             self._read_offset = len(self._ids)
             return window[len(prefix) :]
         return ""
-
-
-class StopCheck(NamedTuple):
-    """Result of StopChecker.update.
-
-    new_text: text that is now safe to emit (never a possible start of a stop string, never past one).
-    stopped: a stop string was found; the completion ends before it.
-    keep_tokens: completion tokens to keep (all fed tokens when not stopped); the scheduler inserts no KV block past
-        prompt + keep_tokens into the cache.
-    stop_string: the stop string found, else None.
-    """
-
-    new_text: str
-    stopped: bool
-    keep_tokens: int
-    stop_string: str | None
-
-
-class StopChecker:
-    """Finds stop strings in a growing completion text, holding back text that could still begin one.
-
-    Hold-back: the longest suffix of the text that is a proper prefix of some stop string is not emitted until the
-    next tokens decide it, so a client never sees the start of a stop string (vLLM / TGI behavior).
-    Each update scans only the new text plus max(len(stop)) - 1 characters before it: O(new chars x stops).
-    """
-
-    def __init__(self, stop: Sequence[str]) -> None:
-        if any(not s for s in stop):
-            raise ValueError("stop strings must be non-empty")
-        self.stop = list(stop)
-        self._max_len = max((len(s) for s in self.stop), default=0)
-        self._emitted = 0
-        self._scanned = 0
-        self.stopped = False
-        self._keep = 0  # set with stopped
-        self._stop_string: str | None = None
-
-    def update(self, text: str, token_ends: Sequence[int]) -> StopCheck:
-        """Check `text` (the whole completion so far) for stop strings.
-
-        Args:
-            text: the completion text emitted by the Detokenizer so far.
-            token_ends: the Detokenizer's token_ends (len(text) after each token, characters).
-        Returns:
-            StopCheck; once stopped, later calls return ("", True, keep, stop) with the first result's values.
-        Mutates: the emitted position, and the stopped flag.
-        """
-        if self.stopped:
-            return StopCheck("", True, self._keep, self._stop_string)
-        start = max(0, self._scanned - self._max_len + 1)
-        best: tuple[int, str] | None = None
-        for s in self.stop:
-            i = text.find(s, start)
-            if i >= 0 and (best is None or i < best[0]):
-                best = (i, s)
-        if best is not None:
-            pos, s = best
-            new_text = text[self._emitted : pos]
-            self._emitted = pos
-            self.stopped = True
-            self._stop_string = s
-            self._keep = 0 if pos == 0 else bisect.bisect_left(token_ends, pos) + 1
-            return StopCheck(new_text, True, self._keep, s)
-        self._scanned = len(text)
-        safe = len(text) - self._held_back(text)
-        new_text = text[self._emitted : safe] if safe > self._emitted else ""
-        self._emitted = max(self._emitted, safe)
-        return StopCheck(new_text, False, len(token_ends), None)
-
-    def flush(self, text: str) -> str:
-        """The held-back text, to emit when the completion ends for another reason (length, EOS, abort)."""
-        if self.stopped:
-            return ""
-        rest = text[self._emitted :]
-        self._emitted = len(text)
-        return rest
-
-    def _held_back(self, text: str) -> int:
-        """Length of the longest suffix of text that is a proper prefix of a stop string."""
-        for k in range(min(self._max_len - 1, len(text)), 0, -1):
-            tail = text[-k:]
-            if any(s.startswith(tail) for s in self.stop):
-                return k
-        return 0
 
 
 class CompletionDelta(NamedTuple):
@@ -236,7 +160,7 @@ class CompletionStream:
         return self._detok.text[: self._end] if self._detok is not None else ""
 
     def feed(self, out: TokenOutput) -> CompletionDelta:
-        """Apply one scheduler delta of this completion (O(new tokens x stop strings)); returns what may be sent.
+        """Apply one scheduler delta of this completion (O(new tokens + new characters)); returns what may be sent.
 
         After the completion finished (finish_reason set), later deltas (the scheduler's own end after a stop string)
         are ignored: an empty delta. Mutates token_ids, logprobs, text, finish_reason, usage.
@@ -309,28 +233,83 @@ def apply_chat_template(
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise ChatTemplateError(f"message {i} must be a dict with 'role' and 'content', got {m!r}")
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    return encode_text(tokenizer, text, add_special_tokens=False)
+
+
+def encode_text(tokenizer: Any, text: Any, add_special_tokens: bool = True) -> list[int]:
+    """tokenizer.encode(text, add_special_tokens=...) as a list, holding the GIL for ~20 ms at most per call.
+
+    A fast tokenizer in its plain state (no truncation, no padding, special tokens as transformers would treat them)
+    goes through the Rust encoder's encode_batch_fast: the same ids, and no offsets, so that neither the encoding nor
+    freeing it holds the GIL for long (with transformers' encode, freeing a 260k-character prompt's Encoding held it
+    ~100-200 ms; the tokenizer process encodes on a worker thread and its loop must keep running). Anything else goes
+    through tokenizer.encode. Raises what the tokenizer raises (TypeError / ValueError for text it cannot encode).
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    fast = getattr(backend, "encode_batch_fast", None)
+    plain = backend is not None and backend.truncation is None and backend.padding is None and (
+        backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False)))  # fmt: skip
+    if fast is None or not plain or not isinstance(text, str):
+        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    return list(fast([text], add_special_tokens=add_special_tokens)[0].ids)
 
 
 def encode_prompt(tokenizer: Any, prompt: str | None = None, messages: Sequence[Any] | None = None,
-                  input_ids: Sequence[int] | None = None) -> list[int]:  # fmt: skip
+                  input_ids: Sequence[int] | None = None, *, max_chars: int | None = None) -> list[int]:  # fmt: skip
     """A request's prompt token ids, the one way the tokenizer process, the router and the Engine compute them.
 
     Args:
         tokenizer: a transformers tokenizer (unused for input_ids; may then be None).
         prompt / messages / input_ids: exactly one is set (runtime.protocol.input_problem checks that first).
             messages: dicts or ChatMessage structs with role and content; the chat template is applied.
+        max_chars: the most characters of prompt text (all messages' roles and contents together) to tokenize
+            (runtime.prompt_check.prompt_char_limit); checked before any tokenizing or rendering. None: no limit.
     Returns:
         the token ids (list[int]): input_ids as given, the template's ids, or the prompt text encoded.
     Raises:
-        ChatTemplateError: "chat template failed: ..." (no template, a bad message, the template raised).
+        PromptError (maps to ERR_INVALID): text over max_chars ("prompt too long: ..." / "messages too long: ..."),
+            text that is not valid Unicode (a lone surrogate), input_ids that are not integers, text the tokenizer
+            rejects; its subclass ChatTemplateError: "chat template failed: ..." (no template, a bad message, the
+            template raised).
+    Cost: O(characters) for the checks, then the tokenizer's own cost (which max_chars bounds).
     """
     if input_ids is not None:
-        return [int(t) for t in input_ids]
+        try:
+            return [int(t) for t in input_ids]
+        except (TypeError, ValueError) as exc:
+            raise PromptError(f"input_ids must be integers: {exc}") from None
+    problem = check_prompt_chars(prompt, messages, max_chars)
+    if problem is not None:
+        raise PromptError(problem.message)
     if messages is not None:
-        turns = [m if isinstance(m, dict) else {"role": m.role, "content": m.content} for m in messages]
+        turns = [_turn(i, m) for i, m in enumerate(messages)]
         try:
             return apply_chat_template(tokenizer, turns)
         except (ChatTemplateError, ValueError, TypeError) as exc:
             raise ChatTemplateError(f"chat template failed: {exc}") from None
-    return list(tokenizer.encode(prompt))
+    _check_text("prompt", prompt)
+    try:
+        return encode_text(tokenizer, prompt)
+    except (TypeError, ValueError) as exc:  # e.g. a prompt that is not a str (the Engine is called in process)
+        raise PromptError(f"the tokenizer cannot encode the prompt: {exc}") from None
+
+
+def _turn(i: int, m: Any) -> Any:
+    """One message as the chat template takes it (a dict), its text checked; anything else is passed on for
+    apply_chat_template to reject."""
+    if not isinstance(m, dict):
+        if not (hasattr(m, "role") and hasattr(m, "content")):
+            return m
+        m = {"role": m.role, "content": m.content}
+    for field in ("role", "content"):
+        _check_text(f"message {i} {field}", m.get(field))
+    return m
+
+
+def _check_text(what: str, text: Any) -> None:
+    """Raises PromptError when text (a str) cannot be encoded as UTF-8 (a lone surrogate). O(len(text))."""
+    if isinstance(text, str) and not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise PromptError(f"{what} is not valid Unicode text: {exc.reason} (character {exc.start})") from None

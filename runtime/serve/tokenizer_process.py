@@ -1,21 +1,25 @@
 """The tokenizer process loop: the public ROUTER endpoint in front of the scheduler (ARCHITECTURE.md).
 
-Per client frame: decode strictly (runtime.protocol.decode_client_frame), validate, apply the chat template, tokenize,
-check the prompt (runtime.prompt_check, as the Engine and the scheduler do), forward a TokenizedRequest to the
-scheduler under an internal rid. Per TokenOutput from the scheduler: feed the completion's CompletionStream
-(runtime.tokenizer, the Engine's text path: incremental detokenization, stop strings with hold-back; on a stop string it
-sends Stop(rid, index, keep_tokens) so the scheduler caches no block past the kept tokens), and send StreamChunks to the
-client's identity (streamed: every non-empty delta; non-streamed: one chunk per completion when it ends). A client
-that vanished (the ROUTER_MANDATORY send fails; Heartbeats probe quiet clients) has its requests aborted. Every bad
-input is answered with an ErrorResponse and the loop goes on. The loop blocks on zmq.Poller with a timeout and exits
-when the launcher dies or says Shutdown.
+Per client frame: decode strictly (runtime.protocol.decode_client_frame), validate and bound the text's size
+(runtime.serve.prompt_prep), then apply the chat template, tokenize and check the prompt (runtime.prompt_check, as the
+Engine and the scheduler do) on the PromptWorker thread, so a large prompt never stalls the loop (a small one is
+prepared in place), and forward a TokenizedRequest to the scheduler under an internal rid. Per TokenOutput from the
+scheduler: feed the completion's CompletionStream (runtime.tokenizer, the Engine's text path: incremental
+detokenization, stop strings with hold-back; on a stop string it sends Stop(rid, index, keep_tokens) so the scheduler
+caches no block past the kept tokens), and send StreamChunks to the client's identity (streamed: every non-empty
+delta; non-streamed: one chunk per completion when it ends). A client that vanished (the ROUTER_MANDATORY send fails;
+Heartbeats probe quiet clients) has its requests aborted. Every bad input is answered with an ErrorResponse and the
+loop goes on; no handler's exception ends it (runtime.serve.tokenizer_loop). The loop blocks on zmq.Poller with a
+timeout and exits when the launcher dies or says Shutdown.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,11 +28,13 @@ import msgspec
 import zmq
 
 from runtime import protocol as p
-from runtime.prompt_check import check_prompt
 from runtime.request import RequestRejected
 from runtime.serve.frontend import ClientFrontend
 from runtime.serve.process import POLL_MS
-from runtime.tokenizer import ChatTemplateError, CompletionStream, encode_prompt
+from runtime.serve.prompt_prep import Prepared, PromptPrep
+from runtime.serve.prompt_worker import PromptResult, PromptWorker, run_job
+from runtime.serve.tokenizer_loop import drain_clients, drain_scheduler, guarded
+from runtime.tokenizer import CompletionStream
 
 logger = logging.getLogger(__name__)
 
@@ -40,23 +46,34 @@ class _Request:
     identity: bytes
     rid: str  # the client's rid
     stream: bool
-    completions: list[CompletionStream]
+    completions: list[CompletionStream]  # set when its prompt is prepared
+    forwarded: bool = False  # False while its prompt is tokenized on the PromptWorker: the scheduler does not know it
 
 
 class TokenizerServer:
     """The tokenizer process's state and handlers; sockets are passed in so tests can drive it in process.
 
     router: the public ROUTER (ROUTER_MANDATORY set). to_scheduler: PUSH to the scheduler. ready: the worker's Ready
-    (max_model_len for the context check, vocab_size for the token-id check). Mutates: its request tables.
+    (max_model_len for the context check, vocab_size for the token-id check). control_timeout_s: seconds a health /
+    stats / KV snapshot request waits for the scheduler before it is answered ErrorResponse(ERR_SERVER) (a frozen
+    scheduler must not leave it waiting forever). max_prompt_chars: ServerArgs' (runtime.prompt_check.
+    prompt_char_limit). Prompts are tokenized on a PromptWorker thread: a generate request is answered (forwarded or
+    ErrorResponse) when the loop, or an in-process driver, calls finish_prompts. Mutates: its request tables.
+    close() stops the thread.
     """
 
     def __init__(self, tokenizer: Any, ready: p.Ready, max_message_bytes: int, router: zmq.Socket,
-                 to_scheduler: zmq.Socket) -> None:
+                 to_scheduler: zmq.Socket, control_timeout_s: float = 10.0, *,
+                 max_prompt_chars: int | None = None) -> None:  # fmt: skip
         self.tokenizer, self.ready, self.max_message_bytes = tokenizer, ready, max_message_bytes
         self.router, self.to_scheduler = router, to_scheduler
+        self.prep = PromptPrep(tokenizer, ready, max_prompt_chars)
+        self.prompts = PromptWorker()
         self.requests: dict[str, _Request] = {}  # internal rid -> request
         self.by_client: dict[tuple[bytes, str], str] = {}  # (identity, client rid) -> internal rid
         self.control: dict[str, tuple[bytes, str]] = {}  # internal rid of a health/stats request -> client
+        self.control_timeout_s = control_timeout_s
+        self.control_deadlines: deque[tuple[float, str]] = deque()  # (deadline, internal rid), in deadline order
         self.clients = ClientFrontend(self.drop_client, HEARTBEAT_S, router)
         self._next_rid = 0
         self._encoder = msgspec.msgpack.Encoder()
@@ -70,11 +87,15 @@ class TokenizerServer:
                 self.abort(internal)
 
     def abort(self, internal: str) -> None:
-        """Forgets a request and tells the scheduler to free its blocks."""
+        """Forgets a request and tells the scheduler to free its blocks (a request still being tokenized is never
+        forwarded: its prompt is dropped when it is ready)."""
         req = self.requests.pop(internal, None)
         if req is not None:
             self.by_client.pop((req.identity, req.rid), None)
-            self.to_scheduler.send(self._encoder.encode(p.AbortRequest(internal)))
+            if req.forwarded:
+                self.to_scheduler.send(self._encoder.encode(p.AbortRequest(internal)))
+            else:
+                self.prompts.cancel(internal)
 
     def on_client_frames(self, frames: list[bytes]) -> None:
         """Handles one message from the ROUTER: [identity, payload]."""
@@ -95,6 +116,7 @@ class TokenizerServer:
         else:  # health / stats / kv snapshot: answered by the scheduler
             internal = self._new_rid()
             self.control[internal] = (identity, msg.rid)
+            self.control_deadlines.append((time.monotonic() + self.control_timeout_s, internal))
             self.clients.waiting(identity, time.monotonic())
             self.to_scheduler.send(self._encoder.encode(type(msg)(internal)))
 
@@ -103,37 +125,55 @@ class TokenizerServer:
         return str(self._next_rid)
 
     def on_generate(self, identity: bytes, req: p.GenerateRequest) -> None:
-        """Validates and tokenizes a GenerateRequest, then forwards it; errors go back as ErrorResponse."""
+        """Checks a GenerateRequest (O(fields): well formed, rid not in flight, text within the character limit) and
+        prepares its prompt: here when it is cheap and the client has none queued, else on the PromptWorker
+        (on_prepared forwards it); errors go back as ErrorResponse."""
         try:
-            input_ids = self.tokenize(identity, req)
+            self.prep.precheck(req)
+            if (identity, req.rid) in self.by_client:  # in flight, or still being tokenized
+                raise RequestRejected(p.ERR_DUPLICATE, f"a request with rid {req.rid!r} is already in flight")
         except RequestRejected as exc:
             self.clients.send(identity, p.ErrorResponse(req.rid, exc.code, str(exc)))
             return
-        sp = req.sampling_params
-        completions = [CompletionStream(self.tokenizer, sp, self.ready.eos_token_ids) for _ in range(sp.n)]
         internal = self._new_rid()
-        self.requests[internal] = _Request(identity, req.rid, req.stream, completions)
+        self.requests[internal] = _Request(identity, req.rid, req.stream, [])
         self.by_client[(identity, req.rid)] = internal
         self.clients.waiting(identity, time.monotonic())
-        msg = p.TokenizedRequest(rid=internal, input_ids=input_ids, sampling_params=sp, cache_salt=req.cache_salt)
-        self.to_scheduler.send(self._encoder.encode(msg))
-
-    def tokenize(self, identity: bytes, req: p.GenerateRequest) -> list[int]:
-        """The prompt's token ids. Raises RequestRejected (code, message) for any request this server cannot serve."""
-        problem = req.check()
-        if problem:
-            raise RequestRejected(p.ERR_INVALID, problem)
-        if (identity, req.rid) in self.by_client:
-            raise RequestRejected(p.ERR_DUPLICATE, f"a request with rid {req.rid!r} is already in flight")
+        job = functools.partial(self.prep.prepare, internal, req)
         try:
-            ids = encode_prompt(self.tokenizer, req.prompt, req.messages, req.input_ids)
-        except ChatTemplateError as exc:
-            raise RequestRejected(p.ERR_INVALID, str(exc)) from None
-        r = self.ready
-        prompt_problem = check_prompt(ids, r.max_model_len, r.vocab_size, r.block_size, r.num_blocks)
-        if prompt_problem is not None:
-            raise RequestRejected(*prompt_problem)
-        return ids
+            if self.prep.cheap(req) and not self.prompts.busy(identity):  # a few ms, and the client's order is kept
+                self.on_prepared(run_job(internal, identity, job))
+            else:
+                self.prompts.submit(internal, identity, job)
+        except Exception:  # answered ERR_SERVER by the loop (tokenizer_loop): leave no record of it behind
+            self.abort_quietly(internal)
+            raise
+
+    def on_prepared(self, result: PromptResult) -> None:
+        """Forwards a prepared prompt as TokenizedRequest, or answers its rejection; drops it when the request was
+        aborted (or its client vanished) meanwhile."""
+        internal, _identity, prepared, error = result
+        pending = self.requests.get(internal)
+        if pending is None or pending.forwarded:
+            return
+        if error is not None or not isinstance(prepared, Prepared):
+            self.abort_quietly(internal)
+            if not isinstance(error, RequestRejected):
+                logger.error("preparing request %s failed", internal, exc_info=error)
+                error = RequestRejected(p.ERR_SERVER, f"internal error preparing the prompt: {error!r}")
+            self.clients.send(pending.identity, p.ErrorResponse(pending.rid, error.code, str(error)))
+            return
+        pending.completions, pending.forwarded = prepared.completions, True
+        self.to_scheduler.send(self._encoder.encode(prepared.message))
+
+    def finish_prompts(self, timeout_s: float = 0.0) -> int:
+        """Handles every prompt the PromptWorker has finished (the loop calls it when PromptWorker.fd is readable);
+        timeout_s > 0 first waits that long at most for every queued prompt (for in-process drivers). Returns how
+        many were handled."""
+        results = self.prompts.wait(timeout_s) if timeout_s > 0 else self.prompts.results()
+        for result in results:
+            self.on_prepared(result)
+        return len(results)
 
     # ---- scheduler side ------------------------------------------------------------------------------------------
 
@@ -141,7 +181,11 @@ class TokenizerServer:
         """Handles one message from the tokenizer_in PULL; False when the process must stop (Shutdown)."""
         if isinstance(msg, p.TokenOutputs):
             for out in msg.outputs:
-                self.on_output(out)
+                try:
+                    self.on_output(out)
+                except Exception:  # one request's failure (a bug, a tokenizer error) fails that request only
+                    logger.exception("failed to handle an output of request %s", out.rid)
+                    self.fail_request(out.rid, p.ERR_SERVER, "internal error handling the request's output")
         elif isinstance(msg, p.RequestFailed):
             req = self.requests.get(msg.rid)
             if req is not None:
@@ -155,6 +199,21 @@ class TokenizerServer:
             self.fail_all(msg.code, msg.reason)
             return False
         return True
+
+    def fail_request(self, internal: str, code: str, message: str) -> None:
+        """Aborts a request (the scheduler frees its blocks) and answers its client ErrorResponse(code, message).
+        Never raises: a failure is logged."""
+        try:
+            req = self.requests.get(internal)
+            if req is not None:
+                self.abort(internal)
+                self.clients.send(req.identity, p.ErrorResponse(req.rid, code, message))
+        except Exception:
+            logger.exception("could not fail request %s", internal)
+
+    def close(self) -> None:
+        """Stops the PromptWorker thread (prompts still queued are dropped)."""
+        self.prompts.close()
 
     def abort_quietly(self, internal: str) -> None:
         """Forgets a request the scheduler already ended (no Abort sent)."""
@@ -193,6 +252,16 @@ class TokenizerServer:
         if delta.finish_reason is not None and all(c.finish_reason is not None for c in req.completions):
             self.abort_quietly(out.rid)
 
+    def expire_control(self, now: float) -> None:
+        """Answers every control request the scheduler left unanswered for control_timeout_s seconds with
+        ErrorResponse(ERR_SERVER); a late answer is then dropped. O(expired)."""
+        deadlines = self.control_deadlines
+        while deadlines and deadlines[0][0] <= now:
+            client = self.control.pop(deadlines.popleft()[1], None)
+            if client is not None:
+                self.clients.send(client[0], p.ErrorResponse(
+                    client[1], p.ERR_SERVER, f"the scheduler did not answer within {self.control_timeout_s} s"))
+
     def heartbeat(self, now: float) -> None:
         """Heartbeats clients waiting on a request or a control request (runtime.serve.frontend.ClientFrontend)."""
         waiting = [req.identity for req in self.requests.values()] + [ident for ident, _ in self.control.values()]
@@ -200,54 +269,32 @@ class TokenizerServer:
 
 
 def serve_tokenizer(server: TokenizerServer, from_scheduler: zmq.Socket, alive) -> None:
-    """The loop: client frames and scheduler messages until Shutdown or alive() is False. Never raises on input."""
+    """The loop: scheduler messages, prepared prompts (PromptWorker.fd) and client frames until Shutdown or alive()
+    is False. Never raises on input: a handler that raises is logged and the loop goes on (the client frame is
+    answered ERR_SERVER; a request whose output fails is failed alone, runtime.serve.tokenizer_process.fail_request).
+    """
     decoder = msgspec.msgpack.Decoder(p.TokenizerInput)
     poller = zmq.Poller()
     poller.register(server.router, zmq.POLLIN)
     poller.register(from_scheduler, zmq.POLLIN)
+    poller.register(server.prompts.fd, zmq.POLLIN)
     while alive():
         events = dict(poller.poll(POLL_MS))
-        if from_scheduler in events:
-            for _ in range(64):
-                try:
-                    frame = from_scheduler.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                try:
-                    msg = decoder.decode(frame)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                    logger.error("dropping an undecodable internal frame: %s", exc)
-                    continue
-                if not server.on_scheduler_message(msg):
-                    return
+        if from_scheduler in events and not drain_scheduler(server, from_scheduler, decoder):
+            return
+        if server.prompts.fd in events:
+            guarded("prepared prompts", server.finish_prompts)
         if server.router in events:
-            for _ in range(64):
-                try:
-                    frames = server.router.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                try:
-                    server.on_client_frames(frames)
-                except Exception:  # a bug must not take the endpoint down: answer and go on
-                    logger.exception("failed to handle a client message")
-                    _answer_internal_error(server, frames)
-        if server.requests:
-            server.heartbeat(time.monotonic())
-
-
-def _answer_internal_error(server: TokenizerServer, frames: list[bytes]) -> None:
-    """The last-resort answer to a client frame whose handling raised: ErrorResponse(ERR_SERVER) to its identity.
-    Never raises (the client may be gone, the frame may have no identity); a failure to answer is only logged."""
-    try:
-        if frames:
-            server.clients.send(frames[0], p.ErrorResponse("", p.ERR_SERVER, "internal error handling the request"))
-    except Exception:
-        logger.exception("could not answer a client after an internal error")
+            drain_clients(server)
+        now = time.monotonic()
+        guarded("control timeouts", server.expire_control, now)
+        if server.requests or server.control:
+            guarded("heartbeat", server.heartbeat, now)
 
 
 def _load_tokenizer(model: str, reports: zmq.Socket) -> Any:
     """The model's tokenizer, or None after reporting ProcessFailed."""
-    from runtime.serve.process import report
+    from runtime.serve.process import one_line, report
 
     try:
         from runtime.model.loader import load_tokenizer
@@ -255,7 +302,7 @@ def _load_tokenizer(model: str, reports: zmq.Socket) -> Any:
         return load_tokenizer(model)
     except Exception as exc:
         logger.exception("tokenizer failed to load")
-        report(reports, p.ProcessFailed("tokenizer", os.getpid(), f"{type(exc).__name__}: {exc}"))
+        report(reports, p.ProcessFailed("tokenizer", os.getpid(), one_line(exc)))
         reports.close(linger=2000)
         return None
 
@@ -266,7 +313,7 @@ def run_tokenizer_process(spec) -> None:
 
     A model folder's tokenizer loads while the worker loads the weights; an embedded name or a GGUF file's loads
     after the worker is ready, so a first run converts the GGUF file once, not in two processes at the same time."""
-    from runtime.serve.process import parent_alive, report
+    from runtime.serve.process import keep_running, report, stop_message, zmq_reason
 
     args = spec.server_args
     ctx = zmq.Context()
@@ -283,7 +330,7 @@ def run_tokenizer_process(spec) -> None:
     push.connect(spec.endpoints.scheduler_in)
     decoder = msgspec.msgpack.Decoder(p.TokenizerInput)
     ready = None
-    while ready is None and parent_alive(spec):
+    while ready is None and keep_running(spec):
         if pull.poll(POLL_MS):
             msg = decoder.decode(pull.recv())
             if isinstance(msg, p.SchedulerReady):
@@ -304,12 +351,15 @@ def run_tokenizer_process(spec) -> None:
         router.bind(f"tcp://{args.host}:{args.port}")
     except zmq.ZMQError as exc:
         report(reports, p.ProcessFailed("tokenizer", os.getpid(), f"cannot bind tcp://{args.host}:{args.port}: "
-                                                                 f"{exc.strerror}"))
+                                                                 f"{zmq_reason(exc)}"))
         reports.close(linger=2000)
         return
     endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
-    server = TokenizerServer(tokenizer, ready, args.max_message_bytes, router, push)
+    server = TokenizerServer(tokenizer, ready, args.max_message_bytes, router, push, args.control_timeout_s,
+                             max_prompt_chars=args.max_prompt_chars)
     report(reports, p.ProcessReady("tokenizer", os.getpid(), endpoint))
     logger.info("serving on %s", endpoint)
-    serve_tokenizer(server, pull, lambda: parent_alive(spec))
-    router.close(linger=1000)
+    serve_tokenizer(server, pull, lambda: keep_running(spec))
+    stop = stop_message(spec)  # the launcher died or SIGTERM: answer every request in flight (none after Shutdown)
+    server.fail_all(stop.code, stop.reason)
+    ctx.destroy(linger=1000)  # closes every socket once those answers are sent (1 s at most)

@@ -176,6 +176,9 @@ def test_malformed_inputs_get_the_same_error_from_engine_and_server(engine, serv
         "out of vocabulary": ({"input_ids": [1, vocab]}, ERR_INVALID,
                               f"token ids outside the vocabulary [0, {vocab}): [{vocab}]"),
         "too long": ({"input_ids": [5] * engine.scheduler.max_model_len}, ERR_CONTEXT, None),
+        "too many characters": ({"prompt": "a" * (32 * engine.scheduler.max_model_len + 1)}, ERR_INVALID,
+                                f"prompt too long: {32 * engine.scheduler.max_model_len + 1} characters, the limit "
+                                f"is {32 * engine.scheduler.max_model_len} (max_prompt_chars)"),
     }
     for case, (inputs, code, message) in cases.items():
         with pytest.raises(RequestRejected) as engine_error:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from runtime.prompt_check import prompt_char_limit
 from runtime.protocol import TokenLogprobs, TokenOutput, Usage
 from runtime.sampling_params import SamplingParams
 from runtime.tokenizer import (
@@ -12,8 +13,11 @@ from runtime.tokenizer import (
     ChatTemplateError,
     CompletionStream,
     Detokenizer,
+    PromptError,
     StopChecker,
     apply_chat_template,
+    encode_prompt,
+    encode_text,
 )
 
 TEXT = "héllo 日本語 🎉 world\nUser: ok"
@@ -188,3 +192,50 @@ def test_stream_releases_held_back_text_at_the_end_and_works_without_a_tokenizer
     bare = CompletionStream(None, SamplingParams(stop=["x"], logprobs=1))
     d = bare.feed(_out([5, 6], "length", Usage(2, 0, 2)))
     assert (d.text, d.token_ids, d.logprobs, d.usage) == ("", [5, 6], [None, None], Usage(2, 0, 2))
+
+
+# ---- encode_prompt: the character limit, text the tokenizer cannot encode, the GIL-light encode ----------------------
+
+
+def test_encode_prompt_bounds_the_text_before_tokenizing(smollm2_tokenizer):
+    assert prompt_char_limit(None, 100) == 3200 and prompt_char_limit(50, 100) == 50
+    assert encode_prompt(smollm2_tokenizer, "hello", max_chars=5) == smollm2_tokenizer.encode("hello")
+    with pytest.raises(PromptError) as info:
+        encode_prompt(smollm2_tokenizer, "hello!", max_chars=5)
+    assert str(info.value) == "prompt too long: 6 characters, the limit is 5 (max_prompt_chars)"
+    chat = [{"role": "user", "content": "hello"}]  # role + content: 9 characters
+    with pytest.raises(PromptError) as info:
+        encode_prompt(None, messages=chat, max_chars=8)  # rejected before the (absent) tokenizer is touched
+    assert str(info.value) == "messages too long: 9 characters, the limit is 8 (max_prompt_chars)"
+    assert encode_prompt(smollm2_tokenizer, messages=chat, max_chars=9) == apply_chat_template(smollm2_tokenizer, chat)
+    assert issubclass(ChatTemplateError, PromptError)
+
+
+def test_text_the_tokenizer_cannot_encode_is_a_prompt_error(smollm2_tokenizer):
+    cases = [
+        ({"prompt": "a\ud800b"}, "prompt is not valid Unicode text: surrogates not allowed (character 1)"),
+        ({"messages": [{"role": "user", "content": "\udfff"}]},
+         "message 0 content is not valid Unicode text: surrogates not allowed (character 0)"),
+        ({"prompt": 12}, "the tokenizer cannot encode the prompt: "),
+        ({"input_ids": [1, "x"]}, "input_ids must be integers: "),
+    ]
+    for inputs, message in cases:
+        with pytest.raises(PromptError) as info:
+            encode_prompt(smollm2_tokenizer, **inputs)
+        assert type(info.value) is PromptError and str(info.value).startswith(message), inputs
+
+
+def test_encode_text_gives_the_tokenizers_ids(smollm2_tokenizer):
+    texts = ["", "Hello world", TEXT, "<|im_start|>user\nhi<|im_end|>", " 1, 2, 3\n\n\tx" * 50]
+    for text in texts:
+        for special in (True, False):
+            assert encode_text(smollm2_tokenizer, text, special) == smollm2_tokenizer.encode(
+                text, add_special_tokens=special)
+    assert encode_text(_EncodeOnly(smollm2_tokenizer), "Hello world") == smollm2_tokenizer.encode("Hello world")
+
+
+class _EncodeOnly:
+    """A tokenizer without backend_tokenizer: encode_text falls back to its encode."""
+
+    def __init__(self, fast) -> None:
+        self.encode = fast.encode
