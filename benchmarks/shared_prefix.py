@@ -43,14 +43,13 @@ def run_mode(model: str, caching: bool, prompts: list[list[int]], output: int, e
     engine = Engine(model=model, enable_prefix_caching=caching, **engine_kwargs)
     engine.generate(input_ids=[[1, 2, 3, 4]], sampling_params=SamplingParams(max_tokens=2, temperature=0.0))
     before = engine.stats()
-    fwd_before = sum(engine.runner.forward_tokens_by_seq.values())
     params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
     start, cpu_start = time.perf_counter(), time.process_time()
     outs = engine.generate(input_ids=prompts, sampling_params=params)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     c = engine.stats()
     prefill = c.prefill_tokens_computed - before.prefill_tokens_computed
-    forward = sum(engine.runner.forward_tokens_by_seq.values()) - fwd_before
+    forward = c.forward_tokens - before.forward_tokens  # tokens the worker reports having run
     decode_fed = sum(len(o.token_ids) - 1 for o in outs)
     assert forward - decode_fed == prefill, f"worker ran {forward - decode_fed} prompt tokens, scheduler says {prefill}"
     prompt_tokens = sum(o.usage.prompt_tokens for o in outs)

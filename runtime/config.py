@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+MIN_USABLE_BLOCKS = 4  # a pool with fewer usable KV blocks (block 0 excluded) is refused at start-up
+
 
 class InvalidConfig(ValueError):
     """A ServerArgs field is out of range; the message names the field."""
@@ -48,7 +50,13 @@ class ServerArgs:
                                          "beside the public endpoint for routers (None: ipc only; 0: a free port)")
     seed: int = _opt(0, "seed of the server's own randomness (requests without a seed)")
     max_message_bytes: int = _opt(8 * 2**20, "largest client message accepted (bytes)")
+    max_prompt_chars: int | None = _opt(None, "longest prompt text (all chat messages together) accepted, in "
+                                              "characters, checked before tokenizing (None: 32 x max_model_len)")
     log_interval_s: float = _opt(5.0, "seconds between stats log lines")
+    worker_probe_timeout_s: float = _opt(5.0, "seconds a health check waits for the worker's answer (it queues "
+                                              "behind the step in flight) before it reports 'worker unresponsive'")
+    control_timeout_s: float = _opt(10.0, "seconds the tokenizer waits for the scheduler's answer to a health, "
+                                          "stats or KV snapshot request before it answers ERR_SERVER")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -59,7 +67,8 @@ class ServerArgs:
             ("block_size", self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0, "a power of two"),
             ("kv_cache_memory", self.kv_cache_memory > 0, "> 0"),
             ("gpu_memory_utilization", 0.0 < self.gpu_memory_utilization <= 1.0, "in (0, 1]"),
-            ("num_blocks", self.num_blocks is None or self.num_blocks >= 2, ">= 2 (block 0 is reserved)"),
+            ("num_blocks", self.num_blocks is None or self.num_blocks >= MIN_USABLE_BLOCKS + 1,
+             f">= {MIN_USABLE_BLOCKS + 1} (block 0 is reserved; at least {MIN_USABLE_BLOCKS} usable blocks)"),
             ("num_host_blocks", self.num_host_blocks >= 0, ">= 0"),
             ("max_model_len", self.max_model_len is None or self.max_model_len >= 1, ">= 1"),
             ("max_running_requests", self.max_running_requests >= 1, ">= 1"),
@@ -68,6 +77,9 @@ class ServerArgs:
             ("port", 0 <= self.port < 65536, "in [0, 65536)"),
             ("events_port", self.events_port is None or 0 <= self.events_port < 65536, "None or in [0, 65536)"),
             ("max_message_bytes", self.max_message_bytes >= 1024, ">= 1024"),
+            ("worker_probe_timeout_s", self.worker_probe_timeout_s > 0, "> 0"),
+            ("control_timeout_s", self.control_timeout_s > self.worker_probe_timeout_s, "> worker_probe_timeout_s"),
+            ("max_prompt_chars", self.max_prompt_chars is None or self.max_prompt_chars >= 1, "None or >= 1"),
         ]
         for name, ok, rule in checks:
             if not ok:

@@ -19,7 +19,7 @@ from typing import Any
 
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
-from runtime.prompt_check import check_prompt
+from runtime.prompt_check import check_prompt, prompt_char_limit
 from runtime.protocol import (
     ERR_INVALID,
     ForwardResult,
@@ -33,7 +33,7 @@ from runtime.protocol import (
 from runtime.request import RequestRejected
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler
-from runtime.tokenizer import ChatTemplateError, CompletionStream, encode_prompt
+from runtime.tokenizer import CompletionStream, PromptError, encode_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ __all__ = ["Engine", "RequestOutput", "CompletionOutput", "EngineError", "Reques
 
 
 class EngineError(RuntimeError):
-    """The engine cannot continue (the scheduler stalled, the worker failed a step, or text input without a
+    """The engine cannot continue (the scheduler stalled, a step failed as a whole, or text input without a
     tokenizer)."""
 
 
@@ -62,13 +62,16 @@ class CompletionOutput:
 @dataclass
 class RequestOutput:
     """A finished request: every completion, usage (completion_tokens summed over completions), ttft_s (seconds).
-    text, token_ids and finish_reason are outputs[0]'s."""
+    text, token_ids and finish_reason are outputs[0]'s. error: None, or why the request failed (the worker could not
+    run one of its sequences, or its step failed as a whole): then every completion that had not finished ends with
+    finish_reason "abort" and keeps the tokens produced before the failure."""
 
     rid: str
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     usage: Usage
     ttft_s: float | None = None
+    error: str | None = None
 
     @property
     def text(self) -> str:
@@ -90,6 +93,7 @@ class _Live:
         self.prompt_ids, self.streams = prompt_ids, streams
         self.submit_time = time.monotonic()
         self.first_token_time: float | None = None
+        self.error: str | None = None
 
 
 class Engine:
@@ -97,7 +101,8 @@ class Engine:
 
     Attributes: args (ServerArgs), runner (ModelRunner), manager (KVCacheManager), scheduler (Scheduler),
     tokenizer (transformers tokenizer, or None when the model folder has none: then only input_ids work and text is
-    ""). Not thread-safe: one caller drives it.
+    ""). Not thread-safe: one caller drives it. The Engine keeps a request from add_request until its RequestOutput is
+    handed out (generate / stream / result / abort), and nothing of it afterwards.
     Raises (at construction): runtime.model.loader.ModelLoadError subclasses, runtime.config.InvalidConfig.
     """
 
@@ -118,6 +123,7 @@ class Engine:
             logger.warning("no tokenizer for %s (%s): input_ids only, no text", model, e)
             self.tokenizer = None
         self._eos = tuple(ready.eos_token_ids)
+        self._max_prompt_chars = prompt_char_limit(self.args.max_prompt_chars, ready.max_model_len)
         self._rids = itertools.count()
         self._live: dict[str, _Live] = {}
         self._done: dict[str, RequestOutput] = {}
@@ -128,8 +134,9 @@ class Engine:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  cache_salt: str | None | Sequence[str | None] = None) -> list[RequestOutput]:  # fmt: skip
         """Run requests to completion; one RequestOutput per prompt, in order. Exactly one of prompts, input_ids,
-        messages (chat template applied). sampling_params / cache_salt: one for all, or one per prompt.
-        Raises RequestRejected (nothing queued) when a prompt can never run, EngineError."""
+        messages (chat template applied). sampling_params / cache_salt: one for all, or one per prompt. A request
+        the worker could not run comes back with finish_reason "abort" and RequestOutput.error set; the others are
+        unaffected. Raises RequestRejected (nothing queued) when a prompt can never run, EngineError."""
         rids = self._submit(prompts, input_ids, messages, sampling_params, cache_salt)
         while not all(r in self._done for r in rids):
             self.step()
@@ -171,8 +178,12 @@ class Engine:
 
     def step(self) -> list[StreamChunk]:
         """Run one scheduler step (schedule, forward, process) and return the StreamChunks it produced.
-        Raises EngineError when requests remain but nothing can run, or when the forward step fails (that step's
-        requests end with "abort" and release their blocks; the engine keeps serving)."""
+
+        A request whose sequence the worker could not run (ForwardResult.failed_seq_ids) ends with "abort" and
+        RequestOutput.error set; step() does not raise for it and the step's other requests go on unchanged.
+        Raises EngineError when requests remain but nothing can run, or when the step fails as a whole (execute
+        raised: that step's requests end with "abort" and error set, their blocks are released; the engine keeps
+        serving)."""
         batch = self.scheduler.schedule()
         if batch is None:
             outs = self.scheduler.drain_outputs()
@@ -183,23 +194,28 @@ class Engine:
                 result = self.runner.execute(batch)
             except Exception as exc:  # the step's requests end with "abort" and release their blocks
                 logger.exception("step %d failed", batch.step_id)
-                self.scheduler.process_result(ForwardResult(batch.step_id, [], [], error=repr(exc)))
-                for o in self.scheduler.drain_outputs():
+                error = f"{type(exc).__name__}: {exc}"
+                for o in self._process(ForwardResult(batch.step_id, [], [], error=error)):
                     self._on_output(o)
                 raise EngineError(f"step {batch.step_id} failed ({exc!r}); its requests were aborted") from exc
-            outs = self.scheduler.process_result(result)
+            outs = self._process(result)
         chunks = [c for o in outs if (c := self._on_output(o)) is not None]
         chunks += [c for o in self.scheduler.drain_outputs() if (c := self._on_output(o)) is not None]
         return chunks
 
-    def abort(self, rid: str) -> None:
-        """Abort a queued or running request; its completions finish with "abort". Raises UnknownRequestError."""
+    def abort(self, rid: str) -> RequestOutput:
+        """Abort a queued or running request: its unfinished completions end with "abort". Returns its RequestOutput
+        (what it produced so far) and keeps nothing of it: a later result(rid) raises KeyError.
+        Raises UnknownRequestError when rid is not live (finished, never added, or already aborted)."""
         self.scheduler.abort(rid)
         for o in self.scheduler.drain_outputs():
             self._on_output(o)
+        return self._done.pop(rid)
 
     def result(self, rid: str) -> RequestOutput:
-        """The RequestOutput of a request finished through step() (removed once taken). Raises KeyError."""
+        """The RequestOutput of a request that finished (or failed) through step(), removed once taken; finished
+        requests are kept until taken. Raises KeyError (not finished yet, already taken, or aborted: abort()
+        returned it)."""
         return self._done.pop(rid)
 
     def stats(self) -> ServerStats:
@@ -216,6 +232,14 @@ class Engine:
         logger.info("engine shut down")
 
     # ------------------------------------------------------------------ internals
+    def _process(self, result: ForwardResult) -> list[TokenOutput]:
+        """scheduler.process_result, then the error of each request it failed onto that request's record."""
+        outs = self.scheduler.process_result(result)
+        for failure in self.scheduler.drain_failures():
+            if (live := self._live.get(failure.rid)) is not None:
+                live.error = failure.message
+        return outs
+
     def _on_output(self, o: TokenOutput) -> StreamChunk | None:
         """Feed one scheduler delta to its CompletionStream; a stop string tells the scheduler how many tokens to
         keep (its final delta then comes out of drain_outputs and is ignored). None when there is nothing to send."""
@@ -242,7 +266,7 @@ class Engine:
         cached = usages[0].cached_tokens if usages else 0
         usage = Usage(len(live.prompt_ids), cached, sum(len(o.token_ids) for o in outs))
         ttft = live.first_token_time - live.submit_time if live.first_token_time is not None else None
-        self._done[rid] = RequestOutput(rid, live.prompt_ids, outs, usage, ttft)
+        self._done[rid] = RequestOutput(rid, live.prompt_ids, outs, usage, ttft, live.error)
 
     def _encode(self, prompt: str | None, input_ids: Sequence[int] | None,
                 messages: list[dict[str, Any]] | None) -> list[int]:  # fmt: skip
@@ -255,8 +279,8 @@ class Engine:
         if input_ids is None and self.tokenizer is None:
             raise EngineError(f"model {self.args.model!r} has no tokenizer: pass input_ids")
         try:
-            return encode_prompt(self.tokenizer, prompt, messages, input_ids)
-        except ChatTemplateError as exc:
+            return encode_prompt(self.tokenizer, prompt, messages, input_ids, max_chars=self._max_prompt_chars)
+        except PromptError as exc:
             raise RequestRejected(ERR_INVALID, str(exc)) from None
 
     def _submit(self, prompts, input_ids, messages, sampling_params, cache_salt) -> list[str]:

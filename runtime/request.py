@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from radix.keys import BlockKeys
 from runtime.protocol import Usage
@@ -23,6 +24,14 @@ class RequestRejected(ValueError):
 
 class UnknownRequestError(KeyError):
     """No live request has this rid (finished, aborted or never added)."""
+
+
+class RequestFailure(NamedTuple):
+    """The worker could not run one of rid's sequences (Scheduler.drain_failures): every completion of rid ended
+    with "abort"; message says why ("the worker failed step N: ExceptionType: ...")."""
+
+    rid: str
+    message: str
 
 
 class SeqStatus(enum.Enum):

@@ -1,9 +1,10 @@
 """Scheduler: continuous batching over the radix KV cache. Pure Python (no torch); owns all request state.
 
 Each step is `schedule() -> ForwardBatch | None`, the worker runs it, then `process_result(ForwardResult)` returns the
-new tokens as TokenOutput deltas. Requests enter with `add_request` and leave by finishing, by `abort`, or by `stop`
-(a stop string found by the tokenizer side). The Engine drives these calls in one process; the scheduler process
-drives the same calls from ZeroMQ messages.
+new tokens as TokenOutput deltas. Requests enter with `add_request` and leave by finishing, by `abort`, by `stop`
+(a stop string found by the tokenizer side), or by failing (the worker could not run one of their sequences:
+`drain_failures`). The Engine drives these calls in one process; the scheduler process drives the same calls from
+ZeroMQ messages.
 
 A step = running sequences (oldest admitted first: decodes and continuing prefill chunks), then swapped-out sequences
 coming back, then admissions from the waiting queue while the prefill token budget (max_prefill_tokens) lasts. A prompt
@@ -20,17 +21,16 @@ from collections.abc import Callable, Sequence
 
 from radix.block_pool import NoFreeBlocksError
 from radix.manager import KVCacheManager, PrefixMatch
+from runtime.admission import WaitingQueue, inflight_chain_ids
 from runtime.config import ServerArgs
 from runtime.prompt_check import check_prompt
 from runtime.protocol import ForwardBatch, ForwardResult, ServerStats, TokenLogprobs, TokenOutput
-from runtime.request import RequestRejected, RequestState, SchedulerSeq, SeqStatus, UnknownRequestError
+from runtime.request import RequestFailure, RequestRejected, RequestState, SchedulerSeq, SeqStatus, UnknownRequestError
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler_stats import SchedulerCounters, scheduler_stats
 from runtime.step_plan import InflightChunk, StepPlan
 
 logger = logging.getLogger(__name__)
-
-LPM_QUEUE_LIMIT = 128  # above this many waiting sequences lpm falls back to fcfs (matching each costs O(prompt))
 
 
 class Scheduler:
@@ -66,7 +66,7 @@ class Scheduler:
         self.lpm_starvation_steps = lpm_starvation_steps
         self.clock = clock
         self.requests: dict[str, RequestState] = {}
-        self.waiting: deque[SchedulerSeq] = deque()
+        self.waiting = WaitingQueue()
         self.running: list[SchedulerSeq] = []
         self.swapped: deque[SchedulerSeq] = deque()
         self._next_seq_id = 1
@@ -75,7 +75,7 @@ class Scheduler:
         self._drops: list[int] = []
         self._outputs: list[TokenOutput] = []
         self._inflight: list[InflightChunk] = []  # the step in flight, until its ForwardResult
-        self._enter_waiting_step: dict[int, int] = {}
+        self._failures: list[RequestFailure] = []
         self.counters = SchedulerCounters()
 
     # ------------------------------------------------------------------ requests in and out
@@ -128,10 +128,19 @@ class Scheduler:
         out, self._outputs = self._outputs, []
         return out
 
+    def drain_failures(self) -> list[RequestFailure]:
+        """The requests process_result failed (the worker could not run one of their sequences) since the last
+        call, one each, in order. Their "abort" deltas come out of process_result as usual. The caller drains
+        after each process_result (the Engine and the scheduler process do)."""
+        out, self._failures = self._failures, []
+        return out
+
     # ------------------------------------------------------------------ one step
     def schedule(self) -> ForwardBatch | None:
-        """Build the next step's ForwardBatch, or None when no sequence can run (pending drops wait for the next
-        batch). Mutates: block tables (allocate, copy-on-write, preemption), queues, the in-flight record."""
+        """Build the next step's ForwardBatch, or None when the worker has nothing to do. A batch may carry no
+        sequence: then it only delivers drops (finished or aborted sequences) and swaps, so the worker's copy of
+        the live sequences never outlasts them. Mutates: block tables (allocate, copy-on-write, preemption),
+        queues, the in-flight record."""
         self._step_id += 1
         step = StepPlan(self.args.max_prefill_tokens)
         preempted_before = self.counters.num_preemptions
@@ -154,26 +163,26 @@ class Scheduler:
                 self._plan(seq, step)
             if not self.swapped:
                 self._admit(step)
-        if not step.seqs:
+        if not (step.seqs or step.swap_out or step.swap_in or step.copies or self._drops):
             self._inflight = []
             return None
         self._inflight = step.inflight
         drops, self._drops = self._drops, []
-        self.counters.num_steps += 1
+        self.counters.num_steps += 1 if step.seqs else 0
         return step.batch(self._step_id, drops)
 
     def process_result(self, result: ForwardResult) -> list[TokenOutput]:
         """Apply a finished step: mark KV as computed (full blocks enter the radix tree now), append sampled tokens,
         finish sequences on EOS / stop_token_ids / max_tokens / max_model_len, fork n > 1 children after the prompt.
-        Returns every TokenOutput delta since the previous call. A result with `error` fails the batch's requests
-        with "abort" (logged)."""
+        Returns every TokenOutput delta since the previous call. A sequence in result.failed_seq_ids (every one of
+        the step when result.error is set) fails its whole request: every completion ends with "abort", nothing of
+        this step is committed for it, one RequestFailure goes to drain_failures (logged); the step's other
+        sequences proceed exactly as if it had not been there."""
+        failed = dict(zip(result.failed_seq_ids, result.failed_errors, strict=True))
         if result.error is not None:
-            logger.error("step %d failed in the worker: %s", result.step_id, result.error)
-            for chunk in self._inflight:
-                if chunk.seq.status == SeqStatus.RUNNING:
-                    self._finish(chunk.seq, "abort")
-            self._inflight = []
-            return self.drain_outputs()
+            failed = {chunk.seq.seq_id: result.error for chunk in self._inflight}
+        if failed:
+            self._fail_requests(result.step_id, failed)
         sampled = dict(zip(result.seq_ids, result.token_ids, strict=True))
         logprobs = dict(zip(result.seq_ids, result.logprobs, strict=True)) if result.logprobs else {}
         self.counters.forward_tokens += result.num_forward_tokens
@@ -228,6 +237,10 @@ class Scheduler:
         planned = {id(c.seq) for c in step.inflight}
         others = [s for s in self.running if s is not seq and id(s) not in planned]
         if len(self.running) == 1:
+            usable = self.manager.num_blocks - 1
+            logger.warning("request %s finishes \"length\" at %d of max_tokens %d completion tokens: alone, it fills "
+                           "the KV pool (%d usable blocks of %d = %d tokens)", seq.req.rid, max(0, seq.num_output),
+                           seq.req.params.max_tokens, usable, self.block_size, usable * self.block_size)
             self._finish(seq, "length")
             return False
         victim = max([seq, *others], key=lambda s: s.admitted_at)
@@ -253,13 +266,12 @@ class Scheduler:
                 return
         self.manager.free(seq.seq_id)
         seq.status, seq.preempted = SeqStatus.WAITING, True
-        self._enter_waiting_step[seq.seq_id] = self._step_id
-        self.waiting.appendleft(seq)
+        self.waiting.requeue_front(seq, self._step_id)
         logger.debug("preempted seq %d of %s (recompute)", seq.seq_id, seq.req.rid)
 
     # ------------------------------------------------------------------ admission
     def _admit(self, step: StepPlan) -> None:
-        inflight = self._inflight_keys()
+        inflight = inflight_chain_ids(self.running, self.manager)
         for seq, match in self._admission_order():
             if len(self.running) >= self.args.max_running_requests or step.prefill_budget <= 0:
                 return
@@ -278,7 +290,6 @@ class Scheduler:
             if cached is None:
                 return
             self.waiting.remove(seq)
-            self._enter_waiting_step.pop(seq.seq_id, None)
             seq.status, seq.admitted_at = SeqStatus.RUNNING, self._admit_counter
             self._admit_counter += 1
             self.running.append(seq)
@@ -298,29 +309,8 @@ class Scheduler:
 
     def _admission_order(self) -> list[tuple[SchedulerSeq, PrefixMatch | None]]:
         """Waiting sequences in admission order, each with the match lpm sorted it by (None: _admit matches)."""
-        seqs = list(self.waiting)
-        if self.args.schedule_policy != "lpm" or len(seqs) > LPM_QUEUE_LIMIT or not self.args.enable_prefix_caching:
-            return [(s, None) for s in seqs]
-        order: list[tuple[SchedulerSeq, PrefixMatch | None]] = [
-            (s, None) for s in seqs if self._step_id - self._waiting_since(s) >= self.lpm_starvation_steps]
-        rest = [(s, self.manager.match_prefix(s.req.block_keys.extended(s.token_ids))) for s in seqs
-                if self._step_id - self._waiting_since(s) < self.lpm_starvation_steps]  # fmt: skip
-        rest.sort(key=lambda pair: -pair[1].num_tokens)  # stable: ties keep arrival order
-        return order + rest
-
-    def _waiting_since(self, seq: SchedulerSeq) -> int:
-        return self._enter_waiting_step.get(seq.seq_id, seq.req.arrival_step)
-
-    def _inflight_keys(self) -> set[int]:
-        """Chain ids (radix/keys.py) of full prompt blocks that running sequences have not finished computing yet."""
-        keys: set[int] = set()
-        if not self.args.enable_prefix_caching:
-            return keys
-        for seq in self.running:
-            computed = self.manager.num_computed_tokens(seq.seq_id)
-            if computed // self.block_size < len(seq.req.block_keys):
-                keys.update(seq.req.block_keys.chain_ids[computed // self.block_size :])
-        return keys
+        lpm = self.args.schedule_policy == "lpm" and self.args.enable_prefix_caching
+        return self.waiting.admission_order(self._step_id, lpm, self.lpm_starvation_steps, self.manager)
 
     # ------------------------------------------------------------------ tokens, finishing, forking
     def _on_token(self, seq: SchedulerSeq, token: int, logprobs: TokenLogprobs | None) -> None:
@@ -361,6 +351,20 @@ class Scheduler:
                 self._outputs.append(TokenOutput(req.rid, i, [], reason, seq.usage()))
         if req.live == 0:
             self.requests.pop(req.rid, None)
+
+    def _fail_requests(self, step_id: int, failed: dict[int, str]) -> None:
+        """End the request of each failed sequence of the step in flight (seq_id -> error): every live completion
+        finishes "abort" and one RequestFailure is queued per request. O(step + those requests' sequences)."""
+        for chunk in self._inflight:
+            error, req = failed.get(chunk.seq.seq_id), chunk.seq.req
+            if error is None or chunk.seq.status != SeqStatus.RUNNING:
+                continue  # not failed, or aborted / stopped / failed with a sibling while the step ran
+            logger.error("request %s fails: the worker could not run seq %d in step %d: %s", req.rid,
+                         chunk.seq.seq_id, step_id, error)
+            for seq in list(req.seqs):
+                if seq.status != SeqStatus.FINISHED:
+                    self._finish(seq, "abort")
+            self._failures.append(RequestFailure(req.rid, f"the worker failed step {step_id}: {error}"))
 
     def _fork(self, parent: SchedulerSeq) -> list[SchedulerSeq]:
         """The parent's prompt[:-1] has KV: fork n children sharing its blocks; each runs the last prompt token."""

@@ -2,7 +2,8 @@
 
 It executes ForwardBatch messages (runtime/protocol/worker.py, the delta format of ARCHITECTURE.md): drop, swap_out,
 swap_in, copies, then one forward over every scheduled sequence's tokens as a flat varlen batch, then one sampled token
-per sequence with sample=True. The process loop around it is runtime/serve/worker_process.py.
+per sequence with sample=True. A sequence that cannot run fails alone (ModelRunner.execute); the other sequences of its
+step get their results. The process loop around it is runtime/serve/worker_process.py.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from typing import NamedTuple
 import torch
 
 import kernels
-from runtime.config import ServerArgs
+from runtime.config import MIN_USABLE_BLOCKS, InvalidConfig, ServerArgs
 from runtime.model.loader import load_config, load_weights, resolve_model
 from runtime.model.models import AttentionMetadata, build_model
 from runtime.model.sampler import Sampler, SampleRequest
-from runtime.protocol import ForwardBatch, ForwardResult, Ready, ScheduledSeq
+from runtime.protocol import ForwardBatch, ForwardResult, Ready, ScheduledSeq, TokenLogprobs
 from runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -28,7 +29,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 class WorkerError(Exception):
-    """A ForwardBatch the worker cannot execute (unknown sequence, block table too short, context too long)."""
+    """A ForwardBatch the worker cannot execute (unknown sequence, block table too short or naming a block outside
+    the pool, context too long)."""
 
 
 @dataclass
@@ -39,6 +41,14 @@ class WorkerSeq:
     params: SamplingParams
     prompt_len: int
     sample_index: int
+
+
+class StepSeqs(NamedTuple):
+    """A batch after its structure was applied: the sequences that run (batch order) and, per sequence whose own
+    delta is invalid, why (seq_id -> message)."""
+
+    runnable: list[ScheduledSeq]
+    invalid: dict[int, str]
 
 
 class StepLogits(NamedTuple):
@@ -76,10 +86,12 @@ class ModelRunner:
     free memory after loading the weights) divided by kv_block_bytes. max_model_len = args.max_model_len capped at the
     model's max_position_embeddings (the rotary tables cover it).
 
-    Public state: ready (the Ready handshake), seqs (seq_id -> WorkerSeq of live sequences), forward_tokens_by_seq
-    (seq_id -> tokens run through the model, cumulative, kept after the sequence is dropped).
+    Public state: ready (the Ready handshake), seqs (seq_id -> WorkerSeq of live sequences only: an entry leaves
+    with the sequence's drop, or when the sequence fails).
 
-    Raises (at construction): runtime.model.loader.ModelLoadError subclasses; runtime.config.InvalidConfig.
+    Raises (at construction): runtime.model.loader.ModelLoadError subclasses; runtime.config.InvalidConfig (also for
+    a KV pool of fewer than MIN_USABLE_BLOCKS usable blocks). Logs one warning when the pool holds fewer tokens than
+    max_model_len.
     """
 
     def __init__(self, args: ServerArgs) -> None:
@@ -95,6 +107,11 @@ class ModelRunner:
         self.model = build_model(cfg, load_weights(folder, self.dtype, self.device), self.max_model_len, backend)
         self.block_size = args.block_size
         self.num_blocks = self._num_blocks()
+        pool_tokens = (self.num_blocks - 1) * self.block_size
+        if pool_tokens < self.max_model_len:
+            logger.warning("KV pool of %d tokens (%d usable blocks of %d) is below max_model_len %d: the longest "
+                           "request it can hold is %d tokens (prompt + completion)", pool_tokens,
+                           self.num_blocks - 1, self.block_size, self.max_model_len, pool_tokens)
         shape = (cfg.num_hidden_layers, self.num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -104,7 +121,6 @@ class ModelRunner:
         self.host_v_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
         self.sampler = Sampler(args.seed)
         self.seqs: dict[int, WorkerSeq] = {}
-        self.forward_tokens_by_seq: dict[int, int] = {}
         self.ready = Ready(num_blocks=self.num_blocks, block_size=self.block_size, max_model_len=self.max_model_len,
                            num_host_blocks=args.num_host_blocks, vocab_size=cfg.vocab_size,
                            eos_token_ids=list(cfg.eos_token_ids))
@@ -112,47 +128,95 @@ class ModelRunner:
                     self.num_blocks, self.block_size, self.max_model_len)
 
     def _num_blocks(self) -> int:
+        """Blocks of the device pool (the null block included). Raises InvalidConfig, naming the budget and the
+        fix in one line, when fewer than MIN_USABLE_BLOCKS would be usable."""
         if self.args.num_blocks is not None:
-            return self.args.num_blocks
-        cfg = self.config
-        per_block = kv_block_bytes(cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim,
-                                   self.dtype)
-        budget = self.args.kv_cache_memory
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            budget = int(free * self.args.gpu_memory_utilization)
-        return max(2, budget // per_block)
+            num_blocks, source = self.args.num_blocks, f"num_blocks {self.args.num_blocks}"
+        else:
+            cfg = self.config
+            per_block = kv_block_bytes(cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim,
+                                       self.dtype)
+            budget, source = self.args.kv_cache_memory, f"kv_cache_memory {self.args.kv_cache_memory} bytes"
+            fix = f"raise kv_cache_memory to >= {(MIN_USABLE_BLOCKS + 1) * per_block} bytes or set num_blocks"
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = int(free * self.args.gpu_memory_utilization)
+                source = f"gpu_memory_utilization {self.args.gpu_memory_utilization} of {free} free bytes"
+                fix = "raise gpu_memory_utilization, free GPU memory or set num_blocks"
+            num_blocks = budget // per_block
+            source += f", {per_block} bytes per block"
+        usable = max(0, num_blocks - 1)
+        if usable < MIN_USABLE_BLOCKS:
+            plural = "" if usable == 1 else "s"
+            raise InvalidConfig(f"KV pool of {usable} usable block{plural} ({source}); needs >= {MIN_USABLE_BLOCKS}"
+                                + ("" if self.args.num_blocks is not None else f": {fix}"))
+        return num_blocks
 
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> ForwardResult:
-        """Apply batch's drops, swaps and copies, run one forward over its sequences and sample.
+        """Apply batch's structure once, run one forward over its sequences and sample; a failure fails only the
+        sequences that cause it.
 
-        Mutates: the KV caches, the per-sequence block tables, forward_tokens_by_seq, the sampler's generator.
-        Returns one token id per sequence with sample=True, in batch order (logprobs where asked).
-        Raises:
-            WorkerError: as forward().
+        Structure (drops, swap_out, swap_in, copies, registering / extending block tables) is applied once; a
+        sequence whose own delta is invalid (unknown without sampling_params, a block id outside the pool, a block
+        table too short for its tokens, a context beyond max_model_len) fails by itself. When the forward + sampling
+        of the rest raises, the sequences are bisected (each half run again) down to the single sequences that raise
+        alone; every other sequence returns its token. Re-running is safe: each sequence writes KV only into its own
+        slots of this step (copy-on-write makes every block written this step private to one sequence) and only
+        reads slots written before them, so a re-run rewrites the same slots from the same inputs. Cost: nothing
+        when no sequence fails; otherwise about 2 * log2(len(batch)) extra forwards (of shrinking halves) per failing
+        sequence, and 2 * len(batch) - 1 when every sequence fails. Draws of re-run sequences without a seed are
+        drawn again from the sampler's generator (seeded and greedy draws are unchanged: they depend only on the
+        seed, sample index and token index).
+
+        Mutates: the KV caches, the per-sequence block tables (a failed sequence's entry is removed), the sampler's
+        generator. Returns one token id per sequence with sample=True that did not fail, in batch order (logprobs
+        where asked), and the failed sequences with their errors ("ExceptionType: message").
+        Raises: whatever applying the drops, swaps or copies raises (the step failed as a whole).
         """
-        step = self.forward(batch)
-        rows = [SampleRequest(st.params, st.sample_index, s.start_pos + len(s.token_ids) - st.prompt_len)
-                for s in step.sample_seqs for st in (self.seqs[s.seq_id],)]
-        out = self.sampler(step.logits, rows) if rows else None
+        step = self.apply_structure(batch)
+        failed = {seq_id: f"WorkerError: {problem}" for seq_id, problem in step.invalid.items()}
+        sampled: dict[int, tuple[int, TokenLogprobs | None]] = {}
+        num_tokens = self._run_isolated(step.runnable, sampled, failed) if step.runnable else 0
+        for seq_id in failed:
+            self.seqs.pop(seq_id, None)
+        order = [s.seq_id for s in step.runnable if s.seq_id in sampled]
+        logprobs = [sampled[seq_id][1] for seq_id in order]
         return ForwardResult(
             step_id=batch.step_id,
-            seq_ids=[s.seq_id for s in step.sample_seqs],
-            token_ids=out.token_ids if out else [],
-            logprobs=out.logprobs if out else None,
-            num_forward_tokens=step.num_tokens,
+            seq_ids=order,
+            token_ids=[sampled[seq_id][0] for seq_id in order],
+            logprobs=logprobs if any(lp is not None for lp in logprobs) else None,
+            num_forward_tokens=num_tokens,
+            failed_seq_ids=list(failed),
+            failed_errors=list(failed.values()),
         )
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> StepLogits:
-        """Apply batch's drops, swaps and copies (in that order), register/extend block tables, run the model.
+        """Apply batch's structure (apply_structure) and run the model over all its sequences (no isolation).
 
-        Mutates: the KV caches, the per-sequence block tables, forward_tokens_by_seq.
+        Mutates: the KV caches, the per-sequence block tables.
         Returns the float32 logits [num sampling seqs, vocab] of each sample=True sequence's last token.
         Raises:
-            WorkerError: a sequence unknown to the worker without sampling_params, a block table too short for its
-                tokens, or a context beyond max_model_len.
+            WorkerError: the first sequence whose delta is invalid (see apply_structure).
+        """
+        step = self.apply_structure(batch)
+        if step.invalid:
+            raise WorkerError(next(iter(step.invalid.values())))
+        if not step.runnable:
+            return StepLogits(torch.empty(0, self.config.vocab_size), [], 0)
+        input_ids, meta, sample_seqs = self._prepare(step.runnable)
+        logits = self.model(input_ids, meta, self.k_cache, self.v_cache)
+        return StepLogits(logits, sample_seqs, int(input_ids.shape[0]))
+
+    def apply_structure(self, batch: ForwardBatch) -> StepSeqs:
+        """Apply batch's drops, swaps and copies (in that order), then register / extend each sequence's block table.
+
+        Mutates: the KV caches (swaps, copies), seqs. Returns the sequences with tokens to run and, apart, each
+        sequence whose own delta is invalid: unknown to the worker without sampling_params, a block id outside
+        [1, num_blocks), a block table too short for its tokens, or a context beyond max_model_len. O(batch + new
+        block ids). Raises: whatever kernels.swap_blocks / copy_blocks raise (e.g. IndexError for a bad block id).
         """
         for seq_id in batch.drop_seq_ids:
             self.seqs.pop(seq_id, None)
@@ -164,29 +228,72 @@ class ModelRunner:
             kernels.swap_blocks(self.host_v_cache, self.v_cache, batch.swap_in)
         if batch.copies:
             kernels.copy_blocks(self.k_cache, self.v_cache, batch.copies)
+        step = StepSeqs([], {})
         for s in batch.seqs:
-            self._register(s)
-        scheduled = [s for s in batch.seqs if s.token_ids]
-        if not scheduled:
-            return StepLogits(torch.empty(0, self.config.vocab_size), [], 0)
-        input_ids, meta, sample_seqs = self._prepare(scheduled)
-        logits = self.model(input_ids, meta, self.k_cache, self.v_cache)
-        return StepLogits(logits, sample_seqs, int(input_ids.shape[0]))
+            problem = self._register(s)
+            if problem is None and s.token_ids:
+                problem = self._check(s)
+            if problem is not None:
+                step.invalid[s.seq_id] = problem
+            elif s.token_ids:
+                step.runnable.append(s)
+        return step
 
-    def _register(self, s: ScheduledSeq) -> None:
+    def _register(self, s: ScheduledSeq) -> str | None:
+        """Record s's new block ids in its table (a new sequence: the whole table); the problem, if any."""
+        bad = [b for b in s.new_block_ids if not 0 < b < self.num_blocks]
+        if bad:
+            return f"seq {s.seq_id}: block ids {bad[:4]} outside the pool [1, {self.num_blocks})"
         if s.sampling_params is not None:
             self.seqs[s.seq_id] = WorkerSeq(list(s.new_block_ids), s.sampling_params, s.prompt_len, s.sample_index)
-            return
+            return None
         state = self.seqs.get(s.seq_id)
         if state is None:
-            raise WorkerError(f"seq {s.seq_id} is not known to the worker and carries no sampling_params")
+            return f"seq {s.seq_id} is not known to the worker and carries no sampling_params"
         state.block_table.extend(s.new_block_ids)
+        return None
+
+    def _check(self, s: ScheduledSeq) -> str | None:
+        end = s.start_pos + len(s.token_ids)
+        if end > self.max_model_len:
+            return f"seq {s.seq_id}: context {end} exceeds max_model_len {self.max_model_len}"
+        table = self.seqs[s.seq_id].block_table
+        if len(table) * self.block_size < end:
+            return f"seq {s.seq_id}: {len(table)} blocks of {self.block_size} cannot hold {end} tokens"
+        return None
+
+    def _run_isolated(self, seqs: list[ScheduledSeq], sampled: dict[int, tuple[int, TokenLogprobs | None]],
+                      failed: dict[int, str]) -> int:  # fmt: skip
+        """Forward + sample seqs into sampled (seq_id -> (token, logprobs)); on an exception, bisect (see execute)
+        and record each sequence that fails alone in failed. Returns the tokens run for the sequences that
+        succeeded (each once)."""
+        try:
+            sampled.update(self._forward_and_sample(seqs))
+            return sum(len(s.token_ids) for s in seqs)
+        except Exception as exc:
+            if len(seqs) == 1:
+                logger.exception("seq %d failed in the forward or the draw; its request fails", seqs[0].seq_id)
+                failed[seqs[0].seq_id] = f"{type(exc).__name__}: {exc}"
+                return 0
+        mid = len(seqs) // 2
+        return self._run_isolated(seqs[:mid], sampled, failed) + self._run_isolated(seqs[mid:], sampled, failed)
+
+    def _forward_and_sample(self, seqs: list[ScheduledSeq]) -> dict[int, tuple[int, TokenLogprobs | None]]:
+        """One forward over seqs and one draw per sequence with sample=True: seq_id -> (token id, logprobs)."""
+        input_ids, meta, sample_seqs = self._prepare(seqs)
+        logits = self.model(input_ids, meta, self.k_cache, self.v_cache)
+        rows = [SampleRequest(st.params, st.sample_index, s.start_pos + len(s.token_ids) - st.prompt_len)
+                for s in sample_seqs for st in (self.seqs[s.seq_id],)]
+        if not rows:
+            return {}
+        out = self.sampler(logits, rows)
+        logprobs = out.logprobs or [None] * len(rows)
+        return {s.seq_id: (t, lp) for s, t, lp in zip(sample_seqs, out.token_ids, logprobs, strict=True)}
 
     def _prepare(self, seqs: list[ScheduledSeq]) -> tuple[torch.Tensor, AttentionMetadata, list[ScheduledSeq]]:
-        """Flatten the scheduled sequences into input ids and AttentionMetadata (tensor ops, a few list ops per seq).
-
-        The model returns logits only for the last token of each sequence that samples.
-        """
+        """Flatten the scheduled sequences (each checked by apply_structure) into input ids and AttentionMetadata
+        (tensor ops, a few list ops per seq). The model returns logits only for the last token of each sequence that
+        samples."""
         bs = self.block_size
         tokens: list[int] = []
         starts: list[int] = []
@@ -196,16 +303,11 @@ class ModelRunner:
         sample_seqs: list[ScheduledSeq] = []
         for s in seqs:
             table = self.seqs[s.seq_id].block_table
-            n, end = len(s.token_ids), s.start_pos + len(s.token_ids)
-            if end > self.max_model_len:
-                raise WorkerError(f"seq {s.seq_id}: context {end} exceeds max_model_len {self.max_model_len}")
-            if len(table) * bs < end:
-                raise WorkerError(f"seq {s.seq_id}: {len(table)} blocks of {bs} cannot hold {end} tokens")
+            n = len(s.token_ids)
             tokens.extend(s.token_ids)
             starts.append(s.start_pos)
             q_lens.append(n)
             tables.append(table)
-            self.forward_tokens_by_seq[s.seq_id] = self.forward_tokens_by_seq.get(s.seq_id, 0) + n
             if s.sample:
                 last_rows.append(len(tokens) - 1)
                 sample_seqs.append(s)

@@ -1,7 +1,8 @@
 """Every message that crosses a socket, as tagged msgspec Structs encoded as msgpack. The wire format lives here only.
 
 Decoding is strict and typed (msgspec); nothing here is ever pickled. One module per link:
-  worker.py    scheduler <-> worker (ScheduledSeq, ForwardBatch, ForwardResult, Ready): the delta format
+  worker.py    scheduler <-> worker (ScheduledSeq, ForwardBatch, ForwardResult, Ready, WorkerProbe): the delta
+               format
   public.py    client <-> tokenizer process (GenerateRequest ... StreamChunk, ErrorResponse, ServerStats),
                the error codes, decode_client_frame
   internal.py  tokenizer <-> scheduler (TokenizedRequest, Stop, TokenOutputs, ...), launcher <-> children
@@ -61,7 +62,11 @@ from runtime.protocol.worker import (
     Ready,
     ScheduledSeq,
     TokenLogprobs,
+    WorkerInput,
     WorkerMessage,
+    WorkerOutput,
+    WorkerProbe,
+    WorkerProbeReply,
 )
 from runtime.sampling_params import SamplingParams
 
@@ -74,6 +79,10 @@ __all__ = [
     "ForwardResult",
     "Ready",
     "WorkerMessage",
+    "WorkerProbe",
+    "WorkerProbeReply",
+    "WorkerInput",
+    "WorkerOutput",
     "ChatMessage",
     "GenerateRequest",
     "AbortRequest",

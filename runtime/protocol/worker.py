@@ -67,8 +67,13 @@ class ForwardResult(msgspec.Struct, tag="forward_result", forbid_unknown_fields=
 
     seq_ids / token_ids: one sampled token per sequence that had sample=True, in batch order.
     logprobs: aligned with seq_ids when any of them asked for logprobs (else None).
-    num_forward_tokens: tokens run through the model this step (prompt tokens actually computed + decode tokens).
-    error: set (and nothing sampled) when the step failed; the scheduler fails the batch's requests.
+    num_forward_tokens: tokens run through the model this step for the sequences that succeeded, each counted once
+        (prompt tokens actually computed + decode tokens; re-runs while isolating a failure are not counted).
+    failed_seq_ids / failed_errors: the sequences the worker could not run this step (an invalid delta, or a forward
+        or draw that raised with them alone in the batch) and one "ExceptionType: message" each, aligned; the
+        scheduler fails their requests, every other sequence of the step has its result above.
+    error: set (and nothing sampled) when the step failed as a whole (its drops, swaps or copies could not be
+        applied); the scheduler fails the batch's requests.
     """
 
     step_id: int
@@ -77,6 +82,8 @@ class ForwardResult(msgspec.Struct, tag="forward_result", forbid_unknown_fields=
     logprobs: list[TokenLogprobs | None] | None = None
     num_forward_tokens: int = 0
     error: str | None = None
+    failed_seq_ids: list[int] = []
+    failed_errors: list[str] = []
 
 
 class Ready(msgspec.Struct, tag="ready", forbid_unknown_fields=True):
@@ -93,4 +100,20 @@ class Ready(msgspec.Struct, tag="ready", forbid_unknown_fields=True):
     eos_token_ids: list[int]
 
 
-WorkerMessage = ForwardBatch | ForwardResult | Ready
+class WorkerProbe(msgspec.Struct, tag="worker_probe", forbid_unknown_fields=True):
+    """Scheduler -> worker health probe. It queues behind the step in flight and the worker's own loop answers it
+    between steps with WorkerProbeReply(probe_id), so a reply shows the worker serves (a frozen or stuck worker never
+    answers)."""
+
+    probe_id: int
+
+
+class WorkerProbeReply(msgspec.Struct, tag="worker_probe_reply", forbid_unknown_fields=True):
+    """The worker's answer to WorkerProbe(probe_id)."""
+
+    probe_id: int
+
+
+WorkerInput = ForwardBatch | WorkerProbe  # what the worker decodes on worker_in
+WorkerOutput = ForwardResult | WorkerProbeReply  # what the scheduler decodes on worker_out once Ready has come
+WorkerMessage = ForwardBatch | ForwardResult | Ready | WorkerProbe | WorkerProbeReply

@@ -16,7 +16,9 @@ def test_defaults_are_valid_and_unknown_fields_are_named():
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"block_size": 12}, "block_size must be a power of two"),
-    ({"num_blocks": 1}, "num_blocks must be >= 2"),
+    ({"num_blocks": 1}, "num_blocks must be >= 5"),
+    ({"num_blocks": 4}, "num_blocks must be >= 5"),
+    ({"max_prompt_chars": 0}, "max_prompt_chars must be None or >= 1"),
     ({"port": 70000}, "port must be in"),
     ({"preemption_mode": "swap"}, "needs num_host_blocks > 0"),
 ])

@@ -7,6 +7,7 @@ that served wrong KV, a bad copy-on-write or a lost swap shows up as a different
 from __future__ import annotations
 
 import pytest
+from forward_counts import forward_tokens_by_seq
 
 from runtime.engine import Engine
 from runtime.protocol import ForwardBatch
@@ -65,13 +66,9 @@ def assert_idle(engine: Engine) -> None:
     assert s.num_running == s.num_waiting == engine.manager.stats().num_sequences == 0
 
 
-def forward_of(engine: Engine, rid: str) -> int:
-    return sum(engine.runner.forward_tokens_by_seq.get(s.seq_id, 0) for s in engine.scheduler.requests[rid].seqs)
-
-
 def test_c1_c2_whole_prompt_cached(make_engine, cold):
     engine = make_engine()
-    record_batches(engine)
+    batches = record_batches(engine)
     free0 = engine.manager.num_free_blocks()
     a = list(range(1, 9))
     out_a = engine.generate(input_ids=[a], sampling_params=greedy(1))[0]
@@ -89,7 +86,7 @@ def test_c1_c2_whole_prompt_cached(make_engine, cold):
         engine.step()
     outs = {r: engine.result(r) for r in (c, d, e)}
     assert [outs[r].usage.cached_tokens for r in (c, d, e)] == [8, 8, 0]
-    assert [engine.runner.forward_tokens_by_seq[seqs[r]] for r in (c, d, e)] == [4, 1, 3]
+    assert [forward_tokens_by_seq(batches)[seqs[r]] for r in (c, d, e)] == [4, 1, 3]
     assert outs[d].token_ids == cold(list(range(1, 10)), 1)
     assert outs[c].token_ids == cold(list(range(1, 13)), 1)
     assert_idle(engine)
@@ -106,8 +103,7 @@ def test_c3_same_step_duplicates_and_abort_after_first_chunk(make_engine, cold):
     free0 = engine.manager.num_free_blocks()
     rid = engine.add_request(input_ids=prompt, sampling_params=greedy(3))
     engine.step()  # first chunk (4 tokens) written
-    engine.abort(rid)
-    assert engine.result(rid).finish_reason == "abort"
+    assert engine.abort(rid).finish_reason == "abort"
     assert engine.manager.num_free_blocks() + engine.manager.num_evictable_blocks() == free0
     waiting = engine.add_request(input_ids=prompt, sampling_params=greedy(3))
     engine.abort(waiting)  # before any forward pass
@@ -152,6 +148,7 @@ def test_c5_multi_turn_cache_includes_reply_and_stop_string_keeps_cache_short(ma
 
 def test_c6_prefix_of_a_cached_sequence(make_engine, cold):
     engine = make_engine()
+    batches = record_batches(engine)
     a = list(range(300, 316))
     gen = engine.generate(input_ids=[a], sampling_params=greedy(8))[0].token_ids
     engine.generate(input_ids=[a + gen], sampling_params=greedy(1))  # 24 tokens cached
@@ -161,7 +158,7 @@ def test_c6_prefix_of_a_cached_sequence(make_engine, cold):
     while engine.scheduler.has_unfinished():
         engine.step()
     out = engine.result(rid)
-    assert out.usage.cached_tokens == 8 and engine.runner.forward_tokens_by_seq[seq_id] == 2 + 2
+    assert out.usage.cached_tokens == 8 and forward_tokens_by_seq(batches)[seq_id] == 2 + 2
     assert out.token_ids == cold(b, 3)
 
 

@@ -4,6 +4,7 @@ memory pressure with both preemption modes, aborts at every stage, streaming and
 from __future__ import annotations
 
 import pytest
+from forward_counts import forward_tokens_by_seq
 from test_engine import assert_idle, greedy, record_batches
 
 from runtime.engine import Engine
@@ -32,6 +33,7 @@ def unpressured(make_engine):
 
 def test_forward_tokens_equal_prompt_minus_cached(make_engine, unpressured):
     engine = make_engine()
+    batches = record_batches(engine)
     rids = [engine.add_request(input_ids=p, sampling_params=greedy(12)) for p in PROMPTS]
     seq_of = {r: engine.scheduler.requests[r].seqs[0].seq_id for r in rids}
     while engine.scheduler.has_unfinished():
@@ -41,7 +43,7 @@ def test_forward_tokens_equal_prompt_minus_cached(make_engine, unpressured):
     for r, o in zip(rids, outs, strict=True):
         u = o.usage
         # every prompt token not served from the cache ran through the model once; each decode feeds one token
-        assert engine.runner.forward_tokens_by_seq[seq_of[r]] == u.prompt_tokens - u.cached_tokens + 12 - 1
+        assert forward_tokens_by_seq(batches)[seq_of[r]] == u.prompt_tokens - u.cached_tokens + 12 - 1
     assert [o.token_ids for o in outs] == unpressured
     assert_idle(engine)
 
@@ -84,14 +86,15 @@ def test_abort_waiting_mid_prefill_mid_decode(make_engine, unpressured):
     free0 = engine.manager.num_free_blocks()
     rids = [engine.add_request(input_ids=p, sampling_params=greedy(12)) for p in PROMPTS[:4]]
     engine.step()  # requests 0 and 1 prefill their first 8 tokens; 2 and 3 wait
-    engine.abort(rids[1])  # mid-prefill
-    engine.abort(rids[3])  # waiting
+    aborted = {1: engine.abort(rids[1]), 3: engine.abort(rids[3])}  # mid-prefill, waiting
     for _ in range(6):
         engine.step()
-    engine.abort(rids[0])  # mid-decode
+    aborted[0] = engine.abort(rids[0])  # mid-decode
     while engine.scheduler.has_unfinished():
         engine.step()
-    outs = [engine.result(r) for r in rids]
+    outs = [aborted[i] if i in aborted else engine.result(r) for i, r in enumerate(rids)]
+    with pytest.raises(KeyError):
+        engine.result(rids[0])  # abort handed the output out and kept nothing
     assert [o.finish_reason for o in outs] == ["abort", "abort", "length", "abort"]
     assert 0 < len(outs[0].token_ids) < 12 and outs[0].token_ids == unpressured[0][: len(outs[0].token_ids)]
     assert outs[2].token_ids == unpressured[2]

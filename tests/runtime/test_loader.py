@@ -120,7 +120,7 @@ def test_missing_model_errors_name_the_path(tmp_path, tiny_qwen2_dir):
         load_tokenizer(str(folder))
     (folder / "model.safetensors").unlink()
     with pytest.raises(ModelNotFoundError, match="no \\*.safetensors file in"):
-        ModelRunner(ServerArgs(model=str(folder), num_blocks=4))
+        ModelRunner(ServerArgs(model=str(folder), num_blocks=5))
 
 
 def test_missing_shard_is_named(tmp_path, tiny_llama_dir):
@@ -153,7 +153,7 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path, tiny_qwen2_
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(UnsupportedModelError, match="'GPT2LMHeadModel' is not supported.*Qwen2ForCausalLM"):
-        ModelRunner(ServerArgs(model=str(folder), num_blocks=4))
+        ModelRunner(ServerArgs(model=str(folder), num_blocks=5))
     rope = {**config, "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}}
     (folder / "config.json").write_text(json.dumps(rope))
     with pytest.raises(UnsupportedModelError, match="rope type 'yarn'"):

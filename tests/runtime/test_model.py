@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from forward_counts import forward_tokens_by_seq, record_batches
 from transformers import AutoModelForCausalLM
 
 from runtime.config import ServerArgs
@@ -76,11 +77,12 @@ def test_tiny_logits_match_transformers_past_rope_scaling_context(tiny_llama_dir
 
 def test_extend_over_shared_blocks_equals_full_prefill(tiny_qwen2_dir):
     runner = ModelRunner(ServerArgs(model=str(tiny_qwen2_dir), num_blocks=16, block_size=16))
+    batches = record_batches(runner)
     tokens = torch.randint(3, 49152, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     full = _prefill_logits(runner, 1, tokens, [7, 3, 9])
     # Seq 2 shares seq 1's first two (full) blocks, so it computes only its last 8 tokens into its own block 5.
     extend = _prefill_logits(runner, 2, tokens[32:], [7, 3, 5], start_pos=32)
-    assert runner.forward_tokens_by_seq == {1: 40, 2: 8}
+    assert forward_tokens_by_seq(batches) == {1: 40, 2: 8}
     torch.testing.assert_close(extend, full, atol=1e-4, rtol=0)
     assert int(extend.argmax()) == int(full.argmax())
     torch.testing.assert_close(runner.k_cache[:, 5, :8], runner.k_cache[:, 9, :8], atol=1e-5, rtol=0)

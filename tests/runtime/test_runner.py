@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from forward_counts import forward_tokens_by_seq, record_batches
 
-from runtime.config import ServerArgs
+from runtime.config import InvalidConfig, ServerArgs
 from runtime.model.runner import ModelRunner, WorkerError, kv_block_bytes
 from runtime.protocol import ForwardBatch, ScheduledSeq
 from runtime.sampling_params import SamplingParams
@@ -46,9 +47,32 @@ def test_ready_reports_kv_sizing(tiny):
     assert (small.num_blocks, small.block_size, small.max_model_len, small.num_host_blocks) == (7, 4, 200, 0)
 
 
+def test_a_kv_pool_below_four_usable_blocks_is_refused_with_its_cause(tiny):
+    per_block = kv_block_bytes(2, 16, 2, 16, torch.float32)
+    with pytest.raises(InvalidConfig) as info:
+        ModelRunner(ServerArgs(model=tiny, kv_cache_memory=10))
+    assert str(info.value) == ("KV pool of 0 usable blocks (kv_cache_memory 10 bytes, 8192 bytes per block); "
+                               "needs >= 4: raise kv_cache_memory to >= 40960 bytes or set num_blocks")
+    with pytest.raises(InvalidConfig, match=r"^KV pool of 1 usable block \(kv_cache_memory 16384 bytes, 8192 bytes"):
+        ModelRunner(ServerArgs(model=tiny, kv_cache_memory=2 * per_block))
+    with pytest.raises(InvalidConfig, match=r"^KV pool of 3 usable blocks"):
+        ModelRunner(ServerArgs(model=tiny, kv_cache_memory=5 * per_block - 1))
+    assert ModelRunner(ServerArgs(model=tiny, kv_cache_memory=5 * per_block)).ready.num_blocks == 5
+
+
+def test_a_kv_pool_below_max_model_len_logs_one_warning(tiny, caplog):
+    with caplog.at_level("WARNING", logger="runtime.model.runner"):
+        ModelRunner(ServerArgs(model=tiny, num_blocks=7, block_size=4, max_model_len=200))
+        ModelRunner(ServerArgs(model=tiny, num_blocks=51, block_size=4, max_model_len=200))  # 200 tokens: no warning
+    assert [r.getMessage() for r in caplog.records if r.name == "runtime.model.runner"] == [
+        "KV pool of 24 tokens (6 usable blocks of 4) is below max_model_len 200: the longest request it can hold is "
+        "24 tokens (prompt + completion)"]
+
+
 def test_c10_scattered_blocks_write_exactly_their_slots(tiny):
     bs = 4
     runner = ModelRunner(ServerArgs(model=tiny, num_blocks=12, block_size=bs))
+    batches = record_batches(runner)
     free = [5, 2, 9, 7, 11, 3, 1, 10, 4, 8, 6]  # a shuffled free list
     a_blocks, b_blocks = free[:2], free[:2] + free[2:4]
     _step(runner, _new(1, range(1, 9), a_blocks))  # A = [1..8] in b5, b2
@@ -59,7 +83,7 @@ def test_c10_scattered_blocks_write_exactly_their_slots(tiny):
     result = _step(runner, _delta(2, tokens[-1:], 14), step_id=2)
     last_logits = runner.forward(ForwardBatch(3, [_delta(2, [result.token_ids[0]], 15)])).logits[0]
     tokens.append(result.token_ids[0])
-    assert runner.forward_tokens_by_seq == {1: 8, 2: 8}
+    assert forward_tokens_by_seq(batches) == {1: 8, 2: 8}
 
     contiguous = ModelRunner(ServerArgs(model=tiny, num_blocks=12, block_size=bs))
     ref_logits = contiguous.forward(ForwardBatch(0, [_new(1, tokens, [1, 2, 3, 4])])).logits[0]
@@ -89,13 +113,17 @@ def test_swaps_and_copies_run_in_order_before_the_forward(tiny):
 
 def test_delta_steps_append_blocks_and_drop_forgets(tiny):
     runner = ModelRunner(ServerArgs(model=tiny, num_blocks=10, block_size=4))
+    batches = record_batches(runner)
     result = _step(runner, _new(1, range(20, 24), [6]))
     _step(runner, _delta(1, result.token_ids, 4, [2]), step_id=1)
     assert runner.seqs[1].block_table == [6, 2]
     _step(runner, drop_seq_ids=[1], step_id=2)
-    assert list(runner.seqs) == [] and runner.forward_tokens_by_seq == {1: 5}
+    assert list(runner.seqs) == [] and forward_tokens_by_seq(batches) == {1: 5}
+    unknown = runner.execute(ForwardBatch(3, [_delta(1, [5], 5)]))
+    assert (unknown.seq_ids, unknown.failed_seq_ids, unknown.error) == ([], [1], None)
+    assert unknown.failed_errors == ["WorkerError: seq 1 is not known to the worker and carries no sampling_params"]
     with pytest.raises(WorkerError, match="seq 1 is not known"):
-        runner.execute(ForwardBatch(3, [_delta(1, [5], 5)]))
+        runner.forward(ForwardBatch(3, [_delta(1, [5], 5)]))
     resumed = _step(runner, _new(1, list(range(20, 24)) + result.token_ids, [6, 2]), step_id=4)
     assert resumed.seq_ids == [1] and resumed.num_forward_tokens == 5
 
@@ -115,6 +143,7 @@ def test_seeded_sampling_is_independent_of_batch_composition(tiny):
 
     def run(with_others: bool) -> list[int]:
         runner = ModelRunner(ServerArgs(model=tiny, num_blocks=40, block_size=4))
+        batches = record_batches(runner)
         out: list[int] = []
         seqs = [_new(1, prompt, list(range(1, 6)), params=params, sample_index=1)]
         for step in range(8):
@@ -124,8 +153,9 @@ def test_seeded_sampling_is_independent_of_batch_composition(tiny):
             result = _step(runner, *seqs, step_id=step)
             out.append(result.token_ids[result.seq_ids.index(1)])
             seqs = [_delta(1, out[-1:], len(prompt) + step)]
-            seqs += [_delta(s, [t], runner.forward_tokens_by_seq[s]) for s, t in zip(result.seq_ids, result.token_ids,
-                                                                                      strict=True) if s != 1]
+            seqs += [_delta(s, [t], forward_tokens_by_seq(batches)[s]) for s, t in zip(result.seq_ids,
+                                                                                        result.token_ids, strict=True)
+                     if s != 1]
         return out
 
     alone, mixed = run(False), run(True)
@@ -144,9 +174,9 @@ def test_logprobs_are_returned_where_asked(tiny):
 def test_errors_for_short_tables_and_long_contexts(tiny):
     runner = ModelRunner(ServerArgs(model=tiny, num_blocks=10, block_size=4, max_model_len=8))
     with pytest.raises(WorkerError, match="cannot hold 6 tokens"):
-        runner.execute(ForwardBatch(0, [_new(1, range(6), [1])]))
+        runner.forward(ForwardBatch(0, [_new(1, range(6), [1])]))
     with pytest.raises(WorkerError, match="exceeds max_model_len 8"):
-        runner.execute(ForwardBatch(1, [_new(2, range(9), [1, 2, 3])]))
+        runner.forward(ForwardBatch(1, [_new(2, range(9), [1, 2, 3])]))
 
 
 def test_decode_throughput_benchmark_smoke(tiny):

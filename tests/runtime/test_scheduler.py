@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from forward_counts import forward_tokens_by_seq
 
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
@@ -46,9 +47,12 @@ class FakeRunner:
         self.host: dict[int, tuple[int, int]] = {}
         self.tables: dict[int, list[int]] = {}
         self.meta: dict[int, tuple[SamplingParams, int, int]] = {}
-        self.forward_tokens_by_seq: dict[int, int] = {}
         self.num_copies = 0
         self.steps: list[ForwardBatch] = []
+
+    @property
+    def forward_tokens_by_seq(self) -> dict[int, int]:
+        return forward_tokens_by_seq(self.steps)
 
     def _move(self, src_store, dst_store, src: int, dst: int) -> None:
         for off in range(self.bs):
@@ -82,7 +86,6 @@ class FakeRunner:
                 p = s.start_pos + i
                 self.kv[table[p // self.bs] * self.bs + p % self.bs] = (tok, p)
             n_fwd += len(s.token_ids)
-            self.forward_tokens_by_seq[s.seq_id] = self.forward_tokens_by_seq.get(s.seq_id, 0) + len(s.token_ids)
             if s.sample:
                 seq_len = s.start_pos + len(s.token_ids)
                 context = []
