@@ -15,11 +15,9 @@ import argparse
 import dataclasses
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import msgspec
@@ -30,7 +28,7 @@ from router.policy import POLICIES
 from runtime import protocol as p
 from runtime.config import ServerArgs
 from runtime.serve.launch import Launcher, LaunchError, build_parser
-from runtime.serve.process import die_with_parent
+from runtime.serve.process import die_with_parent, new_ipc_base, remove_ipc_base
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +61,7 @@ class RouterLauncher:
         self.router_kwargs = router_kwargs
         self.replicas: list[Launcher] = []
         self.router_proc: subprocess.Popen | None = None
-        self.ipc_dir = tempfile.mkdtemp(prefix="radixserve-router-")
+        self.ipc_base = new_ipc_base("radixserve-router-")  # Linux: an abstract name, nothing on disk
         self.ctx = zmq.Context()
         self.endpoint = ""
 
@@ -105,7 +103,7 @@ class RouterLauncher:
 
     def _start_router(self, args: RouterArgs) -> str:
         pull = self.ctx.socket(zmq.PULL)
-        endpoint = f"ipc://{self.ipc_dir}/launcher"
+        endpoint = f"ipc://{self.ipc_base}/launcher"
         pull.bind(endpoint)
         spec = RouterSpec(os.getpid(), endpoint, args)
         cmd = [sys.executable, "-m", "router.launch", "--child", msgspec.json.encode(spec).decode()]
@@ -155,7 +153,7 @@ class RouterLauncher:
             launcher.shutdown(reason, code, grace_s)
         if not self.ctx.closed:
             self.ctx.destroy(linger=0)
-        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        remove_ipc_base(self.ipc_base)
 
     def serve_forever(self) -> int:
         """Until SIGINT / SIGTERM (returns 0) or the router dies (returns 1); restarts local replicas that die."""
@@ -211,6 +209,8 @@ def run_router_process(spec_json: str) -> None:
     router.close()
     reports.close(linger=0)
     ctx.term()
+    if os.getppid() != spec.parent_pid:  # off Linux: the launcher died and left its ipc temp dir
+        remove_ipc_base(spec.launcher.removeprefix("ipc://").rsplit("/", 1)[0])
 
 
 def build_router_parser() -> argparse.ArgumentParser:

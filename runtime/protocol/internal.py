@@ -82,7 +82,9 @@ class ProcessReady(msgspec.Struct, tag="process_ready", forbid_unknown_fields=Tr
 
 
 class ProcessFailed(msgspec.Struct, tag="process_failed", forbid_unknown_fields=True):
-    """A child process tells the launcher it could not start (e.g. the model failed to load)."""
+    """A child process tells the launcher why it could not start, or why it is about to exit (its loop raised).
+    message: the cause on one line, e.g. "cannot bind events_port tcp://127.0.0.1:5599: Address already in use" or
+    "InvalidConfig: ..."; the launcher logs it as "<role> process failed to start: <message>"."""
 
     role: str
     pid: int

@@ -4,9 +4,15 @@ Starts the worker, scheduler and tokenizer processes (subprocesses of this inter
 Ctrl-C reaches only the launcher), waits until each reports ProcessReady, prints the public endpoint, logs the
 scheduler's stats every log_interval_s, and shuts everything down on Ctrl-C / SIGTERM. When a child dies it tells the
 tokenizer (which answers every request in flight with an error), stops the others and exits with status 1. Children
-exit when the launcher dies (PR_SET_PDEATHSIG on Linux, and a parent-pid check on every poll timeout).
+exit when the launcher dies (PR_SET_PDEATHSIG on Linux, and a parent-pid check on every poll timeout); the tokenizer
+first answers every request in flight with ErrorResponse(ERR_SERVER, "the launcher died").
 
-Internal links are ipc:// sockets in a private temp dir (ARCHITECTURE.md, "Processes and sockets").
+A start-up failure ends in one line naming its cause, e.g. "start-up failed: scheduler process failed to start: cannot
+bind events_port tcp://127.0.0.1:5599: Address already in use": each child reports why it cannot start
+(ProcessFailed), and a child that exits without a word is named with its exit status.
+
+Internal links are ipc:// sockets under runtime.serve.process.new_ipc_base: abstract names on Linux, so nothing is
+left on disk even after `kill -9` of the launcher (ARCHITECTURE.md, "Processes and sockets").
 """
 
 from __future__ import annotations
@@ -15,11 +21,9 @@ import argparse
 import dataclasses
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import typing
 
@@ -28,31 +32,68 @@ import zmq
 
 from runtime import protocol as p
 from runtime.config import InvalidConfig, ServerArgs
-from runtime.serve.process import POLL_MS, ChildSpec, Endpoints, die_with_parent
+from runtime.serve.process import (
+    POLL_MS,
+    ChildSpec,
+    Endpoints,
+    die_with_parent,
+    new_ipc_base,
+    one_line,
+    parent_alive,
+    remove_ipc_base,
+    stop_on_sigterm,
+    zmq_reason,
+)
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("worker", "scheduler", "tokenizer")
+REPORT_WAIT_S = 0.25  # how long a dead child's ProcessFailed may trail its exit (it is sent before the child exits)
 
 
 class LaunchError(RuntimeError):
     """A child failed to start or died before the server was ready."""
 
 
-def child_main(spec_json: str) -> None:
-    """Entry point of a child: runs the role's process loop until told to stop or the parent dies."""
+def child_main(spec_json: str) -> int:
+    """Entry point of a child: runs the role's process loop until told to stop or the parent dies. Returns the exit
+    status: 0, or 1 when the loop raised (reported to the launcher as ProcessFailed with the cause on one line).
+
+    The worker and the scheduler die at once on PR_SET_PDEATHSIG's SIGTERM (even in the middle of a step); the
+    tokenizer handles it (stop_on_sigterm) to answer its clients first. Off Linux, a child that finds the launcher
+    dead removes the ipc temp dir the launcher could not."""
     spec = msgspec.json.decode(spec_json, type=ChildSpec)
     logging.basicConfig(level=os.environ.get("RADIXSERVE_LOG_LEVEL", "INFO"),
                         format=f"%(asctime)s %(levelname)s {spec.role}[%(process)d] %(name)s: %(message)s")
+    if spec.role == "tokenizer":
+        stop_on_sigterm()
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and stops us in order
-    if spec.role == "worker":
-        from runtime.serve.worker_process import run_worker_process as run
-    elif spec.role == "scheduler":
-        from runtime.serve.scheduler_process import run_scheduler_process as run
-    else:
-        from runtime.serve.tokenizer_process import run_tokenizer_process as run
-    run(spec)
+    try:
+        if spec.role == "worker":
+            from runtime.serve.worker_process import run_worker_process as run
+        elif spec.role == "scheduler":
+            from runtime.serve.scheduler_process import run_scheduler_process as run
+        else:
+            from runtime.serve.tokenizer_process import run_tokenizer_process as run
+        run(spec)
+    except Exception as exc:
+        logger.exception("%s process failed", spec.role)
+        _report_crash(spec, exc)
+        return 1
+    finally:
+        if not parent_alive(spec):
+            remove_ipc_base(spec.endpoints.base)
+    return 0
+
+
+def _report_crash(spec: ChildSpec, exc: BaseException) -> None:
+    """Tells the launcher why this child is about to exit (ProcessFailed, one line); waits 2 s at most."""
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.connect(spec.endpoints.launcher)
+    push.send(msgspec.msgpack.encode(p.ProcessFailed(spec.role, os.getpid(), one_line(exc))))
+    ctx.destroy(linger=2000)
 
 
 def _flag_type(tp: typing.Any) -> tuple[typing.Any, list | None]:
@@ -84,51 +125,77 @@ def build_parser() -> argparse.ArgumentParser:
 class Launcher:
     """Owns the three children of one server. start() returns the public endpoint once all are ready.
 
-    Raises LaunchError from start() when a child fails to start (its message is included) or dies during start-up.
+    Raises LaunchError from the constructor when the launcher's own socket cannot be bound, and from start() when a
+    child fails to start (its one-line cause is included) or dies during start-up (its exit status).
     """
 
     def __init__(self, args: ServerArgs, startup_timeout_s: float = 600.0) -> None:
         self.args, self.startup_timeout_s = args, startup_timeout_s
-        self.ipc_dir = tempfile.mkdtemp(prefix="radixserve-")
-        self.endpoints = Endpoints.under(self.ipc_dir)
+        self.ipc_base = new_ipc_base()
+        self.endpoints = Endpoints.under(self.ipc_base)
         self.ctx = zmq.Context()
         self.reports = self.ctx.socket(zmq.PULL)
-        self.reports.bind(self.endpoints.launcher)
         self.procs: dict[str, subprocess.Popen] = {}
         self.endpoint = ""
+        self._decoder = msgspec.msgpack.Decoder(p.LauncherInput)
+        try:
+            self.reports.bind(self.endpoints.launcher)
+        except zmq.ZMQError as exc:
+            self.ctx.destroy(linger=0)
+            remove_ipc_base(self.ipc_base)
+            reason = zmq_reason(exc)
+            raise LaunchError(f"cannot bind the launcher's socket {self.endpoints.launcher}: {reason}") from None
 
     def _spawn(self, role: str) -> subprocess.Popen:
         spec = ChildSpec(role, os.getpid(), self.endpoints, self.args)
         cmd = [sys.executable, "-m", "runtime.serve.launch", "--child", msgspec.json.encode(spec).decode()]
-        return subprocess.Popen(cmd, start_new_session=True)
+        try:
+            return subprocess.Popen(cmd, start_new_session=True)
+        except OSError as exc:
+            raise LaunchError(f"cannot start the {role} process: {one_line(exc)}") from None
 
     def start(self) -> str:
         """Spawns the children and waits for their ProcessReady; returns the public endpoint (tcp://host:port)."""
         for role in ROLES:
             self.procs[role] = self._spawn(role)
         waiting, deadline = set(ROLES), time.monotonic() + self.startup_timeout_s
-        decoder = msgspec.msgpack.Decoder(p.LauncherInput)
         while waiting:
             if time.monotonic() > deadline:
                 raise LaunchError(f"{sorted(waiting)} not ready after {self.startup_timeout_s} s")
+            if self.reports.poll(200):
+                msg = self._decoder.decode(self.reports.recv())
+                if isinstance(msg, p.ProcessFailed):
+                    raise LaunchError(f"{msg.role} process failed to start: {msg.message}")
+                waiting.discard(msg.role)
+                self.endpoint = msg.endpoint or self.endpoint
+                logger.info("%s process ready (pid %d)", msg.role, msg.pid)
+                continue
             dead = self.dead_child()
             if dead:
                 raise LaunchError(dead)
-            if not self.reports.poll(200):
-                continue
-            msg = decoder.decode(self.reports.recv())
-            if isinstance(msg, p.ProcessFailed):
-                raise LaunchError(f"{msg.role} process failed to start: {msg.message}")
-            waiting.discard(msg.role)
-            self.endpoint = msg.endpoint or self.endpoint
-            logger.info("%s process ready (pid %d)", msg.role, msg.pid)
         return self.endpoint
 
     def dead_child(self) -> str | None:
-        """A sentence naming the first child that exited, or None while all run."""
+        """A sentence naming the first child that exited and why: "<role> process failed to start: <cause>" when it
+        reported ProcessFailed (waits up to REPORT_WAIT_S for it), else "<role> process exited with status N";
+        None while all run."""
         for role, proc in self.procs.items():
             if proc.poll() is not None:
+                failure = self._failure_report(role)
+                if failure is not None:
+                    return failure
                 return f"{role} process exited with status {proc.returncode}"
+        return None
+
+    def _failure_report(self, role: str) -> str | None:
+        """The cause a child that exited reported (ProcessFailed), read from the launcher's socket; None if none came
+        within REPORT_WAIT_S. Other reports read meanwhile are dropped (the server is going down)."""
+        deadline = time.monotonic() + REPORT_WAIT_S
+        while not self.ctx.closed and self.reports.poll(max(0, int(1000 * (deadline - time.monotonic())))):
+            msg = self._decoder.decode(self.reports.recv())
+            if isinstance(msg, p.ProcessFailed) and msg.role == role:
+                verb = "failed" if self.endpoint else "failed to start"
+                return f"{role} process {verb}: {msg.message}"
         return None
 
     def shutdown(self, reason: str, code: str = p.ERR_SHUTDOWN, grace_s: float = 3.0) -> None:
@@ -158,7 +225,7 @@ class Launcher:
                 proc.kill()
                 proc.wait()
         self.ctx.destroy(linger=0)  # closes every socket of this launcher, then terminates the context
-        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        remove_ipc_base(self.ipc_base)
 
     def serve_forever(self) -> int:
         """Logs stats every log_interval_s until SIGINT/SIGTERM (returns 0) or a child dies (returns 1)."""
@@ -201,8 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry: parses ServerArgs flags, serves until Ctrl-C / SIGTERM; exit status 1 when a child died."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
-        child_main(argv[1])
-        return 0
+        return child_main(argv[1])
     parser = build_parser()
     ns = parser.parse_args(argv)
     logging.basicConfig(level=ns.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -211,12 +277,15 @@ def main(argv: list[str] | None = None) -> int:
         args = ServerArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerArgs)})
     except InvalidConfig as exc:
         parser.error(str(exc))  # exits with status 2 and the usage line
-    launcher = Launcher(args)
+    launcher = None
     try:
+        launcher = Launcher(args)
         endpoint = launcher.start()
-    except (LaunchError, KeyboardInterrupt) as exc:
-        logger.error("start-up failed: %s", exc)
-        launcher.shutdown(f"start-up failed: {exc}", p.ERR_SERVER)
+    except (Exception, KeyboardInterrupt) as exc:
+        cause = str(exc) if isinstance(exc, LaunchError) else one_line(exc)
+        logger.error("start-up failed: %s", cause)
+        if launcher is not None:
+            launcher.shutdown(f"start-up failed: {cause}", p.ERR_SERVER)
         return 1
     print(f"radixserve ready at {endpoint}", flush=True)
     return launcher.serve_forever()

@@ -1,9 +1,12 @@
 """The scheduler process loop: the Scheduler between the tokenizer and the worker (ARCHITECTURE.md).
 
 Start-up: wait for the worker's Ready, size the KVCacheManager from it, tell the tokenizer (SchedulerReady) and the
-launcher (ProcessReady). Then one step at a time: when no batch is in flight, `schedule()` and send the ForwardBatch;
-while the worker runs it, handle the tokenizer's messages (new requests, aborts, stops, health, stats); on the
-ForwardResult, `process_result()` and send the step's TokenOutputs to the tokenizer in one message. KV events and
+launcher (ProcessReady); a start-up failure (a socket that cannot bind, such as a busy --events-port, or a KV pool the
+scheduler cannot size) is reported as ProcessFailed with its cause on one line. Then one step at a time: when no batch
+is in flight, `schedule()` and send the ForwardBatch; while the worker runs it, handle the tokenizer's messages (new
+requests, aborts, stops, health, stats); on the ForwardResult, `process_result()` and send the step's TokenOutputs to
+the tokenizer in one message. A health request probes the worker (runtime.serve.health.WorkerHealth): "ok" once the
+worker's loop answered, "worker unresponsive for N s" after worker_probe_timeout_s without an answer. KV events and
 ServerStats are published on a PUB socket (topics b"kv" and b"stats"). The loop blocks on zmq.Poller with a timeout
 (an idle server sleeps) and exits when the launcher dies.
 """
@@ -13,13 +16,15 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
 
 from runtime import protocol as p
-from runtime.serve.process import POLL_MS
+from runtime.serve.health import WorkerHealth
+from runtime.serve.process import POLL_MS, bind, parent_alive, report, report_failure
 
 if TYPE_CHECKING:
     from runtime.scheduler import Scheduler
@@ -32,15 +37,17 @@ TOPIC_KV, TOPIC_STATS = b"kv", b"stats"
 class SchedulerServer:
     """Drives a runtime.scheduler.Scheduler from socket messages. Sockets are passed in so tests can drive it.
 
-    to_worker: PUSH ForwardBatch. to_tokenizer: PUSH TokenOutputs / replies. pub: PUB for KV events and stats
-    (None: not published). Mutates the scheduler; at most one batch is in flight.
+    to_worker: PUSH ForwardBatch / WorkerProbe. to_tokenizer: PUSH TokenOutputs / replies. pub: PUB for KV events and
+    stats (None: not published). worker_probe_timeout_s: seconds a health request waits for the worker's answer.
+    Mutates the scheduler; at most one batch is in flight.
     """
 
     def __init__(self, scheduler: Scheduler, to_worker: zmq.Socket, to_tokenizer: zmq.Socket, pub: zmq.Socket | None,
-                 stats_interval_s: float, events_port: int = 0) -> None:
+                 stats_interval_s: float, events_port: int = 0, worker_probe_timeout_s: float = 5.0) -> None:
         self.scheduler, self.to_worker, self.to_tokenizer, self.pub = scheduler, to_worker, to_tokenizer, pub
         self.stats_interval_s = stats_interval_s
         self.events_port = events_port  # TCP port of pub for routers (0: ipc only)
+        self.health = WorkerHealth(worker_probe_timeout_s)
         self.in_flight = False
         self._encoder = msgspec.msgpack.Encoder()
         self._last_stats = (time.monotonic(), 0)  # (time, forward tokens) at the last published stats
@@ -69,12 +76,27 @@ class SchedulerServer:
             except UnknownRequestError:
                 pass
         elif isinstance(msg, p.HealthRequest):
-            self._send(p.HealthResponse(msg.rid, "ok"))
+            probe = self.health.on_request(msg.rid, time.monotonic())
+            if probe is not None:
+                self.to_worker.send(self._encoder.encode(probe))
         elif isinstance(msg, p.StatsRequest):
             self._send(p.StatsResponse(msg.rid, self.server_stats()))
         elif isinstance(msg, p.KvSnapshotRequest):
             manager = sched.manager
             self._send(p.KvSnapshotResponse(msg.rid, manager.block_size, self.events_port, manager.kv_snapshot()))
+
+    def on_worker_message(self, msg: p.WorkerOutput) -> None:
+        """A ForwardResult goes to on_result; a WorkerProbeReply answers the health requests waiting ("ok")."""
+        if isinstance(msg, p.ForwardResult):
+            self.on_result(msg)
+        else:
+            for answer in self.health.on_reply(msg):
+                self._send(answer)
+
+    def expire_health(self, now: float) -> None:
+        """Answers the health requests that waited worker_probe_timeout_s for the worker: "worker unresponsive"."""
+        for answer in self.health.expire(now):
+            self._send(answer)
 
     def try_schedule(self) -> None:
         """Sends the next ForwardBatch when none is in flight and the scheduler has one."""
@@ -87,17 +109,18 @@ class SchedulerServer:
         self.flush_outputs(self.scheduler.drain_outputs())
 
     def on_result(self, result: p.ForwardResult) -> None:
-        """Applies the worker's result and forwards the step's TokenOutputs and KV events. When the worker failed
-        the step, the requests the scheduler ended for it get RequestFailed (clients see ERR_SERVER, not a quiet
-        "abort")."""
+        """Applies the worker's result and forwards the step's TokenOutputs and KV events. Each request the
+        scheduler failed for it (a sequence the worker could not run, or every request of a step that failed as a
+        whole) gets RequestFailed(rid, ERR_SERVER, why) instead of its TokenOutputs (clients see an error, not a
+        quiet "abort"); every other request's outputs go on unchanged."""
         self.in_flight = False
         outputs = self.scheduler.process_result(result)
-        if result.error is not None:
-            failed = {o.rid for o in outputs if o.finish_reason == "abort"}
+        failures = self.scheduler.drain_failures()
+        if failures:
+            failed = {f.rid for f in failures}
             outputs = [o for o in outputs if o.rid not in failed]
-            for rid in sorted(failed):
-                self._send(p.RequestFailed(rid, p.ERR_SERVER, f"the worker failed step {result.step_id}: "
-                                                              f"{result.error}"))
+            for f in failures:
+                self._send(p.RequestFailed(f.rid, p.ERR_SERVER, f.message))
         self.flush_outputs(outputs)
 
     def flush_outputs(self, outputs: list[p.TokenOutput]) -> None:
@@ -132,7 +155,7 @@ def serve_scheduler(server: SchedulerServer, from_tokenizer: zmq.Socket, from_wo
     """The loop until alive() is False. A frame that does not decode is logged and dropped (only our own processes
     write to these ipc sockets)."""
     tok_decoder = msgspec.msgpack.Decoder(p.SchedulerInput)
-    worker_decoder = msgspec.msgpack.Decoder(p.ForwardResult)
+    worker_decoder = msgspec.msgpack.Decoder(p.WorkerOutput)
     poller = zmq.Poller()
     poller.register(from_tokenizer, zmq.POLLIN)
     poller.register(from_worker, zmq.POLLIN)
@@ -140,12 +163,14 @@ def serve_scheduler(server: SchedulerServer, from_tokenizer: zmq.Socket, from_wo
         server.try_schedule()
         events = dict(poller.poll(POLL_MS))
         if from_worker in events:
-            _handle(from_worker, worker_decoder, server.on_result)
+            _handle(from_worker, worker_decoder, server.on_worker_message)
         if from_tokenizer in events:
             for _ in range(256):
                 if not _handle(from_tokenizer, tok_decoder, server.on_tokenizer_message):
                     break
-        server.publish_stats(time.monotonic())
+        now = time.monotonic()
+        server.publish_stats(now)
+        server.expire_health(now)
 
 
 def _handle(sock: zmq.Socket, decoder: msgspec.msgpack.Decoder, handler) -> bool:
@@ -163,38 +188,75 @@ def _handle(sock: zmq.Socket, decoder: msgspec.msgpack.Decoder, handler) -> bool
     return True
 
 
-def run_scheduler_process(spec) -> None:
-    """Scheduler process entry (spec: runtime.serve.process.ChildSpec). Returns when the launcher dies."""
-    from radix.manager import KVCacheManager
-    from runtime.scheduler import Scheduler
-    from runtime.serve.process import parent_alive, report
+@dataclass
+class _Links:
+    """The scheduler process's sockets, bound and connected (runtime.serve.process.Endpoints)."""
 
+    from_worker: zmq.Socket
+    from_tokenizer: zmq.Socket
+    to_worker: zmq.Socket
+    to_tokenizer: zmq.Socket
+    pub: zmq.Socket
+    events_port: int  # the TCP port pub is bound on beside its ipc endpoint (0: ipc only)
+
+
+def _open_links(ctx: zmq.Context, spec) -> _Links:
+    """Binds and connects every socket. Raises StartupError naming the endpoint that cannot be bound (e.g. "cannot
+    bind events_port tcp://127.0.0.1:5599: Address already in use")."""
     args, ep = spec.server_args, spec.endpoints
-    ctx = zmq.Context()
-    reports = ctx.socket(zmq.PUSH)
-    reports.connect(ep.launcher)
     from_worker, from_tokenizer = ctx.socket(zmq.PULL), ctx.socket(zmq.PULL)
-    from_worker.bind(ep.worker_out)
-    from_tokenizer.bind(ep.scheduler_in)
+    bind(from_worker, ep.worker_out, "worker_out")
+    bind(from_tokenizer, ep.scheduler_in, "scheduler_in")
     to_worker, to_tokenizer, pub = ctx.socket(zmq.PUSH), ctx.socket(zmq.PUSH), ctx.socket(zmq.PUB)
     to_worker.connect(ep.worker_in)
     to_tokenizer.connect(ep.tokenizer_in)
-    pub.bind(ep.events)
+    bind(pub, ep.events, "events")
     events_port = 0
     if args.events_port is not None:
-        pub.bind(f"tcp://{args.host}:{args.events_port}")
+        bind(pub, f"tcp://{args.host}:{args.events_port}", "events_port")
         events_port = int(pub.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
-    ready_decoder = msgspec.msgpack.Decoder(p.Ready)
-    ready = None
-    while ready is None and parent_alive(spec):
-        if from_worker.poll(POLL_MS):
-            ready = ready_decoder.decode(from_worker.recv())
-    if ready is None:
-        return
-    manager = KVCacheManager(ready.num_blocks, ready.block_size, args.enable_prefix_caching, ready.num_host_blocks)
+    return _Links(from_worker, from_tokenizer, to_worker, to_tokenizer, pub, events_port)
+
+
+def _wait_worker_ready(links: _Links, spec) -> p.Ready | None:
+    """The worker's Ready, or None when the launcher died first."""
+    decoder = msgspec.msgpack.Decoder(p.Ready)
+    while parent_alive(spec):
+        if links.from_worker.poll(POLL_MS):
+            return decoder.decode(links.from_worker.recv())
+    return None
+
+
+def _make_server(spec, ready: p.Ready, links: _Links) -> SchedulerServer:
+    """The Scheduler over a KVCacheManager sized from the worker's Ready, behind a SchedulerServer. Raises what they
+    raise for sizes they cannot serve (ValueError, InvalidConfig)."""
+    from radix.manager import KVCacheManager
+    from runtime.scheduler import Scheduler
+
+    args = spec.server_args
+    manager = KVCacheManager(ready.num_blocks, ready.block_size, args.enable_prefix_caching, ready.num_host_blocks,
+                             record_events=True)  # the PUB socket publishes (and so drains) them
     scheduler = Scheduler(manager, args, ready.max_model_len, ready.eos_token_ids, vocab_size=ready.vocab_size)
-    server = SchedulerServer(scheduler, to_worker, to_tokenizer, pub, args.log_interval_s, events_port)
-    to_tokenizer.send(msgspec.msgpack.encode(p.SchedulerReady(ready)))
+    return SchedulerServer(scheduler, links.to_worker, links.to_tokenizer, links.pub, args.log_interval_s,
+                           links.events_port, args.worker_probe_timeout_s)
+
+
+def run_scheduler_process(spec) -> None:
+    """Scheduler process entry (spec: runtime.serve.process.ChildSpec). Returns when the launcher dies, or after
+    reporting ProcessFailed when a socket cannot be bound or the scheduler cannot be built from the worker's Ready."""
+    ctx = zmq.Context()
+    reports = ctx.socket(zmq.PUSH)
+    reports.connect(spec.endpoints.launcher)
+    try:
+        links = _open_links(ctx, spec)
+        ready = _wait_worker_ready(links, spec)
+        if ready is None:
+            return
+        server = _make_server(spec, ready, links)
+    except Exception as exc:
+        report_failure(ctx, reports, "scheduler", exc)
+        return
+    links.to_tokenizer.send(msgspec.msgpack.encode(p.SchedulerReady(ready)))
     report(reports, p.ProcessReady("scheduler", os.getpid()))
     logger.info("scheduler ready: %d KV blocks of %d tokens", ready.num_blocks, ready.block_size)
-    serve_scheduler(server, from_tokenizer, from_worker, lambda: parent_alive(spec))
+    serve_scheduler(server, links.from_tokenizer, links.from_worker, lambda: parent_alive(spec))

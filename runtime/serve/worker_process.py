@@ -1,10 +1,12 @@
 """The worker process loop: the ModelRunner behind two ipc sockets (ARCHITECTURE.md, "Processes and sockets").
 
 Start-up: load the model and allocate the KV cache (ModelRunner), then send the runner's Ready to the scheduler and
-ProcessReady to the launcher; a failure to load is reported as ProcessFailed. Then: receive a ForwardBatch (PULL),
-execute it, send the ForwardResult (PUSH). The ModelRunner keeps each live sequence's block table and sampling state,
-so each step's message carries only deltas. A step that raises is answered with ForwardResult(error=...) and the loop
-goes on. The loop blocks on zmq.Poller with a timeout (no CPU when idle) and exits when the launcher dies.
+ProcessReady to the launcher; any start-up failure (the model, the KV pool, a socket) is reported as ProcessFailed with
+its cause on one line. Then: receive a ForwardBatch (PULL), execute it, send the ForwardResult (PUSH); a WorkerProbe
+(health) is answered with WorkerProbeReply between steps, so only a worker whose loop runs answers it. The
+ModelRunner keeps each live sequence's block table and sampling state, so each step's message carries only deltas. A
+step that raises is answered with ForwardResult(error=...) and the loop goes on. The loop blocks on zmq.Poller with a
+timeout (no CPU when idle) and exits when the launcher dies (PR_SET_PDEATHSIG's SIGTERM ends it even mid-step).
 """
 
 from __future__ import annotations
@@ -18,10 +20,9 @@ import msgspec
 import zmq
 
 from runtime import protocol as p
-from runtime.serve.process import POLL_MS
+from runtime.serve.process import POLL_MS, bind, parent_alive, report, report_failure
 
 logger = logging.getLogger(__name__)
-
 
 
 class StepRunner(Protocol):
@@ -34,13 +35,14 @@ class StepRunner(Protocol):
 
 def serve_worker(runner: StepRunner, pull: zmq.Socket, push: zmq.Socket, alive: Callable[[], bool],
                  poll_ms: int = POLL_MS) -> None:
-    """Answers ForwardBatches from `pull` with ForwardResults on `push` until alive() is False.
+    """Answers ForwardBatches from `pull` with ForwardResults, and WorkerProbes with WorkerProbeReplies, on `push`
+    until alive() is False.
 
-    Mutates the runner's per-sequence state (through execute). A frame that does not decode as a ForwardBatch is
-    logged and dropped (the scheduler only sends typed batches); an exception in execute becomes
-    ForwardResult(step_id, [], [], error=...) so the scheduler fails that step's requests instead of hanging.
+    Mutates the runner's per-sequence state (through execute). A frame that decodes as neither is logged and dropped
+    (the scheduler only sends typed messages); an exception in execute becomes ForwardResult(step_id, [], [],
+    error=...) so the scheduler fails that step's requests instead of hanging.
     """
-    decoder = msgspec.msgpack.Decoder(p.ForwardBatch)
+    decoder = msgspec.msgpack.Decoder(p.WorkerInput)
     encoder = msgspec.msgpack.Encoder()
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
@@ -49,22 +51,24 @@ def serve_worker(runner: StepRunner, pull: zmq.Socket, push: zmq.Socket, alive: 
             continue
         frame = pull.recv(copy=False)
         try:
-            batch = decoder.decode(frame.buffer)
+            msg = decoder.decode(frame.buffer)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            logger.error("dropping a frame that is not a ForwardBatch: %s", exc)
+            logger.error("dropping a frame that is not a ForwardBatch or WorkerProbe: %s", exc)
+            continue
+        if isinstance(msg, p.WorkerProbe):
+            push.send(encoder.encode(p.WorkerProbeReply(msg.probe_id)))
             continue
         try:
-            result = runner.execute(batch)
+            result = runner.execute(msg)
         except Exception as exc:  # the step fails, the worker keeps serving
-            logger.exception("step %d failed", batch.step_id)
-            result = p.ForwardResult(batch.step_id, [], [], error=f"{type(exc).__name__}: {exc}")
+            logger.exception("step %d failed", msg.step_id)
+            result = p.ForwardResult(msg.step_id, [], [], error=f"{type(exc).__name__}: {exc}")
         push.send(encoder.encode(result), copy=False)
 
 
 def run_worker_process(spec) -> None:
-    """Worker process entry (spec: runtime.serve.process.ChildSpec). Returns when the launcher dies."""
-    from runtime.serve.process import parent_alive, report
-
+    """Worker process entry (spec: runtime.serve.process.ChildSpec). Returns when the launcher dies, or after
+    reporting ProcessFailed when the model runner or a socket cannot start."""
     ctx = zmq.Context()
     reports = ctx.socket(zmq.PUSH)
     reports.connect(spec.endpoints.launcher)
@@ -72,15 +76,13 @@ def run_worker_process(spec) -> None:
         from runtime.model.runner import ModelRunner
 
         runner = ModelRunner(spec.server_args)
+        pull = ctx.socket(zmq.PULL)
+        bind(pull, spec.endpoints.worker_in, "worker_in")
+        push = ctx.socket(zmq.PUSH)
+        push.connect(spec.endpoints.worker_out)
     except Exception as exc:
-        logger.exception("model runner failed to start")
-        report(reports, p.ProcessFailed("worker", os.getpid(), f"{type(exc).__name__}: {exc}"))
-        reports.close(linger=2000)
+        report_failure(ctx, reports, "worker", exc)
         return
-    pull = ctx.socket(zmq.PULL)
-    pull.bind(spec.endpoints.worker_in)
-    push = ctx.socket(zmq.PUSH)
-    push.connect(spec.endpoints.worker_out)
     push.send(msgspec.msgpack.encode(runner.ready))
     report(reports, p.ProcessReady("worker", os.getpid()))
     logger.info("worker ready: %s", runner.ready)

@@ -1,4 +1,5 @@
-"""Start, stop and failure of the whole server; the launch flags; the demo script and the IPC benchmark's smoke mode."""
+"""Start, stop and failure of the whole server; the launch flags; the one-line cause of every start-up failure; the demo
+script and the IPC benchmark's smoke mode."""
 
 from __future__ import annotations
 
@@ -6,16 +7,21 @@ import dataclasses
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from runtime import protocol as p
 from runtime.client import ServerFailedError
 from runtime.config import ServerArgs
 from runtime.serve.launch import build_parser
+from runtime.serve.process import ChildSpec, Endpoints
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +41,23 @@ def wait_gone(pids, timeout_s: float = 20.0) -> list[int]:
     while time.monotonic() < deadline and any(alive(pid) for pid in pids):
         time.sleep(0.05)
     return [pid for pid in pids if alive(pid)]
+
+
+def child_endpoints(pid: int) -> Endpoints:
+    """The Endpoints of a child process, read from the ChildSpec JSON on its command line."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return msgspec.json.decode(argv[argv.index(b"--child") + 1], type=ChildSpec).endpoints
+
+
+def run_launcher(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "runtime.launch", *flags], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def start_up_failure(stderr: str) -> str:
+    """The cause in the launcher's one "start-up failed: <cause>" log line (exactly one such line)."""
+    [line] = [line for line in stderr.splitlines() if "start-up failed: " in line]
+    return line.split("start-up failed: ", 1)[1]
 
 
 def cpu_ticks(pid: int) -> int:
@@ -80,12 +103,40 @@ def test_ctrl_c_or_sigterm_leaves_no_process(tiny_llama_dir, launch, sig):
     assert wait_gone(children.values()) == []
 
 
-def test_killed_launcher_takes_its_children(tiny_llama_dir, launch):
+def test_killed_launcher_fails_the_stream_and_leaves_nothing_behind(tiny_llama_dir, launch):
+    """kill -9 of the launcher mid-stream: the client gets the tokenizer's ServerFailedError (not its own liveness
+    timeout's ServerGoneError), every server process is gone within 5 s, and no socket name or file of the server is
+    left (abstract-namespace ipc endpoints)."""
     server = launch(str(tiny_llama_dir), "--num-blocks", "64")
     children = server.child_pids()
-    server.proc.send_signal(signal.SIGKILL)
-    server.proc.wait()
-    assert wait_gone(children.values()) == []
+    endpoints = child_endpoints(children["worker"])
+    name = endpoints.base.removeprefix("@")
+    assert endpoints.base == "@" + name and name.startswith("radixserve-")
+    assert [getattr(endpoints, f) for f in Endpoints.__struct_fields__] == [
+        f"ipc://@{name}/{f}" for f in ("launcher", "worker_in", "worker_out", "scheduler_in", "tokenizer_in", "events")]
+    assert f"@{name}/worker_in" in Path("/proc/net/unix").read_text()
+    with server.client(timeout=60) as c:
+        stream = c.stream(input_ids=[1, 2, 3], ignore_eos=True, temperature=0.0, max_tokens=1000)
+        next(stream)
+        server.proc.send_signal(signal.SIGKILL)
+        server.proc.wait()
+        with pytest.raises(ServerFailedError) as info:
+            for _ in stream:
+                pass
+    assert info.type is ServerFailedError
+    assert (info.value.code, info.value.message) == (p.ERR_SERVER, "the launcher died")
+    assert wait_gone(children.values(), timeout_s=5.0) == []
+    assert name not in Path("/proc/net/unix").read_text()
+    assert not (Path(tempfile.gettempdir()) / name).exists()
+
+
+def test_stopped_server_leaves_no_socket_name(tiny_llama_dir, launch):
+    server = launch(str(tiny_llama_dir), "--num-blocks", "64")
+    name = child_endpoints(server.child_pids()["scheduler"]).base.removeprefix("@")
+    assert f"@{name}/scheduler_in" in Path("/proc/net/unix").read_text()
+    assert server.stop() == 0
+    assert name not in Path("/proc/net/unix").read_text()
+    assert not (Path(tempfile.gettempdir()) / name).exists()
 
 
 def test_killed_worker_fails_clients_and_launcher_exits_nonzero(tiny_llama_dir, launch):
@@ -111,17 +162,36 @@ def test_out_of_range_flag_is_a_usage_error():
 
 def test_port_in_use_exits_nonzero(tiny_server, tiny_llama_dir):
     port = tiny_server.endpoint.rsplit(":", 1)[1]
-    proc = subprocess.run([sys.executable, "-m", "runtime.launch", "--model", str(tiny_llama_dir), "--port", port,
-                           "--num-blocks", "16"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = run_launcher("--model", str(tiny_llama_dir), "--port", port, "--num-blocks", "16")
     assert proc.returncode == 1
-    assert f"cannot bind tcp://127.0.0.1:{port}: Address already in use" in proc.stderr
+    assert start_up_failure(proc.stderr) == (f"tokenizer process failed to start: cannot bind tcp://127.0.0.1:{port}: "
+                                             "Address already in use")
+
+
+def test_events_port_in_use_names_the_cause(tiny_llama_dir):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run_launcher("--model", str(tiny_llama_dir), "--port", "0", "--num-blocks", "16", "--events-port",
+                            str(port))
+    assert proc.returncode == 1
+    assert start_up_failure(proc.stderr) == (f"scheduler process failed to start: cannot bind events_port "
+                                             f"tcp://127.0.0.1:{port}: Address already in use")
 
 
 def test_model_that_fails_to_load_exits_nonzero(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "runtime.launch", "--model", str(tmp_path / "missing"), "--port",
-                           "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = run_launcher("--model", str(tmp_path / "missing"), "--port", "0")
     assert proc.returncode == 1
-    assert "failed to start" in proc.stderr and "not found" in proc.stderr
+    assert start_up_failure(proc.stderr).startswith(f"worker process failed to start: ModelNotFoundError: model "
+                                                    f"'{tmp_path / 'missing'}' not found (no such folder or file); ")
+
+
+def test_kv_pool_under_four_blocks_names_the_cause(tiny_llama_dir):
+    proc = run_launcher("--model", str(tiny_llama_dir), "--port", "0", "--kv-cache-memory", "10")
+    assert proc.returncode == 1
+    assert start_up_failure(proc.stderr).startswith("worker process failed to start: InvalidConfig: KV pool of 0 "
+                                                    "usable blocks (kv_cache_memory 10 bytes, ")
 
 
 def test_demo_script_runs_on_a_tiny_model(tiny_llama_dir):

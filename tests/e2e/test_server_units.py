@@ -43,7 +43,7 @@ def ctx():
 def make_scheduler_server(ctx):
     args = ServerArgs(num_blocks=32, block_size=4)
     sched = Scheduler(KVCacheManager(32, 4), args, max_model_len=64, eos_token_ids=[2])
-    to_worker, to_tok = Pair(ctx, "worker", p.ForwardBatch), Pair(ctx, "tok", p.TokenizerInput)
+    to_worker, to_tok = Pair(ctx, "worker", p.WorkerInput), Pair(ctx, "tok", p.TokenizerInput)
     return SchedulerServer(sched, to_worker.push, to_tok.push, None, 5.0), to_worker, to_tok
 
 
@@ -61,15 +61,17 @@ def test_worker_error_fails_requests_with_server_error(ctx):
 
 
 def test_scheduler_rejects_and_answers_control(ctx):
-    server, _to_worker, to_tok = make_scheduler_server(ctx)
+    server, to_worker, to_tok = make_scheduler_server(ctx)
     server.on_tokenizer_message(p.TokenizedRequest(rid="big", input_ids=[1] * 64, sampling_params=SamplingParams()))
     server.on_tokenizer_message(p.HealthRequest("h"))
     server.on_tokenizer_message(p.StatsRequest("s"))
     server.on_tokenizer_message(p.AbortRequest("unknown"))  # ignored
-    rejected, health, stats = to_tok.drain()
+    rejected, stats = to_tok.drain()  # health waits for the worker's own answer
     assert (rejected.rid, rejected.code) == ("big", p.ERR_CONTEXT)
-    assert health == p.HealthResponse("h", "ok")
     assert stats.rid == "s" and stats.stats.num_blocks == 32 and stats.stats.num_free_blocks == 31
+    [probe] = to_worker.drain()
+    server.on_worker_message(p.WorkerProbeReply(probe.probe_id))
+    assert to_tok.drain() == [p.HealthResponse("h", "ok")]
 
 
 def test_tokenizer_holds_back_stop_string_and_sends_stop(ctx, smollm2_tokenizer):
@@ -136,7 +138,7 @@ def test_a_deeply_nested_frame_is_malformed_not_a_server_error():
     assert isinstance(msg, p.ErrorResponse) and msg.code == p.ERR_MALFORMED
 
 
-def make_tokenizer_server(ctx, name: str, tokenizer, num_blocks: int = 32):
+def make_tokenizer_server(ctx, name: str, tokenizer, num_blocks: int = 32, max_prompt_chars: int | None = None):
     """A TokenizerServer on inproc sockets: (server, client DEALER, the scheduler side Pair)."""
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -146,7 +148,26 @@ def make_tokenizer_server(ctx, name: str, tokenizer, num_blocks: int = 32):
     to_sched = Pair(ctx, f"sched-{name}", p.SchedulerInput)
     ready = p.Ready(num_blocks=num_blocks, block_size=4, max_model_len=64, num_host_blocks=0, vocab_size=49152,
                     eos_token_ids=[2])
-    return TokenizerServer(tokenizer, ready, 65536, router, to_sched.push), client, to_sched
+    server = TokenizerServer(tokenizer, ready, 65536, router, to_sched.push, max_prompt_chars=max_prompt_chars)
+    return server, client, to_sched
+
+
+def _replies(client) -> list:
+    out = []
+    while client.poll(100):
+        out.append(msgspec.msgpack.decode(client.recv(), type=p.ServerMessage))
+    return out
+
+
+def _iterations(n: int):
+    """alive() for serve_tokenizer: True n times (each loop iteration polls 0.5 s at most)."""
+    left = [n]
+
+    def alive() -> bool:
+        left[0] -= 1
+        return left[0] >= 0
+
+    return alive
 
 
 def test_tokenizer_loop_answers_a_handler_bug_and_its_last_resort_cannot_fail(ctx, smollm2_tokenizer):
@@ -159,14 +180,100 @@ def test_tokenizer_loop_answers_a_handler_bug_and_its_last_resort_cannot_fail(ct
         raise RuntimeError("injected handler bug")
 
     server.on_client_frames = boom
-    client.send(b"first")
+    client.send(msgspec.msgpack.encode({"type": "generate", "rid": "r1", "prompt": "hi"}))
     serve_tokenizer(server, from_sched.pull, lambda: len(handled) < 1)
     reply = msgspec.msgpack.decode(client.recv(), type=p.ServerMessage)
-    assert isinstance(reply, p.ErrorResponse) and reply.code == p.ERR_SERVER
-    server.clients = None  # now answering raises too: the loop must still go on
-    client.send(b"second")
+    assert reply == p.ErrorResponse("r1", p.ERR_SERVER, "internal error handling the request")  # the rid recovered
+    client.send(b"not msgpack")
     serve_tokenizer(server, from_sched.pull, lambda: len(handled) < 2)
-    assert len(handled) == 2 and not client.poll(50)
+    assert _replies(client) == [p.ErrorResponse("", p.ERR_SERVER, "internal error handling the request")]
+    server.clients = None  # now answering raises too: the loop must still go on
+    client.send(b"third")
+    serve_tokenizer(server, from_sched.pull, lambda: len(handled) < 3)
+    assert len(handled) == 3 and not client.poll(50)
+    server.close()
+
+
+HI, THERE = 26843, 665  # "Hi", " there" in the SmolLM2 tokenizer
+
+
+def test_a_failing_output_fails_only_its_request_and_the_loop_goes_on(ctx, smollm2_tokenizer):
+    """Feeding one request's TokenOutput raises: that request gets ERR_SERVER and is aborted at the scheduler; the
+    other request of the same scheduler message streams on, unchanged."""
+    server, client, to_sched = make_tokenizer_server(ctx, "feed-bug", smollm2_tokenizer)
+    from_sched = Pair(ctx, "tok-in-feed-bug", p.TokenizerInput)
+    for rid in ("a", "b"):
+        client.send(msgspec.msgpack.encode(p.GenerateRequest(rid=rid, prompt="Hello", stream=True)))
+        server.on_client_frames(server.router.recv_multipart())
+    a, b = to_sched.drain()
+
+    def broken_feed(out):
+        raise RuntimeError("injected feed bug")
+
+    server.requests[a.rid].completions[0].feed = broken_feed
+    usage = p.Usage(len(b.input_ids), 0, 2)
+    from_sched.push.send(msgspec.msgpack.encode(p.TokenOutputs([p.TokenOutput(a.rid, 0, [HI], None),
+                                                                p.TokenOutput(b.rid, 0, [HI], None)])))
+    from_sched.push.send(msgspec.msgpack.encode(p.TokenOutputs([p.TokenOutput(b.rid, 0, [THERE], "length", usage)])))
+    serve_tokenizer(server, from_sched.pull, _iterations(2))
+    assert _replies(client) == [
+        p.ErrorResponse("a", p.ERR_SERVER, "internal error handling the request's output"),
+        p.StreamChunk(rid="b", text="Hi", token_ids=[HI]),
+        p.StreamChunk(rid="b", text=" there", token_ids=[THERE], finish_reason="length", usage=usage)]
+    assert to_sched.drain() == [p.AbortRequest(a.rid)]
+    assert server.requests == {} and server.by_client == {}
+    server.close()
+
+
+def test_the_loop_outlives_raising_scheduler_and_heartbeat_handlers(ctx, smollm2_tokenizer):
+    server, client, _to_sched = make_tokenizer_server(ctx, "sched-bug", smollm2_tokenizer)
+    from_sched = Pair(ctx, "tok-in-sched-bug", p.TokenizerInput)
+    calls: list[str] = []
+
+    def boom(*args):
+        calls.append(type(args[0]).__name__)
+        raise RuntimeError("injected handler bug")
+
+    server.on_scheduler_message = boom
+    server.heartbeat = boom
+    server.requests["x"] = None  # a request in flight: the loop heartbeats every iteration
+    from_sched.push.send(msgspec.msgpack.encode(p.TokenOutputs([])))
+    serve_tokenizer(server, from_sched.pull, _iterations(1))
+    client.send(b"not msgpack")
+    serve_tokenizer(server, from_sched.pull, _iterations(1))
+    assert calls == ["TokenOutputs", "float", "float"]
+    [reply] = _replies(client)
+    assert reply.code == p.ERR_MALFORMED
+    server.close()
+
+
+def test_text_over_the_character_limit_is_rejected_before_tokenizing(ctx, smollm2_tokenizer):
+    class Recording:
+        def __init__(self):
+            self.calls = 0
+
+        def __getattr__(self, name):
+            self.calls += 1
+            return getattr(smollm2_tokenizer, name)
+
+    tok = Recording()
+    server, client, to_sched = make_tokenizer_server(ctx, "chars", tok, max_prompt_chars=100)
+    long_chat = [{"role": "user", "content": "x" * 50}, {"role": "assistant", "content": "y" * 47}]  # 4+50+9+47
+    for rid, inputs in (("p", {"prompt": "z" * 101}), ("m", {"messages": long_chat})):
+        client.send(msgspec.msgpack.encode({"type": "generate", "rid": rid, **inputs}))
+        server.on_client_frames(server.router.recv_multipart())
+    assert _replies(client) == [
+        p.ErrorResponse("p", p.ERR_INVALID, "prompt too long: 101 characters, the limit is 100 (max_prompt_chars)"),
+        p.ErrorResponse("m", p.ERR_INVALID, "messages too long: 110 characters, the limit is 100 (max_prompt_chars)")]
+    assert tok.calls == 0 and to_sched.drain() == []
+    client.send(msgspec.msgpack.encode({"type": "generate", "rid": "ok", "prompt": "z" * 100}))
+    server.on_client_frames(server.router.recv_multipart())
+    [forwarded] = to_sched.drain()
+    assert forwarded.input_ids == smollm2_tokenizer.encode("z" * 100)
+    default, _, _ = make_tokenizer_server(ctx, "chars-default", tok)
+    assert default.prep.prompt_chars == 32 * 64  # None: 32 x max_model_len
+    server.close()
+    default.close()
 
 
 def test_tokenizer_applies_the_one_prompt_check(ctx, smollm2_tokenizer):

@@ -1,0 +1,58 @@
+"""WorkerHealth: the scheduler's half of a health check that reaches the worker (ARCHITECTURE.md, "Processes and
+sockets").
+
+A HealthRequest from the tokenizer sends a WorkerProbe down the worker's link (one probe at a time: requests that
+arrive while one is out wait for the same reply). The probe queues behind the step in flight and the worker's own loop
+answers it between steps, so every request waiting is answered "ok" when the reply comes; a request that waited
+timeout_s seconds without one is answered "worker unresponsive for N s" (N: seconds since the probe went out), whether
+the worker is idle and frozen or stuck in a step that does not come back.
+"""
+
+from __future__ import annotations
+
+from runtime import protocol as p
+
+
+class WorkerHealth:
+    """Health requests waiting for the worker. Pure bookkeeping: the caller sends the probes and the answers.
+
+    timeout_s: seconds a request waits for the worker's reply before it is answered "worker unresponsive for N s".
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.probe_id = 0
+        self.probe_sent: float | None = None  # monotonic time of the unanswered probe (None: none is out)
+        self.waiting: dict[str, float] = {}  # rid -> arrival time, in arrival order
+
+    def on_request(self, rid: str, now: float) -> p.WorkerProbe | None:
+        """Registers health request rid (arrived at `now`, monotonic seconds). Returns the probe to send to the
+        worker, or None when one is already out (rid waits for its reply). O(1)."""
+        self.waiting[rid] = now
+        if self.probe_sent is not None:
+            return None
+        self.probe_id += 1
+        self.probe_sent = now
+        return p.WorkerProbe(self.probe_id)
+
+    def on_reply(self, reply: p.WorkerProbeReply) -> list[p.HealthResponse]:
+        """The worker answered: HealthResponse "ok" for every request waiting, in arrival order (none for the reply
+        to a probe other than the last one sent). O(waiting)."""
+        if reply.probe_id != self.probe_id or self.probe_sent is None:
+            return []
+        self.probe_sent = None
+        answers = [p.HealthResponse(rid, "ok") for rid in self.waiting]
+        self.waiting.clear()
+        return answers
+
+    def expire(self, now: float) -> list[p.HealthResponse]:
+        """Answers every request that has waited timeout_s seconds or more with "worker unresponsive for N s"; the
+        probe stays out (a late reply still answers later requests). O(expired)."""
+        answers = []
+        while self.waiting and self.probe_sent is not None:
+            rid, since = next(iter(self.waiting.items()))
+            if now - since < self.timeout_s:
+                break
+            del self.waiting[rid]
+            answers.append(p.HealthResponse(rid, f"worker unresponsive for {now - self.probe_sent:.1f} s"))
+        return answers
