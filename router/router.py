@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 POLL_MS = 100
 HEARTBEAT_S = 1.0  # as the tokenizer process: a client with requests in flight and nothing sent this long is probed
 _FAILURE_CODES = (p.ERR_SERVER, p.ERR_SHUTDOWN)
+# The router tokenizes prompts on its own loop to match prefixes: a longer text (characters) is not tokenized here, so
+# one huge prompt cannot stall routing (the replica applies its own max_prompt_chars).
+ROUTER_TOKENIZE_CHARS = 262_144
 
 
 @dataclass
@@ -217,14 +220,16 @@ class Router:
 
     def tokenize(self, req: p.GenerateRequest) -> list[int] | None:
         """The prompt's token ids as the replica's tokenizer process computes them; None when the router cannot
-        (no tokenizer, or the template fails: the replica then answers with the same error it would give)."""
+        (no tokenizer, the template fails, or the text is over ROUTER_TOKENIZE_CHARS: the replica then applies its
+        own checks and answers with the same error it would give; such a request is routed without a prefix match)."""
         if req.input_ids is None and self.tokenizer is None:
             return None
-        from runtime.tokenizer import ChatTemplateError, encode_prompt
+        from runtime.tokenizer import PromptError, encode_prompt
 
         try:
-            return encode_prompt(self.tokenizer, req.prompt, req.messages, req.input_ids)
-        except ChatTemplateError:
+            return encode_prompt(self.tokenizer, req.prompt, req.messages, req.input_ids,
+                                 max_chars=ROUTER_TOKENIZE_CHARS)
+        except PromptError:  # too long to tokenize here, or malformed: the replica answers with its own error
             return None
 
     def abort(self, internal: str) -> None:
@@ -325,6 +330,10 @@ class Router:
     def on_replica_message(self, replica: Replica, msg: p.ServerMessage, now: float) -> None:
         """Routes one reply of a replica: to its client, its probe, or its stats fan-out."""
         if isinstance(msg, p.Heartbeat):
+            return
+        if isinstance(msg, p.HealthResponse) and msg.status != "ok" and msg.rid == replica.probe_rid and replica.up:
+            replica.probe_rid = None
+            self.replica_failed(replica, f"its health probe answered {msg.status!r}", now)
             return
         if isinstance(msg, (p.HealthResponse, p.KvSnapshotResponse)):
             if replica.on_probe_answer(msg, now):
