@@ -21,6 +21,10 @@ GREEDY_TEMPERATURE = 1e-5  # 0 <= temperature < this is greedy (vLLM's _SAMPLING
 MAX_STOP_STRINGS = 64  # stop strings per request
 MAX_STOP_CHARS = 4096  # total characters over a request's stop strings
 MAX_STOP_TOKEN_IDS = 1024  # stop token ids per request
+MAX_FREQUENCY_PENALTY = 2.0  # frequency_penalty and presence_penalty in [-2, 2]: the OpenAI API's range
+MAX_PRESENCE_PENALTY = 2.0
+MAX_REPETITION_PENALTY = 10.0  # repetition_penalty in [1/10, 10]: scales a logit by at most 10x either way
+MIN_REPETITION_PENALTY = 1.0 / MAX_REPETITION_PENALTY
 
 
 class InvalidSamplingParams(ValueError):
@@ -46,6 +50,18 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         ignore_eos: keep generating past EOS until max_tokens.
         n: completions per prompt, in [1, MAX_N] (parallel sampling; the prompt is prefilled once).
         logprobs: when set, return the sampled token's logprob and this many top alternatives (0..MAX_LOGPROBS).
+            They are the log-softmax of the raw logits, before penalties, temperature and filters (vLLM's default
+            logprobs_mode "raw_logprobs").
+        frequency_penalty: subtracted from a token's logit once per time the token occurs in this completion's
+            output so far, in [-MAX_FREQUENCY_PENALTY, MAX_FREQUENCY_PENALTY] (0: off; negative favours repeats).
+        presence_penalty: subtracted from the logit of every token that occurs in the output so far, in
+            [-MAX_PRESENCE_PENALTY, MAX_PRESENCE_PENALTY] (0: off). Both as the OpenAI API and vLLM define them.
+        repetition_penalty: CTRL's penalized sampling (Keskar et al. 2019) over the prompt and the output so far: a
+            positive logit of a token seen there is divided by it, a negative one multiplied, in
+            [MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY] = [0.1, 10] (1: off; > 1 discourages repeats). The
+            bound keeps the scaled logit finite in float32 (vLLM accepts any value > 0: 1e-40 is 0 in float32 and a
+            division by it gives inf).
+        The penalties apply per completion, before temperature and the filters (so greedy decoding sees them too).
 
     Raises:
         InvalidSamplingParams: on any value of the wrong type or outside the ranges above, naming the field (msgspec
@@ -63,6 +79,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ignore_eos: bool = False
     n: int = 1
     logprobs: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -84,11 +103,20 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise InvalidSamplingParams(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
         _check_stop(self.stop)
         _check_stop_token_ids(self.stop_token_ids)
+        _check_float("frequency_penalty", self.frequency_penalty, -MAX_FREQUENCY_PENALTY, MAX_FREQUENCY_PENALTY)
+        _check_float("presence_penalty", self.presence_penalty, -MAX_PRESENCE_PENALTY, MAX_PRESENCE_PENALTY)
+        _check_float("repetition_penalty", self.repetition_penalty, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)
 
     @property
     def greedy(self) -> bool:
         """True when decoding is argmax: temperature below GREEDY_TEMPERATURE (1e-5), 0 included."""
         return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def has_penalties(self) -> bool:
+        """True when any of frequency_penalty, presence_penalty, repetition_penalty is on (the worker then keeps the
+        completion's token counts)."""
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
 
 
 def _show(value: object) -> str:

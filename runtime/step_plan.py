@@ -37,12 +37,14 @@ class StepPlan:
     def add(self, seq: SchedulerSeq, start: int, num_tokens: int, new_block_ids: list[int], sample: bool,
             first: bool, is_decode: bool) -> None:  # fmt: skip
         """Schedule tokens [start, start + num_tokens) of seq. first: seq is new to the worker, so the entry carries
-        its SamplingParams, prompt length and sample index. A chunk that is not a decode spends prefill_budget.
-        Mutates seqs, inflight and prefill_budget only; O(num_tokens + len(new_block_ids))."""
+        its SamplingParams, prompt length, sample index and (with penalties) penalty_token_ids. A chunk that is not a
+        decode spends prefill_budget. Mutates seqs, inflight and prefill_budget only; O(num_tokens +
+        len(new_block_ids)), plus O(prompt + output) for a first entry with penalties."""
         req = seq.req
         self.seqs.append(ScheduledSeq(
             seq.seq_id, seq.token_ids[start : start + num_tokens], start, new_block_ids, sample,
             req.params if first else None, len(req.prompt_ids) if first else 0, seq.index if first else 0,
+            seq.penalty_token_ids() if first else None,
         ))  # fmt: skip
         self.inflight.append(InflightChunk(seq, start, num_tokens, sample))
         if not is_decode:

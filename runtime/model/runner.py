@@ -19,6 +19,7 @@ import kernels
 from runtime.config import MIN_USABLE_BLOCKS, InvalidConfig, ServerArgs
 from runtime.model.loader import load_config, load_weights, resolve_model
 from runtime.model.models import AttentionMetadata, build_model
+from runtime.model.penalties import PenaltyState
 from runtime.model.sampler import Sampler, SampleRequest
 from runtime.protocol import ForwardBatch, ForwardResult, Ready, ScheduledSeq, TokenLogprobs
 from runtime.sampling_params import SamplingParams
@@ -87,7 +88,9 @@ class ModelRunner:
     model's max_position_embeddings (the rotary tables cover it).
 
     Public state: ready (the Ready handshake), seqs (seq_id -> WorkerSeq of live sequences only: an entry leaves
-    with the sequence's drop, or when the sequence fails).
+    with the sequence's drop, or when the sequence fails), penalties (the PenaltyState of the live sequences whose
+    penalties are on: their output token counts, kept up to date from the tokens sampled here, and prompt tokens;
+    it leaves with the sequence's entry in seqs).
 
     Raises (at construction): runtime.model.loader.ModelLoadError subclasses; runtime.config.InvalidConfig (also for
     a KV pool of fewer than MIN_USABLE_BLOCKS usable blocks). Logs one warning when the pool holds fewer tokens than
@@ -121,6 +124,7 @@ class ModelRunner:
         self.host_v_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
         self.sampler = Sampler(args.seed)
         self.seqs: dict[int, WorkerSeq] = {}
+        self.penalties = PenaltyState(cfg.vocab_size, self.device)
         self.ready = Ready(num_blocks=self.num_blocks, block_size=self.block_size, max_model_len=self.max_model_len,
                            num_host_blocks=args.num_host_blocks, vocab_size=cfg.vocab_size,
                            eos_token_ids=list(cfg.eos_token_ids))
@@ -169,9 +173,10 @@ class ModelRunner:
         drawn again from the sampler's generator (seeded and greedy draws are unchanged: they depend only on the
         seed, sample index and token index).
 
-        Mutates: the KV caches, the per-sequence block tables (a failed sequence's entry is removed), the sampler's
-        generator. Returns one token id per sequence with sample=True that did not fail, in batch order (logprobs
-        where asked), and the failed sequences with their errors ("ExceptionType: message").
+        Mutates: the KV caches, the per-sequence block tables and penalty state (a failed sequence's entries are
+        removed; each sampled token is counted once for a sequence with penalties), the sampler's generator.
+        Returns one token id per sequence with sample=True that did not fail, in batch order (logprobs where
+        asked), and the failed sequences with their errors ("ExceptionType: message").
         Raises: whatever applying the drops, swaps or copies raises (the step failed as a whole).
         """
         step = self.apply_structure(batch)
@@ -180,12 +185,15 @@ class ModelRunner:
         num_tokens = self._run_isolated(step.runnable, sampled, failed) if step.runnable else 0
         for seq_id in failed:
             self.seqs.pop(seq_id, None)
+            self.penalties.remove(seq_id)
         order = [s.seq_id for s in step.runnable if s.seq_id in sampled]
+        token_ids = [sampled[seq_id][0] for seq_id in order]
+        self.penalties.record(order, token_ids)  # each sampled token once, whatever the isolation re-ran
         logprobs = [sampled[seq_id][1] for seq_id in order]
         return ForwardResult(
             step_id=batch.step_id,
             seq_ids=order,
-            token_ids=[sampled[seq_id][0] for seq_id in order],
+            token_ids=token_ids,
             logprobs=logprobs if any(lp is not None for lp in logprobs) else None,
             num_forward_tokens=num_tokens,
             failed_seq_ids=list(failed),
@@ -213,13 +221,15 @@ class ModelRunner:
     def apply_structure(self, batch: ForwardBatch) -> StepSeqs:
         """Apply batch's drops, swaps and copies (in that order), then register / extend each sequence's block table.
 
-        Mutates: the KV caches (swaps, copies), seqs. Returns the sequences with tokens to run and, apart, each
-        sequence whose own delta is invalid: unknown to the worker without sampling_params, a block id outside
-        [1, num_blocks), a block table too short for its tokens, or a context beyond max_model_len. O(batch + new
-        block ids). Raises: whatever kernels.swap_blocks / copy_blocks raise (e.g. IndexError for a bad block id).
+        Mutates: the KV caches (swaps, copies), seqs, penalties. Returns the sequences with tokens to run and, apart,
+        each sequence whose own delta is invalid: unknown to the worker without sampling_params, a block id outside
+        [1, num_blocks), penalties without penalty_token_ids or with an id outside the vocabulary, a block table too
+        short for its tokens, or a context beyond max_model_len. O(batch + new block ids + penalty_token_ids).
+        Raises: whatever kernels.swap_blocks / copy_blocks raise (e.g. IndexError for a bad block id).
         """
         for seq_id in batch.drop_seq_ids:
             self.seqs.pop(seq_id, None)
+            self.penalties.remove(seq_id)
         if batch.swap_out:
             kernels.swap_blocks(self.k_cache, self.host_k_cache, batch.swap_out)
             kernels.swap_blocks(self.v_cache, self.host_v_cache, batch.swap_out)
@@ -246,11 +256,27 @@ class ModelRunner:
             return f"seq {s.seq_id}: block ids {bad[:4]} outside the pool [1, {self.num_blocks})"
         if s.sampling_params is not None:
             self.seqs[s.seq_id] = WorkerSeq(list(s.new_block_ids), s.sampling_params, s.prompt_len, s.sample_index)
-            return None
+            return self._register_penalties(s, s.sampling_params)
         state = self.seqs.get(s.seq_id)
         if state is None:
             return f"seq {s.seq_id} is not known to the worker and carries no sampling_params"
         state.block_table.extend(s.new_block_ids)
+        return None
+
+    def _register_penalties(self, s: ScheduledSeq, params: SamplingParams) -> str | None:
+        """(Re)start s's penalty state from its penalty_token_ids (prompt + output with repetition_penalty on, else
+        the output), or clear it when its params have no penalties; the problem, if any. O(len(penalty_token_ids))."""
+        self.penalties.remove(s.seq_id)
+        if not params.has_penalties:
+            return None
+        ids = s.penalty_token_ids
+        if ids is None:
+            return f"seq {s.seq_id} has penalties but carries no penalty_token_ids"
+        vocab = self.config.vocab_size
+        if ids and not (0 <= min(ids) and max(ids) < vocab):
+            return f"seq {s.seq_id}: penalty_token_ids outside the vocabulary [0, {vocab})"
+        split = s.prompt_len if params.repetition_penalty != 1.0 else 0
+        self.penalties.add(s.seq_id, params, ids[:split], ids[split:])
         return None
 
     def _check(self, s: ScheduledSeq) -> str | None:
@@ -286,7 +312,7 @@ class ModelRunner:
                 for s in sample_seqs for st in (self.seqs[s.seq_id],)]
         if not rows:
             return {}
-        out = self.sampler(logits, rows)
+        out = self.sampler(logits, rows, self.penalties.rows([s.seq_id for s in sample_seqs]))
         logprobs = out.logprobs or [None] * len(rows)
         return {s.seq_id: (t, lp) for s, t, lp in zip(sample_seqs, out.token_ids, logprobs, strict=True)}
 

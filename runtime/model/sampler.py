@@ -5,8 +5,10 @@ uniform number u per draw. For a request with a seed, u = hash(seed, sample_inde
 depends only on those three numbers and the logits row: never on the batch composition, the step, or other requests.
 Rows without a seed take u from the sampler's own generator (seeded by ServerArgs.seed).
 
-Filters, in the order the Hugging Face and vLLM samplers apply them: temperature, then top-k, then top-p and min-p on
-the top-k renormalised distribution. In the descending order each filter keeps a prefix, so the kept set is the first
+Penalties (frequency, presence, repetition: runtime/model/penalties.py) come first, on the raw logits of the rows
+that have them, as in vLLM's sampler; greedy rows take the argmax of the penalised logits. Then the filters, in the
+order the Hugging Face and vLLM samplers apply them: temperature, then top-k, then top-p and min-p on the top-k
+renormalised distribution. In the descending order each filter keeps a prefix, so the kept set is the first
 `keep` sorted tokens, keep = min(k, n_top_p, n_min_p) >= 1, and the draw is clamped into it.
 """
 
@@ -19,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from runtime.model.penalties import PenaltyRows
 from runtime.protocol import TokenLogprobs
 from runtime.sampling_params import SamplingParams
 
@@ -53,24 +56,30 @@ class Sampler:
     def __init__(self, seed: int = 0) -> None:
         self._rng = random.Random(seed)
 
-    def __call__(self, logits: torch.Tensor, rows: list[SampleRequest]) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, rows: list[SampleRequest],
+                 penalties: PenaltyRows | None = None) -> SamplerOutput:  # fmt: skip
         """Sample logits float32 [N, vocab] (N == len(rows)); returns N token ids (and logprobs where asked).
+
+        penalties: the rows with frequency / presence / repetition penalties and their token state (PenaltyState.rows);
+        None (no row has them) costs nothing. logits is not changed.
 
         Rows whose params are greedy (temperature below GREEDY_TEMPERATURE, 0 included) take the argmax: the
         sampler never divides by such a temperature (logits / 1e-38 overflows float32 into inf/nan, whose draw is
         junk). Every int of the params that enters a tensor is clamped to the vocabulary first (top_k, logprobs);
         SamplingParams bounds the rest (temperature in [1e-5, 1e4] here, seed < 2**63).
-        Logprobs are the natural log-softmax of the raw logits (before temperature and filters).
+        Logprobs are the natural log-softmax of the raw logits (before penalties, temperature and filters: vLLM's
+        default logprobs_mode "raw_logprobs").
         Raises ValueError when the row count differs from len(rows).
         """
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sample requests")
-        token_ids = logits.argmax(dim=-1)
+        scores = logits if penalties is None else penalties.apply(logits)
+        token_ids = scores.argmax(dim=-1)
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
         if random_rows:
             idx = torch.tensor(random_rows, dtype=torch.long, device=logits.device)
             uniforms = [self._uniform(rows[i]) for i in random_rows]
-            token_ids[idx] = self._sample_rows(logits.index_select(0, idx), [rows[i].params for i in random_rows],
+            token_ids[idx] = self._sample_rows(scores.index_select(0, idx), [rows[i].params for i in random_rows],
                                                uniforms)
         ids = token_ids.tolist()
         return SamplerOutput(ids, _logprobs(logits, rows, ids))

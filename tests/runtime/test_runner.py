@@ -187,3 +187,20 @@ def test_decode_throughput_benchmark_smoke(tiny):
         ("radixserve", 1), ("transformers", 1), ("radixserve", 2), ("transformers", 2)]
     assert all(r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 for r in result["rows"])
     assert result["ratio_vs_transformers"] > 0 and result["ratio_batch"] == 2
+
+
+def test_a_sequence_with_bad_penalty_tokens_fails_alone(tiny):
+    runner = ModelRunner(ServerArgs(model=tiny, num_blocks=10, block_size=4))
+    penalised = SamplingParams(temperature=0.0, repetition_penalty=1.5)
+    missing = _new(1, range(5, 9), [1], params=penalised)
+    outside = _new(2, range(5, 9), [2], params=penalised)
+    outside.penalty_token_ids = [5, 6, 49152, 8]
+    good = _new(3, range(5, 9), [3], params=penalised)
+    good.penalty_token_ids = [5, 6, 7, 8]
+    result = _step(runner, missing, outside, good, _new(4, range(5, 9), [4]))
+    assert (result.seq_ids, result.failed_seq_ids) == ([3, 4], [1, 2])
+    assert result.failed_errors == ["WorkerError: seq 1 has penalties but carries no penalty_token_ids",
+                                    "WorkerError: seq 2: penalty_token_ids outside the vocabulary [0, 49152)"]
+    assert set(runner.seqs) == {3, 4} and 3 in runner.penalties and len(runner.penalties) == 1
+    _step(runner, drop_seq_ids=[3], step_id=1)
+    assert len(runner.penalties) == 0

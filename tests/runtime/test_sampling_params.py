@@ -36,6 +36,21 @@ BOUNDS = {
     "seed 2**63": ({"seed": 2**63}, "seed must be in [0, 2**63), got 9223372036854775808"),
     "n 65": ({"n": 65}, "n must be in [1, 64], got 65"),
     "logprobs 21": ({"logprobs": 21}, "logprobs must be in [0, 20], got 21"),
+    "frequency_penalty 2.5": ({"frequency_penalty": 2.5}, "frequency_penalty must be finite and in [-2, 2], got 2.5"),
+    "frequency_penalty nan": ({"frequency_penalty": float("nan")},
+                              "frequency_penalty must be finite and in [-2, 2], got nan"),
+    "presence_penalty -2.01": ({"presence_penalty": -2.01}, "presence_penalty must be finite and in [-2, 2], got "
+                                                            "-2.01"),
+    "repetition_penalty 0": ({"repetition_penalty": 0.0}, "repetition_penalty must be finite and in [0.1, 10], "
+                                                          "got 0.0"),
+    "repetition_penalty 1e-40": ({"repetition_penalty": 1e-40}, "repetition_penalty must be finite and in [0.1, 10], "
+                                                                "got 1e-40"),
+    "repetition_penalty negative": ({"repetition_penalty": -1.5}, "repetition_penalty must be finite and in "
+                                                                  "[0.1, 10], got -1.5"),
+    "repetition_penalty 10.5": ({"repetition_penalty": 10.5}, "repetition_penalty must be finite and in [0.1, 10], "
+                                                              "got 10.5"),
+    "repetition_penalty inf": ({"repetition_penalty": float("inf")}, "repetition_penalty must be finite and in "
+                                                                     "[0.1, 10], got inf"),
 }
 
 
@@ -63,6 +78,8 @@ PYTHON_ONLY = {  # values msgpack cannot carry or the client passes by mistake: 
     "max_tokens as a bool": ({"max_tokens": True}, "max_tokens must be an int, got bool"),
     "top_k as a float": ({"top_k": 5.0}, "top_k must be an int, got float"),
     "ignore_eos as an int": ({"ignore_eos": 1}, "ignore_eos must be a bool, got int"),
+    "presence_penalty as a string": ({"presence_penalty": "high"}, "presence_penalty must be a number, got str"),
+    "repetition_penalty as a bool": ({"repetition_penalty": True}, "repetition_penalty must be a number, got bool"),
 }
 
 
@@ -85,3 +102,14 @@ def test_temperatures_below_1e_5_are_greedy():
     assert [SamplingParams(temperature=t).greedy for t in (0.0, 1e-30, 1e-38, 9.99e-6, 1e-5, 0.5)] == [
         True, True, True, True, False, False]
     assert sp.GREEDY_TEMPERATURE == 1e-5
+
+
+def test_the_penalty_limits_are_accepted_and_only_non_defaults_are_penalties():
+    for value in (-2, -2.0, 2.0, 0.0):
+        assert SamplingParams(frequency_penalty=value, presence_penalty=value).frequency_penalty == value
+    assert [SamplingParams(repetition_penalty=r).repetition_penalty for r in (0.1, 1, 10.0)] == [0.1, 1, 10.0]
+    assert (sp.MAX_FREQUENCY_PENALTY, sp.MAX_PRESENCE_PENALTY, sp.MIN_REPETITION_PENALTY,
+            sp.MAX_REPETITION_PENALTY) == (2.0, 2.0, 0.1, 10.0)
+    assert [SamplingParams(**kw).has_penalties for kw in (
+        {}, {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0}, {"frequency_penalty": -0.1},
+        {"presence_penalty": 0.5}, {"repetition_penalty": 0.9})] == [False, False, True, True, True]

@@ -1,0 +1,159 @@
+"""Frequency, presence and repetition penalties: the worker's per-sequence token state and the batched apply.
+
+Semantics are vLLM's (its apply_penalties; frequency and presence as the OpenAI API defines them). Per sequence, with
+count[v] the occurrences of token v in the completion's output so far and seen[v] = v occurs in the prompt or the
+output, repetition first, then the two additive penalties:
+
+    logit[v] = logit[v] / r if logit[v] > 0 else logit[v] * r      where seen[v] (r = repetition_penalty, CTRL:
+                                                                    Keskar et al. 2019)
+    logit[v] -= frequency_penalty * count[v] + presence_penalty * (count[v] > 0)
+
+The sampler applies them to the raw logits before temperature and the filters; logprobs stay those of the raw logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from runtime.sampling_params import SamplingParams
+
+_MIN_ROWS = 8  # rows allocated by the first sequence with penalties; the capacity doubles when full
+
+
+def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt_mask: torch.Tensor, penalties: torch.Tensor,
+                    repetition: bool = True, additive: bool = True) -> torch.Tensor:  # fmt: skip
+    """The penalised logits of M rows (a new tensor; the inputs are not changed).
+
+    logits float32 [M, V]; counts float32 [M, V] (output occurrences of each token); prompt_mask bool [M, V] (the
+    token occurs in the prompt; all False where repetition_penalty is 1); penalties float32 [M, 3] = (frequency,
+    presence, repetition) per row. repetition / additive False skip the repetition or the frequency + presence part
+    (the caller knows no row uses it). Elementwise over [M, V] (about 8 passes): no Python loop over rows or the
+    vocabulary.
+    """
+    in_output = counts > 0
+    out = logits
+    if repetition:
+        r = penalties[:, 2:3]
+        out = torch.where(in_output | prompt_mask, torch.where(logits > 0, logits / r, logits * r), logits)
+    else:
+        out = logits.clone()
+    if additive:
+        out.addcmul_(counts, penalties[:, 0:1], value=-1.0)
+        out.sub_(in_output * penalties[:, 1:2])
+    return out
+
+
+class PenaltyRows(NamedTuple):
+    """The rows of one step's logits that have penalties: batch_index int64 [M] (rows of the logits), state_index
+    int64 [M] (their rows in the PenaltyState), that state's tensors (read only), and whether any of the M rows has
+    a repetition_penalty != 1 (repetition) or a frequency / presence penalty != 0 (additive)."""
+
+    batch_index: torch.Tensor
+    state_index: torch.Tensor
+    counts: torch.Tensor
+    prompt_mask: torch.Tensor
+    penalties: torch.Tensor
+    repetition: bool
+    additive: bool
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits float32 [N, V] with the penalties applied to the M rows of batch_index (a new tensor; the other rows
+        are copied unchanged and logits itself is not changed). A few tensor ops over [M, V]."""
+        rows = apply_penalties(logits.index_select(0, self.batch_index), self.counts.index_select(0, self.state_index),
+                               self.prompt_mask.index_select(0, self.state_index),
+                               self.penalties.index_select(0, self.state_index), self.repetition,
+                               self.additive)  # fmt: skip
+        return logits.index_copy(0, self.batch_index, rows)
+
+
+class PenaltyState:
+    """The token state of the live sequences whose penalties are on, one row of device tensors each.
+
+    counts float32 [capacity, vocab_size]: occurrences of each token in the output so far (exact up to 2**24).
+    prompt_mask bool [capacity, vocab_size]: the token occurs in the prompt (filled only with repetition_penalty on).
+    penalties float32 [capacity, 3]: (frequency, presence, repetition) of the row's sequence.
+    Nothing is allocated until the first sequence with penalties arrives (8 rows); the capacity doubles when full and
+    never shrinks: 5 * vocab_size bytes per row (240 KiB for a 49152-token vocabulary). A row is reused after its
+    sequence is removed. The owner (ModelRunner) adds a sequence when the worker registers it, records the tokens it
+    samples for it, and removes it when the sequence is dropped or fails.
+    """
+
+    def __init__(self, vocab_size: int, device: torch.device) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
+        self._rows: dict[int, int] = {}  # seq_id -> row
+        self._kinds: dict[int, tuple[bool, bool]] = {}  # seq_id -> (repetition on, frequency or presence on)
+        self._free: list[int] = []
+        self.counts = torch.zeros(0, vocab_size, device=device)
+        self.prompt_mask = torch.zeros(0, vocab_size, dtype=torch.bool, device=device)
+        self.penalties = torch.zeros(0, 3, device=device)
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def add(self, seq_id: int, params: SamplingParams, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        """Start (or restart) seq_id's state from its prompt and its output so far; every id must be in
+        [0, vocab_size) (the caller checks: an id outside raises IndexError on CPU). Mutates a row of each tensor
+        (grows them when full). O(vocab_size + len(prompt_ids) + len(output_ids)) device work."""
+        self.remove(seq_id)
+        if not self._free:
+            self._grow()
+        row = self._rows[seq_id] = self._free.pop()
+        self._kinds[seq_id] = (params.repetition_penalty != 1.0,
+                               params.frequency_penalty != 0.0 or params.presence_penalty != 0.0)
+        self.counts[row].zero_()
+        self.prompt_mask[row].zero_()
+        if output_ids:
+            ids = torch.tensor(output_ids, dtype=torch.int64, device=self.device)
+            self.counts[row].index_add_(0, ids, torch.ones(len(output_ids), device=self.device))
+        if prompt_ids and params.repetition_penalty != 1.0:
+            self.prompt_mask[row, torch.tensor(prompt_ids, dtype=torch.int64, device=self.device)] = True
+        self.penalties[row] = torch.tensor([params.frequency_penalty, params.presence_penalty,
+                                            params.repetition_penalty])  # fmt: skip
+
+    def remove(self, seq_id: int) -> None:
+        """Forget seq_id (no-op when it has no state); its row is free for the next add. O(1)."""
+        row = self._rows.pop(seq_id, None)
+        if row is not None:
+            self._free.append(row)
+            del self._kinds[seq_id]
+
+    def rows(self, seq_ids: Sequence[int]) -> PenaltyRows | None:
+        """The PenaltyRows of a step whose logits rows belong to seq_ids (in order), or None when none of them has
+        state (the step then does no penalty work at all). O(len(seq_ids)) Python, one host-to-device copy."""
+        if not self._rows:
+            return None
+        pairs = [(i, self._rows[s]) for i, s in enumerate(seq_ids) if s in self._rows]
+        if not pairs:
+            return None
+        kinds = [self._kinds[s] for s in seq_ids if s in self._kinds]
+        index = torch.tensor(pairs, dtype=torch.int64).T.to(self.device)
+        return PenaltyRows(index[0], index[1], self.counts, self.prompt_mask, self.penalties,
+                           any(k[0] for k in kinds), any(k[1] for k in kinds))  # fmt: skip
+
+    def record(self, seq_ids: Sequence[int], token_ids: Sequence[int]) -> None:
+        """Count token_ids[i] as a new output token of seq_ids[i] (aligned; sequences without state are skipped).
+        One tensor op for the whole step; nothing when no sequence has state."""
+        if not self._rows:
+            return
+        pairs = [(self._rows[s], t) for s, t in zip(seq_ids, token_ids, strict=True) if s in self._rows]
+        if not pairs:
+            return
+        index = torch.tensor(pairs, dtype=torch.int64).T.to(self.device)
+        self.counts.index_put_((index[0], index[1]), torch.ones(len(pairs), device=self.device), accumulate=True)
+
+    def _grow(self) -> None:
+        old = self.counts.shape[0]
+        new = max(_MIN_ROWS, 2 * old)
+        for name in ("counts", "prompt_mask", "penalties"):
+            tensor = getattr(self, name)
+            grown = torch.zeros(new, *tensor.shape[1:], dtype=tensor.dtype, device=self.device)
+            grown[:old] = tensor
+            setattr(self, name, grown)
+        self._free.extend(range(new - 1, old - 1, -1))  # pop() hands out the lowest row first
