@@ -1,0 +1,97 @@
+"""Answer bodies in the OpenAI shape (plain dicts, serialized with orjson): chat.completion, text_completion, their
+stream chunks, usage (always with prompt_tokens_details.cached_tokens) and both logprobs formats."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from runtime import protocol as p
+
+MIN_LOGPROB = -9999.0  # stands for -inf (and a missing value): JSON has no infinity
+
+
+class TokenText:
+    """Token id -> its text (and UTF-8 bytes) for logprobs; cached per id. Without a tokenizer a token reads
+    "token_id:<id>" (vLLM's spelling)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            if self._tokenizer is None:
+                text = f"token_id:{token_id}"
+            else:
+                text = self._tokenizer.decode([token_id], skip_special_tokens=False)
+            self._cache[token_id] = text
+        return text
+
+
+def _logprob(value: float | None) -> float:
+    return MIN_LOGPROB if value is None or math.isnan(value) or value < MIN_LOGPROB else value
+
+
+def usage_body(usage: p.Usage) -> dict[str, Any]:
+    """OpenAI usage: prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details.cached_tokens."""
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+
+
+def chat_logprobs(token_ids: list[int], logprobs: list[p.TokenLogprobs | None], text: TokenText) -> dict[str, Any]:
+    """Chat logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]},
+    one entry per token id."""
+    content = []
+    for tid, lp in zip(token_ids, logprobs, strict=True):
+        token = text(tid)
+        top = [] if lp is None else [_chat_top(text(t), v) for t, v in zip(lp.top_token_ids, lp.top_logprobs,
+                                                                            strict=True)]
+        content.append({"token": token, "logprob": _logprob(None if lp is None else lp.logprob),
+                        "bytes": list(token.encode("utf-8", "replace")), "top_logprobs": top})
+    return {"content": content}
+
+
+def _chat_top(token: str, value: float) -> dict[str, Any]:
+    return {"token": token, "logprob": _logprob(value), "bytes": list(token.encode("utf-8", "replace"))}
+
+
+def completion_logprobs(token_ids: list[int], logprobs: list[p.TokenLogprobs | None], text: TokenText,
+                        offset: int = 0) -> dict[str, Any]:
+    """Completions logprobs: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"};
+    offset: characters of completion text before the first token (for a stream chunk)."""
+    tokens, values, tops, offsets = [], [], [], []
+    for tid, lp in zip(token_ids, logprobs, strict=True):
+        token = text(tid)
+        tokens.append(token)
+        values.append(_logprob(None if lp is None else lp.logprob))
+        tops.append({} if lp is None else {text(t): _logprob(v) for t, v in zip(lp.top_token_ids, lp.top_logprobs,
+                                                                                 strict=True)})
+        offsets.append(offset)
+        offset += len(token)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_response(rid: str, created: int, model: str, choices: list[Any], usage: p.Usage,
+                  text: TokenText) -> dict[str, Any]:
+    """A chat.completion object; choices: generation.ChoiceResult values."""
+    out = []
+    for c in choices:
+        logprobs = None if c.logprobs is None else chat_logprobs(c.token_ids, c.logprobs, text)
+        out.append({"index": c.index, "message": {"role": "assistant", "content": c.text},
+                    "logprobs": logprobs, "finish_reason": c.finish_reason})
+    return {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created, "model": model,
+            "choices": out, "usage": usage_body(usage), "system_fingerprint": None}
+
+
+def completion_response(rid: str, created: int, model: str, choices: list[Any], usage: p.Usage,
+                        text: TokenText) -> dict[str, Any]:
+    """A text_completion object; choices: generation.ChoiceResult values."""
+    out = []
+    for c in choices:
+        logprobs = None if c.logprobs is None else completion_logprobs(c.token_ids, c.logprobs, text)
+        out.append({"index": c.index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason})
+    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
+            "choices": out, "usage": usage_body(usage), "system_fingerprint": None}
