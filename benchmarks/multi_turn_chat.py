@@ -9,6 +9,8 @@ history with the model's real previous answers as chat messages (the server appl
 Targets (`--target`, repeatable or comma-separated; default radixserve,radixserve-nocache):
   radixserve          our server (runtime.serve.launch.Launcher), prefix caching on, driven through runtime.client
   radixserve-nocache  the same server with prefix caching off
+  radixserve-http     the same server as radixserve behind its OpenAI HTTP API (--http-port), driven with the openai
+                      SDK's AsyncOpenAI, streaming (completion ids re-tokenized from the text, token counts from usage)
   engine              the in-process runtime.engine.Engine (Engine.add_request / step, same concurrency)
   transformers        transformers' generate on the same model folder, one request at a time, no cross-request cache
   router=POLICY:N     N replicas of our server behind router/ (policy cache_aware, round_robin or least_load)
@@ -26,6 +28,8 @@ previous turn's prompt + output ids.
     .venv/bin/python -m benchmarks.multi_turn_chat                  # the full 32 x 4 workload, both server targets
     .venv/bin/python -m benchmarks.multi_turn_chat --quick --repeats 2 \
         --target radixserve,radixserve-nocache,engine,transformers --out benchmarks/results/multi_turn_chat_quick.json
+    .venv/bin/python -m benchmarks.multi_turn_chat --quick --target radixserve,radixserve-http \
+        --out benchmarks/results/multi_turn_chat_http.json         # HTTP vs ZeroMQ on the same workload
     .venv/bin/python -m benchmarks.multi_turn_chat --smoke --model <tiny model folder> --out /tmp/chat.json
 """
 
@@ -45,7 +49,7 @@ import time
 import urllib.parse
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -93,7 +97,8 @@ class Config:
 @dataclass
 class Reply:
     """What one request returned: absolute perf_counter times, completion ids and text, the server's token counts
-    (None where it does not report them)."""
+    (None where it does not report them). completion_tokens: the server's count where output_ids are re-tokenized
+    from the text (None: len(output_ids) is the count)."""
 
     t_first: float | None
     t_end: float
@@ -102,6 +107,11 @@ class Reply:
     finish_reason: str | None
     prompt_tokens: int | None
     cached_tokens: int | None
+    completion_tokens: int | None = None
+
+    @property
+    def num_output(self) -> int:
+        return len(self.output_ids) if self.completion_tokens is None else self.completion_tokens
 
 
 @dataclass
@@ -143,45 +153,80 @@ async def drive_async(wl: ChatWorkload, cfg: Config, send, bar) -> list[Record]:
     return records
 
 
-def run_radixserve(cfg: Config, wl: ChatWorkload, caching: bool, bar, router: tuple[str, int] | None = None
-                   ) -> list[Record]:
+def run_radixserve(cfg: Config, wl: ChatWorkload, caching: bool, bar, router: tuple[str, int] | None = None,
+                   http: bool = False, tokenizer: Any = None) -> list[Record]:
     """Launches our server (worker, scheduler, tokenizer processes), or `router` = (policy, replicas) replicas behind
-    router/, and drives it through runtime.client.AsyncClient."""
+    router/, and drives it through runtime.client.AsyncClient; http: with its HTTP server (--http-port), driven
+    through the openai SDK instead (tokenizer re-encodes the replies' text into output_ids)."""
     from router.launch import RouterLauncher
-    from runtime.client import AsyncClient
     from runtime.config import ServerArgs
     from runtime.serve.launch import Launcher, LaunchError
 
     args = ServerArgs(model=cfg.model, block_size=cfg.block_size, num_blocks=cfg.num_blocks, port=0,
-                      enable_prefix_caching=caching, log_interval_s=3600.0)
+                      enable_prefix_caching=caching, log_interval_s=3600.0, http_port=0 if http else None)
     launcher = Launcher(args) if router is None else RouterLauncher(args, replicas=router[1], policy=router[0])
     try:
         endpoint = launcher.start()
     except LaunchError as e:
         launcher.shutdown("start-up failed")
         raise BenchmarkError(f"radixserve did not start: {e}") from e
-
-    async def main() -> list[Record]:
-        async with AsyncClient(endpoint, timeout=600.0) as client:
-            async def send(messages: list[dict[str, str]]) -> Reply:
-                first, ids, text, usage, reason = None, [], "", None, None
-                async for chunk in client.stream(messages=messages, max_tokens=cfg.max_tokens, temperature=0.0):
-                    if first is None and chunk.token_ids:
-                        first = time.perf_counter()
-                    ids.extend(chunk.token_ids)
-                    text += chunk.text
-                    if chunk.finish_reason is not None:
-                        usage, reason = chunk.usage, chunk.finish_reason
-                return Reply(first, time.perf_counter(), ids, text, reason, usage and usage.prompt_tokens,
-                             usage and usage.cached_tokens)
-
-            await client.generate(messages=[{"role": "user", "content": "Say hello."}], max_tokens=2)  # warm-up
-            return await drive_async(wl, cfg, send, bar)
-
     try:
-        return asyncio.run(main())
+        if http:
+            return asyncio.run(_drive_http(cfg, wl, launcher.http_url, tokenizer, bar))
+        return asyncio.run(_drive_zmq(cfg, wl, endpoint, bar))
     finally:
         launcher.shutdown("benchmark finished")
+
+
+async def _drive_zmq(cfg: Config, wl: ChatWorkload, endpoint: str, bar) -> list[Record]:
+    """The conversations through runtime.client.AsyncClient (one client, every request streamed)."""
+    from runtime.client import AsyncClient
+
+    async with AsyncClient(endpoint, timeout=600.0) as client:
+        async def send(messages: list[dict[str, str]]) -> Reply:
+            first, ids, text, usage, reason = None, [], "", None, None
+            async for chunk in client.stream(messages=messages, max_tokens=cfg.max_tokens, temperature=0.0):
+                if first is None and chunk.token_ids:
+                    first = time.perf_counter()
+                ids.extend(chunk.token_ids)
+                text += chunk.text
+                if chunk.finish_reason is not None:
+                    usage, reason = chunk.usage, chunk.finish_reason
+            return Reply(first, time.perf_counter(), ids, text, reason, usage and usage.prompt_tokens,
+                         usage and usage.cached_tokens)
+
+        await client.generate(messages=[{"role": "user", "content": "Say hello."}], max_tokens=2)  # warm-up
+        return await drive_async(wl, cfg, send, bar)
+
+
+async def _drive_http(cfg: Config, wl: ChatWorkload, url: str, tokenizer: Any, bar) -> list[Record]:
+    """The conversations through the openai SDK's AsyncOpenAI (one client, every request streamed with
+    include_usage): TTFT at the first content delta, token counts from usage."""
+    from openai import AsyncOpenAI
+
+    async with AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=600.0, max_retries=0) as client:
+        async def send(messages: list[dict[str, str]]) -> Reply:
+            first, text, usage, reason = None, "", None, None
+            stream = await client.chat.completions.create(
+                model=cfg.model, messages=cast(Any, messages), max_tokens=cfg.max_tokens, temperature=0.0,
+                stream=True, stream_options={"include_usage": True})
+            async for chunk in stream:
+                for choice in chunk.choices:
+                    if choice.delta.content:
+                        first = first or time.perf_counter()
+                        text += choice.delta.content
+                    reason = choice.finish_reason or reason
+                usage = chunk.usage or usage
+            t_end = time.perf_counter()
+            if usage is None:
+                raise BenchmarkError(f"{url}: a stream without usage")
+            ids = list(tokenizer.encode(text, add_special_tokens=False))
+            cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else None
+            return Reply(first, t_end, ids, text, reason, usage.prompt_tokens, cached, usage.completion_tokens)
+
+        await client.chat.completions.create(model=cfg.model, max_tokens=2,  # warm-up
+                                             messages=[{"role": "user", "content": "Say hello."}])
+        return await drive_async(wl, cfg, send, bar)
 
 
 def run_engine(cfg: Config, wl: ChatWorkload, bar) -> list[Record]:
@@ -396,11 +441,11 @@ def summarize(records: list[Record], wall_s: float, block_size: int) -> dict[str
     oracle_inflight = oracle_cached(records, block_size, include_inflight=True)
     mismatch = first_mismatches(records)
     ttft = [r.reply.t_first - r.t_submit for r in records if r.reply.t_first is not None]
-    tpot = [(r.reply.t_end - r.reply.t_first) / (len(r.reply.output_ids) - 1) for r in records
-            if r.reply.t_first is not None and len(r.reply.output_ids) > 1]
+    tpot = [(r.reply.t_end - r.reply.t_first) / (r.reply.num_output - 1) for r in records
+            if r.reply.t_first is not None and r.reply.num_output > 1]
     prompt = [r.reply.prompt_tokens if r.reply.prompt_tokens is not None else len(r.prompt_ids) for r in records]
     cached = [r.reply.cached_tokens or 0 for r in records]
-    out_tokens = sum(len(r.reply.output_ids) for r in records)
+    out_tokens = sum(r.reply.num_output for r in records)
     per_turn = []
     for turn in sorted({r.turn for r in records}):
         idx = [i for i, r in enumerate(records) if r.turn == turn]
@@ -428,14 +473,15 @@ def summarize(records: list[Record], wall_s: float, block_size: int) -> dict[str
         "oracle_inflight_hit_rate": round(sum(oracle_inflight) / max(1, sum(len(r.prompt_ids) for r in records)), 4),
         "prompt_tokens_agree": sum(r.reply.prompt_tokens in (None, len(r.prompt_ids)) for r in records),
         "per_turn": per_turn,
-        "trace": [[r.conv, r.turn, len(r.prompt_ids), c, o, len(r.reply.output_ids), r.reply.finish_reason]
+        "trace": [[r.conv, r.turn, len(r.prompt_ids), c, o, r.reply.num_output, r.reply.finish_reason]
                   for r, c, o in zip(records, cached, oracle, strict=True)],
     }
 
 
 def targets_met(targets: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The issue's targets where the needed targets ran: hit rate >= 0.95 x oracle (radixserve, engine); TTFT p50 on
-    turns >= 2 at least 2x lower with caching on than off; output tokens/s with caching on >= off."""
+    turns >= 2 at least 2x lower with caching on than off; output tokens/s with caching on >= off; output tokens/s
+    through HTTP (radixserve-http) >= 0.95 x through ZeroMQ (radixserve), with the TTFT p50 difference beside it."""
     out: dict[str, Any] = {}
     for name in ("radixserve", "engine"):
         t = targets.get(name)
@@ -449,6 +495,13 @@ def targets_met(targets: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if name.startswith("router=cache_aware") and single and single["hit_rate"]:
             ratio = t["hit_rate"] / single["hit_rate"]
             out[f"{name}_hit_rate_over_single"] = {"value": round(ratio, 4), "target": 0.95, "met": ratio >= 0.95}
+    http = targets.get("radixserve-http")  # issue 13: the HTTP front door costs little
+    zmq = targets.get("radixserve")
+    if http and zmq and zmq["output_tok_per_s"]:
+        ratio = http["output_tok_per_s"] / zmq["output_tok_per_s"]
+        out["http_output_tok_per_s_over_zmq"] = {"value": round(ratio, 4), "target": 0.95, "met": ratio >= 0.95}
+        if http["ttft_p50_s"] is not None and zmq["ttft_p50_s"] is not None:  # informational on this workload
+            out["http_ttft_p50_minus_zmq_s"] = round(http["ttft_p50_s"] - zmq["ttft_p50_s"], 4)
     on, off = targets.get("radixserve"), targets.get("radixserve-nocache")
     if on and off and on["ttft_turn2plus_p50_s"] and off["ttft_turn2plus_p50_s"]:
         speedup = off["ttft_turn2plus_p50_s"] / on["ttft_turn2plus_p50_s"]
@@ -523,10 +576,10 @@ def parse_targets(values: list[str] | None) -> list[str]:
                 parse_router_target(name)
             except ValueError as e:
                 raise BenchmarkError(str(e)) from None
-        elif name not in ("radixserve", "radixserve-nocache", "engine", "transformers") and \
+        elif name not in ("radixserve", "radixserve-nocache", "radixserve-http", "engine", "transformers") and \
                 not name.startswith("openai="):
-            raise BenchmarkError(f"unknown target {name!r}: radixserve, radixserve-nocache, engine, transformers, "
-                                 "router=POLICY:N, openai=URL")
+            raise BenchmarkError(f"unknown target {name!r}: radixserve, radixserve-nocache, radixserve-http, engine, "
+                                 "transformers, router=POLICY:N, openai=URL")
         if name.startswith("openai=") and urllib.parse.urlsplit(name[7:]).hostname not in LOCAL_HOSTS:
             raise BenchmarkError(f"target {name!r}: only servers on 127.0.0.1 are benchmarked")
     return names
@@ -556,6 +609,8 @@ def run_target(name: str, cfg: Config, wl: ChatWorkload, tokenizer: Any) -> list
     with tqdm(total=total, desc=name, unit="req", file=sys.stderr, mininterval=1.0) as bar:
         if name in ("radixserve", "radixserve-nocache"):
             records = run_radixserve(cfg, wl, name == "radixserve", bar)
+        elif name == "radixserve-http":
+            records = run_radixserve(cfg, wl, True, bar, http=True, tokenizer=tokenizer)
         elif name.startswith("router="):
             records = run_radixserve(cfg, wl, True, bar, parse_router_target(name))
         elif name == "engine":
@@ -596,7 +651,8 @@ def run(cfg: Config, wl: ChatWorkload, tokenizer: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2", help="embedded name, Hugging Face folder or .gguf file")
-    parser.add_argument("--target", action="append", help="radixserve, radixserve-nocache, engine, transformers, "
+    parser.add_argument("--target", action="append", help="radixserve, radixserve-nocache, radixserve-http, engine, "
+                        "transformers, "
                         f"openai=URL (repeatable or comma-separated; default {','.join(DEFAULT_TARGETS)})")
     parser.add_argument("--conversations", type=int, default=32)
     parser.add_argument("--turns", type=int, default=4)

@@ -91,6 +91,7 @@ class KVCacheManager:
         self._seqs: dict[int, SeqBlocks] = {}
         self._queries_tokens = 0
         self._hits_tokens = 0
+        self._evicted_blocks = 0
 
     # ----------------------------------------------------------------- admission and growth
     def block_keys(self, token_ids: Sequence[int], cache_salt: str | None = None) -> BlockKeys:
@@ -332,7 +333,7 @@ class KVCacheManager:
     def stats(self) -> KVStats:
         """Current counters. O(sequences)."""
         return count_stats(self._pool, self._tree, self._host_pool, self._seqs.values(), self.block_size,
-                           self._queries_tokens, self._hits_tokens)  # fmt: skip
+                           self._queries_tokens, self._hits_tokens, self._evicted_blocks)  # fmt: skip
 
     def drain_events(self) -> list[KvEvent]:
         """KV events since the last drain, oldest first; seq numbers consecutive unless the ring overflowed since
@@ -374,7 +375,7 @@ class KVCacheManager:
     def _take_blocks(self, n: int) -> list[int]:
         short = n - self._pool.num_free
         if short > 0:
-            self._tree.evict(short)
+            self._evicted_blocks += len(self._tree.evict(short))
         return self._pool.allocate(n)
 
     def check_invariants(self) -> None:

@@ -16,6 +16,7 @@ class KVStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     cached_blocks: blocks in the radix tree (evictable or not). prefix_*_tokens: prompt tokens looked up / found
     cached at admission. waste_slots: allocated slots minus known tokens, over live (not swapped) sequences.
+    evicted_blocks: cached blocks evicted (LRU) to make room, since the manager was made.
     """
 
     total_blocks: int
@@ -30,6 +31,7 @@ class KVStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     num_swapped: int
     host_total_blocks: int
     host_free_blocks: int
+    evicted_blocks: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -45,6 +47,7 @@ def count_stats(
     block_size: int,
     queries_tokens: int,
     hits_tokens: int,
+    evicted_blocks: int = 0,
 ) -> KVStats:
     """KVStats of a manager's pools, tree and sequences. Pure, O(sequences)."""
     free, evictable, total = pool.num_free, tree.num_evictable, pool.num_usable
@@ -68,4 +71,5 @@ def count_stats(
         num_swapped=swapped,
         host_total_blocks=host_pool.num_blocks,
         host_free_blocks=host_pool.num_free,
+        evicted_blocks=evicted_blocks,
     )

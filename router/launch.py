@@ -2,7 +2,8 @@
 two local runtime replicas (runtime.serve.launch.Launcher, each on a free port with its KV events on TCP) and the router
 process in front of them; `python -m router.launch --model smollm2 --backends tcp://HOST_A:5557,tcp://HOST_B:5557`
 starts only the router (the replicas run elsewhere with `--events-port`). Every ServerArgs flag is accepted: --host and
---port are the router's public endpoint, the others configure the local replicas.
+--port are the router's public endpoint, --http-port (with --api-key, --served-model-name) puts the OpenAI-compatible
+HTTP server in front of it (runtime/serve/http_process.py, on --host), the others configure the local replicas.
 
 The router runs in its own process (`python -m router.launch --child <json>`), so a client in this process (a
 benchmark) does not share its interpreter. It reports ProcessReady once every backend is in rotation. A local replica
@@ -27,8 +28,9 @@ from router.config import RouterArgs
 from router.policy import POLICIES
 from runtime import protocol as p
 from runtime.config import ServerArgs
+from runtime.serve.http_process import http_child_env
 from runtime.serve.launch import Launcher, LaunchError, build_parser
-from runtime.serve.process import die_with_parent, new_ipc_base, remove_ipc_base
+from runtime.serve.process import ChildSpec, Endpoints, die_with_parent, new_ipc_base, remove_ipc_base
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +49,10 @@ class RouterLauncher:
     """Starts `replicas` local replicas of server_args (none when backends are given) and the router process.
 
     Use as a context manager or call start() / shutdown(). start() returns the router's public endpoint
-    (tcp://host:port) once every backend is in rotation. router_kwargs: RouterArgs fields (policy, load_metric,
-    balance_threshold, health_interval_s, ...). Raises LaunchError when a replica or the router fails to start.
+    (tcp://host:port) once every backend is in rotation, after starting the HTTP server in front of it when
+    server_args.http_port is set (http_url: "http://HOST:PORT", else ""; the replicas serve no HTTP of their own).
+    router_kwargs: RouterArgs fields (policy, load_metric, balance_threshold, health_interval_s, ...). Raises
+    LaunchError when a replica, the router or the HTTP server fails to start.
     """
 
     def __init__(self, server_args: ServerArgs | None = None, replicas: int = 0, backends: list[str] | None = None,
@@ -61,6 +65,8 @@ class RouterLauncher:
         self.router_kwargs = router_kwargs
         self.replicas: list[Launcher] = []
         self.router_proc: subprocess.Popen | None = None
+        self.http_proc: subprocess.Popen | None = None
+        self.http_url = ""
         self.ipc_base = new_ipc_base("radixserve-router-")  # Linux: an abstract name, nothing on disk
         self.ctx = zmq.Context()
         self.endpoint = ""
@@ -73,7 +79,7 @@ class RouterLauncher:
         self.shutdown("router launcher exited")
 
     def _replica_args(self, port: int = 0) -> ServerArgs:
-        return dataclasses.replace(self.server_args, host="127.0.0.1", port=port, events_port=0)
+        return dataclasses.replace(self.server_args, host="127.0.0.1", port=port, events_port=0, http_port=None)
 
     def _start_replica(self, port: int = 0) -> Launcher:
         launcher = Launcher(self._replica_args(port), self.startup_timeout_s)
@@ -85,7 +91,8 @@ class RouterLauncher:
         return launcher
 
     def start(self) -> str:
-        """Starts the replicas and the router; returns the router's endpoint."""
+        """Starts the replicas, the router and (server_args.http_port set) the HTTP server in front of it; returns
+        the router's endpoint."""
         if self.num_replicas and not self.backends:
             # One after the other, from this thread: Linux sends PR_SET_PDEATHSIG when the *thread* that spawned a
             # child exits, so replicas started from a worker thread would be killed when the pool ends.
@@ -98,31 +105,45 @@ class RouterLauncher:
             self.backends = [r.endpoint for r in self.replicas]
         args = RouterArgs(backends=self.backends, model=self.server_args.model, host=self.host, port=self.port,
                           max_message_bytes=self.server_args.max_message_bytes, **self.router_kwargs)
-        self.endpoint = self._start_router(args)
-        return self.endpoint
-
-    def _start_router(self, args: RouterArgs) -> str:
         pull = self.ctx.socket(zmq.PULL)
-        endpoint = f"ipc://{self.ipc_base}/launcher"
-        pull.bind(endpoint)
-        spec = RouterSpec(os.getpid(), endpoint, args)
-        cmd = [sys.executable, "-m", "router.launch", "--child", msgspec.json.encode(spec).decode()]
-        self.router_proc = subprocess.Popen(cmd, start_new_session=True)
-        decoder = msgspec.msgpack.Decoder(p.LauncherInput)
-        deadline = time.monotonic() + self.startup_timeout_s
+        endpoints = Endpoints.under(self.ipc_base)
+        pull.bind(endpoints.launcher)
         try:
-            while time.monotonic() < deadline:
-                if self.router_proc.poll() is not None:
-                    raise LaunchError(f"router process exited with status {self.router_proc.returncode}")
-                if pull.poll(200):
-                    msg = decoder.decode(pull.recv())
-                    if isinstance(msg, p.ProcessFailed):
-                        raise LaunchError(f"router failed to start: {msg.message}")
-                    logger.info("router ready at %s (pid %d)", msg.endpoint, msg.pid)
-                    return msg.endpoint
-            raise LaunchError(f"router not ready after {self.startup_timeout_s} s")
+            spec = RouterSpec(os.getpid(), endpoints.launcher, args)
+            cmd = [sys.executable, "-m", "router.launch", "--child", msgspec.json.encode(spec).decode()]
+            self.router_proc = subprocess.Popen(cmd, start_new_session=True)
+            self.endpoint = self._wait_ready(pull, self.router_proc, "router")
+            if self.server_args.http_port is not None:
+                self.http_url = self._start_http(pull, endpoints)
         finally:
             pull.close(linger=0)
+        return self.endpoint
+
+    def _start_http(self, pull: zmq.Socket, endpoints: Endpoints) -> str:
+        """Starts the HTTP server in front of the router (runtime/serve/http_process.py; the API key in its
+        environment, never on its command line) and returns its URL once it is ready."""
+        port = int(self.endpoint.rsplit(":", 1)[1])
+        args = dataclasses.replace(self.server_args, host=self.host, port=port, api_key=None)
+        spec = ChildSpec("http", os.getpid(), endpoints, args)
+        cmd = [sys.executable, "-m", "runtime.serve.launch", "--child", msgspec.json.encode(spec).decode()]
+        self.http_proc = subprocess.Popen(cmd, start_new_session=True, env=http_child_env(self.server_args.api_key))
+        return self._wait_ready(pull, self.http_proc, "http")
+
+    def _wait_ready(self, pull: zmq.Socket, proc: subprocess.Popen, role: str) -> str:
+        """The endpoint of proc's ProcessReady read from pull. Raises LaunchError when it reports ProcessFailed,
+        exits, or is not ready within startup_timeout_s."""
+        decoder = msgspec.msgpack.Decoder(p.LauncherInput)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if pull.poll(200):
+                msg = decoder.decode(pull.recv())
+                if isinstance(msg, p.ProcessFailed):
+                    raise LaunchError(f"{role} failed to start: {msg.message}")
+                logger.info("%s ready at %s (pid %d)", role, msg.endpoint, msg.pid)
+                return msg.endpoint
+            if proc.poll() is not None:
+                raise LaunchError(f"{role} process exited with status {proc.returncode}")
+        raise LaunchError(f"{role} not ready after {self.startup_timeout_s} s")
 
     def restart_dead_replicas(self) -> list[int]:
         """Shuts down each local replica with a dead process and starts it again on the same port; returns their
@@ -140,31 +161,36 @@ class RouterLauncher:
         return restarted
 
     def shutdown(self, reason: str, code: str = p.ERR_SHUTDOWN, grace_s: float = 3.0) -> None:
-        """Stops the router (SIGTERM, then SIGKILL after grace_s), then every local replica. Safe to call twice."""
-        proc = self.router_proc
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        """Stops the HTTP server and the router (SIGTERM, then SIGKILL after grace_s), then every local replica. Safe
+        to call twice."""
+        for proc in (self.http_proc, self.router_proc):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(grace_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         for launcher in self.replicas:
             launcher.shutdown(reason, code, grace_s)
         if not self.ctx.closed:
             self.ctx.destroy(linger=0)
         remove_ipc_base(self.ipc_base)
 
-    def serve_forever(self) -> int:
-        """Until SIGINT / SIGTERM (returns 0) or the router dies (returns 1); restarts local replicas that die."""
+    def serve_forever(self, ready_line: str | None = None) -> int:
+        """Until SIGINT / SIGTERM (returns 0) or the router or the HTTP server dies (returns 1); restarts local
+        replicas that die. ready_line is printed once the signal handlers are in place."""
         stop: list[str] = []
         signal.signal(signal.SIGINT, lambda signum, _frame: stop.append(signal.Signals(signum).name))
         signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signal.Signals(signum).name))
+        if ready_line is not None:
+            print(ready_line, flush=True)
         while not stop:
-            if self.router_proc is not None and self.router_proc.poll() is not None:
-                logger.error("router process exited with status %d", self.router_proc.returncode)
-                self.shutdown("router failure", p.ERR_SERVER)
-                return 1
+            for role, proc in (("router", self.router_proc), ("http", self.http_proc)):
+                if proc is not None and proc.poll() is not None:
+                    logger.error("%s process exited with status %d", role, proc.returncode)
+                    self.shutdown(f"{role} failure", p.ERR_SERVER)
+                    return 1
             try:
                 self.restart_dead_replicas()
             except LaunchError as exc:
@@ -251,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("start-up failed: %s", exc)
         launcher.shutdown(f"start-up failed: {exc}", p.ERR_SERVER)
         return 1
-    print(f"radixserve router ready at {endpoint}", flush=True)
-    return launcher.serve_forever()
+    # the http child printed its ready line before
+    return launcher.serve_forever(f"radixserve router ready at {endpoint}")
 
 
 if __name__ == "__main__":

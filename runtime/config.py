@@ -46,6 +46,11 @@ class ServerArgs:
     preemption_mode: Literal["recompute", "swap"] = _opt("recompute", "when no block can be freed: recompute or swap")
     host: str = _opt("127.0.0.1", "address the public endpoint binds to")
     port: int = _opt(5557, "TCP port of the public endpoint")
+    http_port: int | None = _opt(None, "serve the OpenAI HTTP API on host:http_port too (None: no HTTP server; "
+                                       "0: a free port)")
+    api_key: str | None = _opt(None, "the key HTTP clients must send as 'Authorization: Bearer KEY' (None: the "
+                                     "RADIXSERVE_API_KEY environment variable, else no key)")
+    served_model_name: str | None = _opt(None, "the model name the HTTP API lists and accepts (None: model)")
     events_port: int | None = _opt(None, "TCP port of the scheduler's KV events / stats PUB socket, bound on host "
                                          "beside the public endpoint for routers (None: ipc only; 0: a free port)")
     seed: int = _opt(0, "seed of the server's own randomness (requests without a seed)")
@@ -76,6 +81,10 @@ class ServerArgs:
             ("chunked_prefill_size", self.chunked_prefill_size >= 1, ">= 1"),
             ("port", 0 <= self.port < 65536, "in [0, 65536)"),
             ("events_port", self.events_port is None or 0 <= self.events_port < 65536, "None or in [0, 65536)"),
+            ("http_port", self.http_port is None or 0 <= self.http_port < 65536, "None or in [0, 65536)"),
+            ("api_key", self.api_key is None or self.api_key.strip() != "", "None or a non-empty string"),
+            ("served_model_name", self.served_model_name is None or self.served_model_name != "",
+             "None or a non-empty string"),
             ("max_message_bytes", self.max_message_bytes >= 1024, ">= 1024"),
             ("worker_probe_timeout_s", self.worker_probe_timeout_s > 0, "> 0"),
             ("control_timeout_s", self.control_timeout_s > self.worker_probe_timeout_s, "> worker_probe_timeout_s"),

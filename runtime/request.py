@@ -43,7 +43,8 @@ class SeqStatus(enum.Enum):
 
 @dataclass(eq=False)
 class RequestState:
-    """One request: a prompt and n completions. cached_tokens is fixed at the first admission (counted once)."""
+    """One request: a prompt and n completions. cached_tokens is fixed at the first admission (counted once), and
+    so is admitted_time (the scheduler's clock, seconds, like arrival_time)."""
 
     rid: str
     prompt_ids: list[int]
@@ -53,6 +54,7 @@ class RequestState:
     arrival_step: int
     block_keys: BlockKeys  # the prompt's per-block keys (radix/keys.py), made once at add_request
     cached_tokens: int | None = None
+    admitted_time: float | None = None
     first_token_time: float | None = None
     seqs: list[SchedulerSeq] = field(default_factory=list)
     live: int = 0
@@ -89,6 +91,17 @@ class SchedulerSeq:
         """Tokens that must have KV before this sequence samples (the parent of n > 1 stops one short)."""
         return len(self.req.prompt_ids) - 1 if self.prefill_only else len(self.token_ids)
 
+    def penalty_token_ids(self) -> list[int] | None:
+        """What ScheduledSeq.penalty_token_ids carries when this sequence (re)enters the worker: None without
+        penalties; prompt + output with repetition_penalty on; else the output alone. O(len(token_ids))."""
+        params = self.req.params
+        if not params.has_penalties:
+            return None
+        return list(self.token_ids if params.repetition_penalty != 1.0 else self.token_ids[len(self.req.prompt_ids):])
+
     def usage(self) -> Usage:
-        """This completion's token counts (cached_tokens is 0 until the request's first admission)."""
-        return Usage(len(self.req.prompt_ids), self.req.cached_tokens or 0, max(0, self.num_output))
+        """This completion's token counts (cached_tokens is 0 and queue_time_s None until the request's first
+        admission; queue_time_s: seconds from arrival to that admission)."""
+        req = self.req
+        queue_s = None if req.admitted_time is None else max(0.0, req.admitted_time - req.arrival_time)
+        return Usage(len(req.prompt_ids), req.cached_tokens or 0, max(0, self.num_output), queue_s)

@@ -294,7 +294,7 @@ class Scheduler:
             self._admit_counter += 1
             self.running.append(seq)
             if first_time:
-                req.cached_tokens = cached
+                req.cached_tokens, req.admitted_time = cached, self.clock()
                 self.counters.prompt_tokens += len(req.prompt_ids)
                 self.counters.cached_tokens += cached
             elif seq.preempted:

@@ -38,6 +38,6 @@ def scheduler_stats(counters: SchedulerCounters, kv: KVStats, num_running: int, 
         num_blocks=kv.total_blocks + 1, num_free_blocks=kv.free_blocks, num_evictable_blocks=kv.evictable_blocks,
         num_used_blocks=kv.in_use_blocks, num_cached_blocks=kv.cached_blocks,
         kv_usage=kv.in_use_blocks / kv.total_blocks if kv.total_blocks else 0.0,
-        hit_rate=c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
+        hit_rate=c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0, num_evicted_blocks=kv.evicted_blocks,
         **dataclasses.asdict(c),
     )  # fmt: skip

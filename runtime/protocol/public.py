@@ -88,11 +88,14 @@ class KvSnapshotRequest(msgspec.Struct, tag="kv_snapshot_request", forbid_unknow
 
 class Usage(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     """Token counts of one completion: prompt_tokens, cached_tokens (prompt tokens whose KV came from the radix
-    cache), completion_tokens."""
+    cache), completion_tokens; queue_time_s: seconds from the request's arrival at the scheduler to its first
+    admission (the scheduler fills it; None where unknown, e.g. the Engine's summed Usage). Trailing and optional: a
+    3-element array from an older peer still decodes."""
 
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    queue_time_s: float | None = None
 
 
 class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fields=True):
@@ -161,7 +164,8 @@ class ServerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prefill and decode; recomputed_tokens: prompt + output tokens computed again after a recompute preemption (never
     counted as cache hits). tokens_per_s: forward_tokens per second over the scheduler process's last stats interval
     (0.0 from Scheduler.stats(), which keeps no interval). num_steps: forward steps; num_preemptions / num_swaps:
-    sequences preempted (either mode) / swapped out; num_rejected: requests refused at admission (RequestRejected).
+    sequences preempted (either mode) / swapped out; num_rejected: requests refused at admission (RequestRejected);
+    num_evicted_blocks: cached blocks evicted from the radix tree (LRU, to make room) since start.
     """
 
     num_running: int = 0
@@ -185,6 +189,7 @@ class ServerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     num_swaps: int = 0
     recomputed_tokens: int = 0
     num_rejected: int = 0
+    num_evicted_blocks: int = 0
 
 
 class StatsResponse(msgspec.Struct, tag="stats_response", forbid_unknown_fields=True):

@@ -1,7 +1,10 @@
 """Launch script: `python -m runtime.launch --model smollm2 --port 5557` (console script `radixserve`).
 
 Starts the worker, scheduler and tokenizer processes (subprocesses of this interpreter, each in its own session so a
-Ctrl-C reaches only the launcher), waits until each reports ProcessReady, prints the public endpoint, logs the
+Ctrl-C reaches only the launcher), waits until each reports ProcessReady, then, with `--http-port PORT`, the
+OpenAI-compatible HTTP server (a 4th child, role "http", runtime/serve/http_process.py: a client of the public
+endpoint, bound to --host:PORT, the API key of --api-key or RADIXSERVE_API_KEY passed in its environment, never on a
+command line; it prints "radixserve http ready at http://HOST:PORT" itself); prints the public endpoint, logs the
 scheduler's stats every log_interval_s, and shuts everything down on Ctrl-C / SIGTERM. When a child dies it tells the
 tokenizer (which answers every request in flight with an error), stops the others and exits with status 1. Children
 exit when the launcher dies (PR_SET_PDEATHSIG on Linux, and a parent-pid check on every poll timeout); the tokenizer
@@ -32,6 +35,7 @@ import zmq
 
 from runtime import protocol as p
 from runtime.config import InvalidConfig, ServerArgs
+from runtime.serve.http_process import http_child_env
 from runtime.serve.process import (
     POLL_MS,
     ChildSpec,
@@ -74,6 +78,8 @@ def child_main(spec_json: str) -> int:
             from runtime.serve.worker_process import run_worker_process as run
         elif spec.role == "scheduler":
             from runtime.serve.scheduler_process import run_scheduler_process as run
+        elif spec.role == "http":
+            from runtime.serve.http_process import run_http_process as run
         else:
             from runtime.serve.tokenizer_process import run_tokenizer_process as run
         run(spec)
@@ -123,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class Launcher:
-    """Owns the three children of one server. start() returns the public endpoint once all are ready.
+    """Owns the children of one server: worker, scheduler, tokenizer, and the HTTP server when args.http_port is set.
+    start() returns the public endpoint once all are ready; http_url is then "http://HOST:PORT" ("" without HTTP).
 
     Raises LaunchError from the constructor when the launcher's own socket cannot be bound, and from start() when a
     child fails to start (its one-line cause is included) or dies during start-up (its exit status).
@@ -137,6 +144,7 @@ class Launcher:
         self.reports = self.ctx.socket(zmq.PULL)
         self.procs: dict[str, subprocess.Popen] = {}
         self.endpoint = ""
+        self.http_url = ""
         self._decoder = msgspec.msgpack.Decoder(p.LauncherInput)
         try:
             self.reports.bind(self.endpoints.launcher)
@@ -147,18 +155,34 @@ class Launcher:
             raise LaunchError(f"cannot bind the launcher's socket {self.endpoints.launcher}: {reason}") from None
 
     def _spawn(self, role: str) -> subprocess.Popen:
-        spec = ChildSpec(role, os.getpid(), self.endpoints, self.args)
+        """Starts one child. The API key is left out of every ChildSpec (a command line is visible to all users):
+        the http child gets it as RADIXSERVE_API_KEY in its environment, with the public endpoint's bound port."""
+        args, env = dataclasses.replace(self.args, api_key=None), None
+        if role == "http":
+            args = dataclasses.replace(args, port=int(self.endpoint.rsplit(":", 1)[1]))
+            env = http_child_env(self.args.api_key)
+        spec = ChildSpec(role, os.getpid(), self.endpoints, args)
         cmd = [sys.executable, "-m", "runtime.serve.launch", "--child", msgspec.json.encode(spec).decode()]
         try:
-            return subprocess.Popen(cmd, start_new_session=True)
+            return subprocess.Popen(cmd, start_new_session=True, env=env)
         except OSError as exc:
             raise LaunchError(f"cannot start the {role} process: {one_line(exc)}") from None
 
     def start(self) -> str:
-        """Spawns the children and waits for their ProcessReady; returns the public endpoint (tcp://host:port)."""
+        """Spawns the children and waits for their ProcessReady (the HTTP server's once the tokenizer is ready);
+        returns the public endpoint (tcp://host:port)."""
+        deadline = time.monotonic() + self.startup_timeout_s
         for role in ROLES:
             self.procs[role] = self._spawn(role)
-        waiting, deadline = set(ROLES), time.monotonic() + self.startup_timeout_s
+        self._wait_ready(set(ROLES), deadline)
+        if self.args.http_port is not None:
+            self.procs["http"] = self._spawn("http")
+            self._wait_ready({"http"}, deadline)
+        return self.endpoint
+
+    def _wait_ready(self, waiting: set[str], deadline: float) -> None:
+        """Reads start-up reports until every role of waiting reported ProcessReady (it records the tokenizer's
+        endpoint and the http child's URL). Raises LaunchError when one failed, died or the deadline passed."""
         while waiting:
             if time.monotonic() > deadline:
                 raise LaunchError(f"{sorted(waiting)} not ready after {self.startup_timeout_s} s")
@@ -167,13 +191,15 @@ class Launcher:
                 if isinstance(msg, p.ProcessFailed):
                     raise LaunchError(f"{msg.role} process failed to start: {msg.message}")
                 waiting.discard(msg.role)
-                self.endpoint = msg.endpoint or self.endpoint
+                if msg.role == "http":
+                    self.http_url = msg.endpoint
+                else:
+                    self.endpoint = msg.endpoint or self.endpoint
                 logger.info("%s process ready (pid %d)", msg.role, msg.pid)
                 continue
             dead = self.dead_child()
             if dead:
                 raise LaunchError(dead)
-        return self.endpoint
 
     def dead_child(self) -> str | None:
         """A sentence naming the first child that exited and why: "<role> process failed to start: <cause>" when it
@@ -227,8 +253,10 @@ class Launcher:
         self.ctx.destroy(linger=0)  # closes every socket of this launcher, then terminates the context
         remove_ipc_base(self.ipc_base)
 
-    def serve_forever(self) -> int:
-        """Logs stats every log_interval_s until SIGINT/SIGTERM (returns 0) or a child dies (returns 1)."""
+    def serve_forever(self, ready_line: str | None = None) -> int:
+        """Logs stats every log_interval_s until SIGINT/SIGTERM (returns 0) or a child dies (returns 1). ready_line
+        is printed (flushed) once the signal handlers are in place, so a Ctrl-C sent as soon as it is read stops the
+        server in order instead of raising KeyboardInterrupt."""
         stop: list[str] = []
 
         def on_signal(signum: int, _frame: object) -> None:
@@ -236,6 +264,8 @@ class Launcher:
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
+        if ready_line is not None:
+            print(ready_line, flush=True)
         sub = self.ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"stats")
         sub.connect(self.endpoints.events)
@@ -287,8 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         if launcher is not None:
             launcher.shutdown(f"start-up failed: {cause}", p.ERR_SERVER)
         return 1
-    print(f"radixserve ready at {endpoint}", flush=True)
-    return launcher.serve_forever()
+    # after the http child's own "radixserve http ready at" line
+    return launcher.serve_forever(f"radixserve ready at {endpoint}")
 
 
 if __name__ == "__main__":

@@ -31,8 +31,10 @@ def test_stream_equals_generate_with_multibyte_text(smol_server):
     assert all(REPLACEMENT not in ch.text for ch in chunks)
     assert chunks[-1].finish_reason == full.finish_reason
     prompt = full.usage.prompt_tokens  # the second request reuses the first one's full prompt blocks
-    assert full.usage == Usage(prompt, 0, len(full.token_ids))
-    assert chunks[-1].usage == Usage(prompt, (prompt - 1) // BLOCK * BLOCK, len(full.token_ids))
+    assert full.usage == Usage(prompt, 0, len(full.token_ids), full.usage.queue_time_s)
+    assert chunks[-1].usage == Usage(prompt, (prompt - 1) // BLOCK * BLOCK, len(full.token_ids),
+                                     chunks[-1].usage.queue_time_s)
+    assert 0 <= full.usage.queue_time_s < 60 and 0 <= chunks[-1].usage.queue_time_s < 60  # the scheduler's, carried
     assert full.usage.completion_tokens == len(full.token_ids)
 
 

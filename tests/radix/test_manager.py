@@ -381,3 +381,18 @@ def test_each_block_is_hashed_once_and_a_match_hashes_nothing():
         m.free(seq_id)
     assert len(calls) == 4
     m.check_invariants()
+
+
+def test_stats_count_blocks_evicted_to_make_room():
+    m = KVCacheManager(10, block_size=4)
+    finished(m, 1, toks(1, 12))  # chain 1 <- 2 <- 3, evictable
+    assert m.stats().evicted_blocks == 0
+    assert admit(m, 2, toks(60, 83)) == 0  # 6 blocks: 6 free, nothing evicted
+    assert m.stats().evicted_blocks == 0
+    m.commit_computed(2, 24)
+    assert m.allocate(2, 8) == [3, 2]  # 2 more blocks: the chain's leaf, then its parent
+    assert m.stats().evicted_blocks == 2
+    m.free(2)
+    assert m.reset_prefix_cache()  # dropping the whole cache is no eviction
+    assert m.stats().evicted_blocks == 2
+    m.check_invariants()

@@ -162,7 +162,22 @@ def test_single_request_matches_reference():
     h.run()
     assert h.tokens[("a", 0)] == reference(prompt, 6)
     assert h.finish[("a", 0)] == "length"
-    assert h.usage[("a", 0)] == Usage(11, 0, 6)
+    assert h.usage[("a", 0)] == Usage(11, 0, 6, h.usage[("a", 0)].queue_time_s)
+    h.assert_idle()
+
+
+def test_usage_queue_time_from_arrival_to_first_admission():
+    h = Harness(max_running_requests=1)
+    now = [10.0]
+    h.sched.clock = lambda: now[0]
+    h.add("a", list(range(1, 12)), max_tokens=3)
+    h.add("b", list(range(20, 31)), max_tokens=3)  # both arrive at 10.0; b waits for a's slot
+    now[0] = 10.5
+    assert h.step()  # admits a only
+    now[0] = 12.0
+    h.run()
+    assert h.usage[("a", 0)] == Usage(11, 0, 3, 0.5)
+    assert h.usage[("b", 0)] == Usage(11, 0, 3, 2.0)
     h.assert_idle()
 
 
