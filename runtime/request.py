@@ -43,7 +43,12 @@ class SeqStatus(enum.Enum):
 
 @dataclass(eq=False)
 class RequestState:
-    """One request: a prompt and n completions. cached_tokens is fixed at the first admission (counted once)."""
+    """One request: a prompt and n completions. cached_tokens is fixed at the first admission (counted once).
+
+    Each SchedulerSeq points back here (seq.req), so the Scheduler empties ``seqs`` when the last completion finishes:
+    left as a reference cycle, every finished request (prompt, token lists, BlockKeys) would wait for a full pass of
+    the cycle collector, and the scheduler process's RSS would climb to that garbage's high-water mark.
+    """
 
     rid: str
     prompt_ids: list[int]
@@ -54,7 +59,7 @@ class RequestState:
     block_keys: BlockKeys  # the prompt's per-block keys (radix/keys.py), made once at add_request
     cached_tokens: int | None = None
     first_token_time: float | None = None
-    seqs: list[SchedulerSeq] = field(default_factory=list)
+    seqs: list[SchedulerSeq] = field(default_factory=list)  # emptied when the last one finishes (docstring)
     live: int = 0
 
 
