@@ -38,26 +38,10 @@ from runtime.client_errors import (
 )
 from runtime.client_types import Choice, Completion, _Collector, build_request, encode_request
 
-__all__ = [
-    "AsyncClient",
-    "Choice",
-    "Client",
-    "ClientError",
-    "Completion",
-    "ContextLengthError",
-    "InvalidInputError",
-    "InvalidRequestError",
-    "LIVENESS_S",
-    "MalformedRequestError",
-    "RequestTimeout",
-    "ServerError",
-    "ServerFailedError",
-    "ServerGoneError",
-    "ServerShutdownError",
-    "build_request",
-    "encode_request",
-    "error_from_response",
-]
+__all__ = ["AsyncClient", "Choice", "Client", "ClientError", "Completion", "ContextLengthError", "InvalidInputError",
+           "InvalidRequestError", "LIVENESS_S", "MalformedRequestError", "RequestTimeout", "ServerError",
+           "ServerFailedError", "ServerGoneError", "ServerShutdownError", "build_request", "encode_request",
+           "error_from_response"]
 
 logger = logging.getLogger(__name__)
 
@@ -163,26 +147,40 @@ class Client:
         self._sock.send(encode_request(p.AbortRequest(rid)))
 
     def _next(self, rid: str, deadline: float | None) -> _Reply:
+        """The next reply to rid. Frames already waiting in the socket are read before either clock is judged: the
+        liveness clock measures the server's silence, not the caller's (a caller that slept past liveness_s, or a
+        stream consumer slow between chunks, finds the server's replies and heartbeats there). Raises the reply's
+        ServerError, RequestTimeout past deadline, ServerGoneError after liveness_s s with nothing to read."""
         box = self._inbox[rid]
         while not box:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            if self._receive(0):
+                continue
+            now, liveness = time.monotonic(), self.liveness_s
+            if deadline is not None and now >= deadline:
                 self.abort(rid)
                 raise RequestTimeout(f"request {rid} got no answer within {self.timeout} s")
-            if self.liveness_s is not None and time.monotonic() - self._last_heard > self.liveness_s:
+            if liveness is not None and now - self._last_heard > liveness:
                 self._inbox.pop(rid, None)
-                raise _gone(rid, self.endpoint, self.liveness_s)
-            wait = 1000 if left is None else max(1, min(1000, int(left * 1000)))
-            if self._sock.poll(wait, zmq.POLLIN):
-                msg = _decoder.decode(self._sock.recv())
-                self._last_heard = time.monotonic()
-                if not isinstance(msg, p.Heartbeat) and (inbox := _route(msg, self._inbox, self.endpoint)) is not None:
-                    inbox.append(msg)
+                raise _gone(rid, self.endpoint, liveness)
+            gone_at = None if liveness is None else self._last_heard + liveness
+            due = min(t for t in (now + 1.0, deadline, gone_at) if t is not None)  # the first clock due, or in 1 s
+            self._receive(max(1, int((due - now) * 1000) + 1))
         msg = box.popleft()
         if isinstance(msg, p.ErrorResponse):
             self._inbox.pop(rid, None)
             raise error_from_response(msg)
         return msg
+
+    def _receive(self, wait_ms: int) -> bool:
+        """Reads one frame if one arrives within wait_ms (0: only a frame already waiting) and routes it to its inbox
+        (a Heartbeat only restarts the liveness clock); True when a frame was read."""
+        if not self._sock.poll(wait_ms, zmq.POLLIN):
+            return False
+        msg = _decoder.decode(self._sock.recv())
+        self._last_heard = time.monotonic()
+        if not isinstance(msg, p.Heartbeat) and (inbox := _route(msg, self._inbox, self.endpoint)) is not None:
+            inbox.append(msg)
+        return True
 
     def _deadline(self) -> float | None:
         return None if self.timeout is None else time.monotonic() + self.timeout

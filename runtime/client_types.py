@@ -11,6 +11,7 @@ import msgspec
 
 from runtime import protocol as p
 from runtime.client_errors import InvalidInputError
+from runtime.protocol.public import MAX_RID_CHARS
 from runtime.sampling_params import SamplingParams
 
 
@@ -61,9 +62,12 @@ def build_request(
 ) -> p.GenerateRequest:
     """A GenerateRequest from generate()/stream() keyword arguments; params are SamplingParams fields.
 
-    Raises InvalidSamplingParams (from SamplingParams) for out-of-range values and InvalidInputError for a chat
-    message that is neither a ChatMessage nor a dict with "role" and "content", before anything is sent.
+    Raises InvalidSamplingParams (from SamplingParams) for out-of-range values and InvalidInputError for a rid of
+    more than MAX_RID_CHARS characters (the server would reject it) or a chat message that is neither a ChatMessage
+    nor a dict with "role" and "content", before anything is sent.
     """
+    if len(rid) > MAX_RID_CHARS:
+        raise InvalidInputError(f"rid of {len(rid)} characters exceeds {MAX_RID_CHARS}")
     chat = None if messages is None else [_chat_message(i, m) for i, m in enumerate(messages)]
     return p.GenerateRequest(rid=rid, prompt=prompt, messages=chat, input_ids=input_ids,
                              sampling_params=SamplingParams(**params), stream=stream, cache_salt=cache_salt)

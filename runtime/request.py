@@ -44,7 +44,12 @@ class SeqStatus(enum.Enum):
 @dataclass(eq=False)
 class RequestState:
     """One request: a prompt and n completions. cached_tokens is fixed at the first admission (counted once), and
-    so is admitted_time (the scheduler's clock, seconds, like arrival_time)."""
+    so is admitted_time (the scheduler's clock, seconds, like arrival_time).
+
+    Each SchedulerSeq points back here (seq.req), so the Scheduler empties ``seqs`` when the last completion finishes:
+    left as a reference cycle, every finished request (prompt, token lists, BlockKeys) would wait for a full pass of
+    the cycle collector, and the scheduler process's RSS would climb to that garbage's high-water mark.
+    """
 
     rid: str
     prompt_ids: list[int]
@@ -56,7 +61,7 @@ class RequestState:
     cached_tokens: int | None = None
     admitted_time: float | None = None
     first_token_time: float | None = None
-    seqs: list[SchedulerSeq] = field(default_factory=list)
+    seqs: list[SchedulerSeq] = field(default_factory=list)  # emptied when the last one finishes (docstring)
     live: int = 0
 
 

@@ -113,7 +113,7 @@ class Scheduler:
         with "stop", and cache no block past prompt + keep_tokens. No-op when that completion already finished.
         Raises UnknownRequestError."""
         req = self._get(rid)
-        for seq in req.seqs:
+        for seq in list(req.seqs):
             if seq.index == index and not seq.prefill_only and seq.status != SeqStatus.FINISHED:
                 keep = max(0, min(keep_tokens, seq.num_output))
                 del seq.token_ids[len(req.prompt_ids) + keep :]
@@ -351,6 +351,7 @@ class Scheduler:
                 self._outputs.append(TokenOutput(req.rid, i, [], reason, seq.usage()))
         if req.live == 0:
             self.requests.pop(req.rid, None)
+            req.seqs.clear()  # break req <-> seq: refcounting frees the request now, not a rare full gc pass
 
     def _fail_requests(self, step_id: int, failed: dict[int, str]) -> None:
         """End the request of each failed sequence of the step in flight (seq_id -> error): every live completion

@@ -5,13 +5,21 @@ decode_client_frame is the server's one strict, typed reader of a client frame.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from radix.events import KvSnapshot
 from runtime.protocol.worker import TokenLogprobs
 from runtime.sampling_params import InvalidSamplingParams, SamplingParams
+
+MAX_RID_CHARS = 256
+"""The longest rid (in characters, i.e. code points) a client message may carry. The server echoes the rid in every
+reply (every StreamChunk of every completion) and keeps it for the request's lifetime, so an unbounded rid multiplies
+into unbounded traffic and memory; 256 leaves room for a client's own prefixes around a uuid (runtime.client sends a
+32-character uuid4 hex). decode_client_frame rejects a longer rid with ERR_MALFORMED and answers with rid ""."""
+
+Rid = Annotated[str, msgspec.Meta(max_length=MAX_RID_CHARS)]  # a client message's rid: at most MAX_RID_CHARS characters
 
 
 class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
@@ -25,12 +33,13 @@ class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True, forbid_unkno
     """A completion request. Exactly one of prompt (text), messages (chat, the model's template is applied) or
     input_ids (token ids) is set.
 
-    rid: the client's id of the request, echoed in every reply (unique among the client's requests in flight).
+    rid: the client's id of the request, echoed in every reply (unique among the client's requests in flight; at
+        most MAX_RID_CHARS characters).
     stream: True sends a StreamChunk per step; False one StreamChunk per completion when it ends.
     cache_salt: tenant key; requests with different salts never share cached blocks (it enters the first block hash).
     """
 
-    rid: str
+    rid: Rid
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     input_ids: list[int] | None = None
@@ -65,25 +74,25 @@ def input_problem(prompt: str | None, messages: list | None, input_ids: list[int
 class AbortRequest(msgspec.Struct, tag="abort", forbid_unknown_fields=True):
     """Cancel request rid; its blocks are freed at the scheduler's next step. No reply."""
 
-    rid: str
+    rid: Rid
 
 
 class HealthRequest(msgspec.Struct, tag="health", forbid_unknown_fields=True):
     """Liveness probe; answered by HealthResponse once the scheduler has answered too."""
 
-    rid: str
+    rid: Rid
 
 
 class StatsRequest(msgspec.Struct, tag="stats", forbid_unknown_fields=True):
     """Asks for the scheduler's ServerStats; answered by StatsResponse."""
 
-    rid: str
+    rid: Rid
 
 
 class KvSnapshotRequest(msgspec.Struct, tag="kv_snapshot_request", forbid_unknown_fields=True):
     """Asks for the scheduler's resident block hashes (a router's resync); answered by KvSnapshotResponse."""
 
-    rid: str
+    rid: Rid
 
 
 class Usage(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
@@ -119,7 +128,8 @@ class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fiel
 
 
 # ErrorResponse codes. The client maps each to an exception class (runtime/client.py).
-ERR_MALFORMED = "malformed"  # not msgpack, not a map with string keys, wrong field types or shape, several frames
+ERR_MALFORMED = "malformed"  # not msgpack, not a map with string keys, wrong field types or shape, several frames,
+#                              a rid over MAX_RID_CHARS
 ERR_UNKNOWN_MESSAGE = "unknown_message"  # a tag this server does not know
 ERR_TOO_LARGE = "message_too_large"  # over ServerArgs.max_message_bytes
 ERR_INVALID = "invalid_request"  # well typed but out of range (sampling params, prompt fields, token ids)
@@ -133,8 +143,8 @@ ERROR_CODES = (ERR_MALFORMED, ERR_UNKNOWN_MESSAGE, ERR_TOO_LARGE, ERR_INVALID, E
 
 class ErrorResponse(msgspec.Struct, tag="error", forbid_unknown_fields=True):
     """The request rid failed; ends the request. rid is "" only when the frame is not a msgpack map with a string
-    "rid" (decode_client_frame recovers it otherwise, also from a frame over the size limit); runtime.client logs
-    and drops such an error, since no request of its own can be told apart by it."""
+    "rid" of at most MAX_RID_CHARS characters (decode_client_frame recovers it otherwise, also from a frame over the
+    size limit); runtime.client logs and drops such an error, since no request of its own can be told apart by it."""
 
     rid: str
     code: str
@@ -254,15 +264,18 @@ def decode_client_frame(frame: bytes, max_message_bytes: int) -> ClientMessage |
     ERR_TOO_LARGE (over max_message_bytes; nothing but its rid is read), ERR_UNKNOWN_MESSAGE (a map whose "type" is
     not one of CLIENT_TAGS), ERR_INVALID (a GenerateRequest of the right types whose SamplingParams are out of range:
     the message names the field) or ERR_MALFORMED (not msgpack, not a map, wrong field types or shape, unknown
-    fields). The rid of a rejected frame is recovered whenever the frame is a msgpack map with a string "rid", so a
-    client with many requests in flight can route the error; else it is "". Exceptions, none of which a client
-    library produces: over max_message_bytes the other keys must be strings too (they are skipped, not decoded);
-    a map with a map or ext key (unhashable) or nested past msgspec's depth limit cannot be read at all.
+    fields). A string "rid" of more than MAX_RID_CHARS characters comes first: whatever else is wrong with the
+    frame (its size included), it gets ERR_MALFORMED "rid of N characters exceeds 256" with rid "", so no reply
+    echoes an oversized rid. Otherwise the rid of a rejected frame is recovered whenever the frame is a msgpack map
+    with a string "rid", so a client with many requests in flight can route the error; else it is "". Exceptions,
+    none of which a client library produces: over max_message_bytes the other keys must be strings too (they are
+    skipped, not decoded); a map with a map or ext key (unhashable) or nested past msgspec's depth limit cannot be
+    read at all.
     Cost: O(len(frame)) in msgspec's C code; a rejected frame is read at most four times.
     """
     if len(frame) > max_message_bytes:
-        return ErrorResponse(_rid_of(frame, keys_fallback=False), ERR_TOO_LARGE,
-                             f"message of {len(frame)} bytes exceeds {max_message_bytes} bytes")
+        return _error(_rid_of(frame, keys_fallback=False), ERR_TOO_LARGE,
+                      f"message of {len(frame)} bytes exceeds {max_message_bytes} bytes")
     try:
         return _client_decoder.decode(frame)
     except Exception as exc:  # DecodeError, ValidationError, RecursionError (deep nesting), MemoryError: all rejected
@@ -273,9 +286,11 @@ def _rejection(frame: bytes, error: Exception) -> ErrorResponse:
     """The ErrorResponse for a frame the typed decode rejected with error. Never raises."""
     envelope = _envelope(frame)
     if envelope is None:
-        return ErrorResponse(_rid_of(frame, keys_fallback=True), ERR_MALFORMED,
-                             f"a message is a msgpack map with string keys: {_short(error)}")
+        return _error(_rid_of(frame, keys_fallback=True), ERR_MALFORMED,
+                      f"a message is a msgpack map with string keys: {_short(error)}")
     rid = _as_str(envelope.rid) or ""
+    if len(rid) > MAX_RID_CHARS:
+        return _rid_error(rid)
     tag = _as_str(envelope.type)
     if tag not in CLIENT_TAGS:
         shown = repr(tag) if tag is not None else "missing or not a string"
@@ -284,6 +299,16 @@ def _rejection(frame: bytes, error: Exception) -> ErrorResponse:
     if tag == "generate":
         return _generate_rejection(frame, rid, error)
     return ErrorResponse(rid, ERR_MALFORMED, _short(error))
+
+
+def _error(rid: str, code: str, message: str) -> ErrorResponse:
+    """ErrorResponse(rid, code, message), or the oversized-rid error when rid is over MAX_RID_CHARS."""
+    return _rid_error(rid) if len(rid) > MAX_RID_CHARS else ErrorResponse(rid, code, message)
+
+
+def _rid_error(rid: str) -> ErrorResponse:
+    """The answer to a frame whose rid is over MAX_RID_CHARS: rid "" (an oversized rid is never echoed)."""
+    return ErrorResponse("", ERR_MALFORMED, f"rid of {len(rid)} characters exceeds {MAX_RID_CHARS}")
 
 
 def _generate_rejection(frame: bytes, rid: str, error: Exception) -> ErrorResponse:

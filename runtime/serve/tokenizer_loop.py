@@ -83,6 +83,7 @@ def answer_internal_error(server: Any, frames: list[bytes]) -> None:
             rid = _rid_decoder.decode(frames[1]).rid if len(frames) == 2 else ""
         except Exception:
             rid = ""
+        rid = rid if len(rid) <= p.MAX_RID_CHARS else ""  # never echo an oversized rid
         server.clients.send(frames[0], p.ErrorResponse(rid, p.ERR_SERVER, "internal error handling the request"))
     except Exception:
         try:

@@ -39,12 +39,14 @@ def test_break_out_of_stream_aborts(tiny_server, wait_idle):
 
 def test_keyboard_interrupt_in_stream_aborts(tiny_server, wait_idle):
     with tiny_server.client() as c:
-        timer = threading.Timer(0.5, signal.raise_signal, (signal.SIGINT,))
-        timer.start()
+        # SIGINT from another thread once the stream runs (a fixed timer lost the race on a loaded machine: the
+        # 1000-token stream sometimes ended first); it lands while the client waits for the next chunk.
+        interrupter = threading.Thread(target=signal.raise_signal, args=(signal.SIGINT,))
         with pytest.raises(KeyboardInterrupt):
-            for _ in c.stream(input_ids=[6050, 1, 2], **LONG):
-                pass
-        timer.join()
+            for i, _ in enumerate(c.stream(input_ids=[6050, 1, 2], **LONG)):
+                if i == 3:
+                    interrupter.start()
+        interrupter.join()
         stats = wait_idle(c)
         assert_idle(stats)
 

@@ -187,10 +187,13 @@ def test_tokenizer_loop_answers_a_handler_bug_and_its_last_resort_cannot_fail(ct
     client.send(b"not msgpack")
     serve_tokenizer(server, from_sched.pull, lambda: len(handled) < 2)
     assert _replies(client) == [p.ErrorResponse("", p.ERR_SERVER, "internal error handling the request")]
+    client.send(msgspec.msgpack.encode({"type": "generate", "rid": "r" * (p.MAX_RID_CHARS + 1), "prompt": "hi"}))
+    serve_tokenizer(server, from_sched.pull, lambda: len(handled) < 3)  # an oversized rid is never echoed
+    assert _replies(client) == [p.ErrorResponse("", p.ERR_SERVER, "internal error handling the request")]
     server.clients = None  # now answering raises too: the loop must still go on
-    client.send(b"third")
-    serve_tokenizer(server, from_sched.pull, lambda: len(handled) < 3)
-    assert len(handled) == 3 and not client.poll(50)
+    client.send(b"fourth")
+    serve_tokenizer(server, from_sched.pull, lambda: len(handled) < 4)
+    assert len(handled) == 4 and not client.poll(50)
     server.close()
 
 
