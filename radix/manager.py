@@ -11,9 +11,10 @@ Admission, in this order (what runtime/scheduler.py does):
     cached = manager.add_sequence(seq_id, match, num_new_tokens=chunk)   # locks that match, no second walk
 then per step allocate / prepare_write / commit_computed (/ append_tokens after sampling), and free at the end.
 
-Reference rules: a block table entry holds one reference; the tree holds one per cached block; a sequence that
-reuses a resident duplicate of one of its own blocks also holds a reference on the resident block (its "shadow"), so
-every sequence references the whole cached path it stands on and every evictable block is truly reclaimable.
+Reference rules: a block table entry holds one reference; the tree holds one per cached block; when a sequence
+writes a block the tree already holds, an idle resident copy is replaced by the sequence's (and freed), while one in
+use stays and the sequence also holds a reference on it (its "shadow"), so every sequence references the whole cached
+path it stands on, every evictable block is truly reclaimable, and an idle duplicate never costs a second block.
 A block enters the tree only from commit_computed / free, i.e. once its KV is written, never at allocation; it is
 hashed then, once (radix/tree.py). Methods that cannot be served return None (or raise) with no side effect.
 Complexities assume B tokens per block.

@@ -54,8 +54,9 @@ class SeqBlocks:
 
     def cache_full_blocks(self, tree: RadixTree, num_full_blocks: int) -> None:
         """Insert blocks [num_cached_blocks, num_full_blocks) (capped at the table; their KV must be written) into the
-        tree under cached_node, de-duplicating: a resident duplicate of one of its blocks becomes a shadow (one more
-        reference). Mutates this state and the tree. O(new blocks) plus one hash per block new to the tree."""
+        tree under cached_node, de-duplicating: an idle resident duplicate is replaced by its block (and freed,
+        RadixTree.insert_chain); one in use becomes a shadow (one more reference). Mutates this state and the tree.
+        O(new blocks) plus one hash per block new to the tree."""
         start, end = self.num_cached_blocks, min(num_full_blocks, len(self.block_table))
         if end <= start:
             return

@@ -19,8 +19,9 @@ reclaimed by evicting leaves, children before parents. Evictable leaves sit in a
 by ``last_access << 32 | block_id`` (last_access is a logical clock bumped per unlock/insert call), so eviction pops the
 least recently used leaf in O(log n) and never scans the tree.
 
-``epoch`` counts the calls that removed blocks (evict, uncache, clear): a match taken at epoch e names resident blocks
-only while the epoch is still e (radix/manager.py checks it before locking a match).
+``epoch`` counts the calls that removed blocks (evict, uncache, clear, an idle duplicate replaced by insert_chain): a
+match taken at epoch e names resident blocks only while the epoch is still e (radix/manager.py checks it before
+locking a match).
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ class TreeMatch(NamedTuple):
 
 class InsertResult(NamedTuple):
     """resident: the tree's block for each processed block (a prefix of the input; shorter after a hash collision).
-    duplicates: given block ids that were not inserted because an identical block is resident (the caller keeps and
-    later releases them). last_node: the node of the last resident block (the given parent when none)."""
+    duplicates: given block ids that were not inserted because an identical block is resident and in use (the caller
+    keeps and later releases them). last_node: the node of the last resident block (the given parent when none)."""
 
     resident: list[int]
     duplicates: list[int]
@@ -186,10 +187,13 @@ class RadixTree:
         """Insert consecutive full blocks (packed tokens ``blocks``, held in ``block_ids``) under ``parent``, a node
         the caller holds a reference to (None: the root of salt's subtree; salt is ignored otherwise).
 
-        A block whose tokens are already a child is a duplicate: the resident block stays, the given one is not
-        inserted. A new block is hashed (once, here), gets a tree reference (its ref count + 1) and becomes a child of
-        the previous one. Stops early (shorter ``resident``) on a hash collision. Emits one BlockStored for the new
-        blocks. Only call once the blocks' KV is written. O(len(block_ids)) plus one hash per new block.
+        A block whose tokens are already a child is a duplicate. When the resident copy is idle (only the tree holds
+        it) the tree takes the given block in its place, same node and hash, and frees the idle one (back of the free
+        queue; epoch bumped, no event: the hash stays resident), so a sequence never holds two blocks for one block
+        of tokens; when it is in use it stays and the given one is not inserted. A new block is hashed (once,
+        here), gets a tree reference (its ref count + 1) and becomes a child of the previous one. Stops early
+        (shorter ``resident``) on a hash collision. Emits one BlockStored for the new blocks. Only call once the
+        blocks' KV is written. O(len(block_ids)) plus one hash per new block.
 
         Raises:
             ValueError: a new block id is already cached, or is free.
@@ -229,11 +233,29 @@ class RadixTree:
                     stored_parent = parent.block_hash
                 stored.append(h)
             elif node.block_id != block_id:
-                duplicates.append(block_id)
+                if rcs[node.block_id] == 1:
+                    self._replace_idle(node, block_id, lru_tick | block_id)
+                else:
+                    duplicates.append(block_id)
             resident.append(node.block_id)
             parent = node
         self.events.stored(stored, stored_parent, self.block_size)
         return InsertResult(resident, duplicates, None if type(parent) is _Root else parent)
+
+    def _replace_idle(self, node: Node, block_id: int, lru_key: int) -> None:
+        """node's idle block (ref count 1) leaves for the free queue; block_id (held by the caller, not cached) takes
+        its place with the tree's reference. Bumps epoch: a match naming the old block is stale. O(log n)."""
+        rcs, by_block, old = self.pool.ref_counts, self._by_block, node.block_id
+        if rcs[block_id] == 0 or by_block[block_id] is not None:
+            raise ValueError(f"block {block_id} is free or already cached")
+        if node.children is None:
+            self._lru.remove(node.lru_key)
+        self._num_evictable -= 1
+        by_block[old], by_block[block_id] = None, node
+        node.block_id, node.lru_key = block_id, lru_key
+        rcs[block_id] += 1  # >= 2: the caller's reference and the tree's
+        self.pool.decref(old)
+        self.epoch += 1
 
     def _tick(self) -> int:
         self._clock += 1

@@ -1,11 +1,12 @@
 """The one prompt check: can a prompt of token ids ever run? Used by the tokenizer process (before forwarding), the
 Engine (before queueing any prompt of a call) and Scheduler.add_request (the last gate). Pure Python, no torch.
 Before that, the text's size is bounded (prompt_char_limit, check_prompt_chars) so that no request makes the server
-tokenize or render more than a fixed number of characters.
+tokenize or render more than a fixed number of characters: a chat request has at most MAX_CHAT_MESSAGES messages, and
+each counts CHAT_MESSAGE_CHARS characters beyond its role and content, so that what it costs to render is counted too.
 
-Error codes (runtime.protocol): ERR_INVALID for an empty prompt, an id outside the vocabulary or text over the
-character limit, ERR_CONTEXT for a prompt that leaves no room to generate under max_model_len or needs more KV blocks
-than the whole pool.
+Error codes (runtime.protocol): ERR_INVALID for an empty prompt, an id outside the vocabulary, text over the
+character limit or too many messages, ERR_CONTEXT for a prompt that leaves no room to generate under max_model_len or
+needs more KV blocks than the whole pool.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from typing import Any, NamedTuple
 from runtime.protocol import ERR_CONTEXT, ERR_INVALID
 
 CHARS_PER_TOKEN_LIMIT = 32  # default characters per token of context: far above the ~3-5 of real tokenizers
+MAX_CHAT_MESSAGES = 4096  # messages in one chat request; checked first, in O(1), before any per-message work
+CHAT_MESSAGE_CHARS = 32  # characters each chat message counts beyond its role and content: the template's own text
+# (ChatML's "<|im_start|>", "\n", "<|im_end|>\n": 24) and its render cost (SmolLM2's template renders and encodes an
+# empty message in ~13 us on this project's CPU, as long as encoding 20-50 characters of text takes)
 
 
 class PromptProblem(NamedTuple):
@@ -33,11 +38,12 @@ def prompt_char_limit(max_prompt_chars: int | None, max_model_len: int) -> int:
 
 
 def prompt_chars(prompt: str | None, messages: Sequence[Any] | None) -> int:
-    """Characters the server would tokenize or render: len(prompt), or every message's role and content (dicts or
-    ChatMessage structs; a field that is not a str counts 0, the chat template rejects it). O(len(messages))."""
+    """Characters the server would tokenize or render: len(prompt), or every message's role and content plus
+    CHAT_MESSAGE_CHARS per message (dicts or ChatMessage structs; a field that is not a str counts 0, the chat
+    template rejects it). O(len(messages))."""
     if messages is None:
         return len(prompt) if isinstance(prompt, str) else 0
-    total = 0
+    total = CHAT_MESSAGE_CHARS * len(messages)
     for m in messages:
         role, content = (m.get("role"), m.get("content")) if isinstance(m, dict) else (
             getattr(m, "role", None), getattr(m, "content", None))  # fmt: skip
@@ -46,15 +52,37 @@ def prompt_chars(prompt: str | None, messages: Sequence[Any] | None) -> int:
 
 
 def check_prompt_chars(prompt: str | None, messages: Sequence[Any] | None, limit: int | None) -> PromptProblem | None:
-    """PromptProblem(ERR_INVALID, naming both sizes) when the prompt text or the messages together exceed `limit`
-    characters (prompt_char_limit), else None; limit None: no limit. Checked before tokenizing. O(len(messages))."""
+    """The size check before tokenizing or rendering, else None: PromptProblem(ERR_INVALID, naming both sizes) for
+    more than MAX_CHAT_MESSAGES messages (whatever limit; O(1)), then for prompt text or messages over `limit`
+    characters as prompt_chars counts them (prompt_char_limit; None: no character limit). O(len(messages))."""
+    if messages is not None and len(messages) > MAX_CHAT_MESSAGES:
+        return PromptProblem(ERR_INVALID, f"too many messages: {len(messages)}, the limit is {MAX_CHAT_MESSAGES} "
+                                          "(MAX_CHAT_MESSAGES)")  # fmt: skip
     if limit is None:
         return None
     n = prompt_chars(prompt, messages)
     if n <= limit:
         return None
-    what = "prompt" if messages is None else "messages"
-    return PromptProblem(ERR_INVALID, f"{what} too long: {n} characters, the limit is {limit} (max_prompt_chars)")
+    if messages is None:
+        return PromptProblem(ERR_INVALID, f"prompt too long: {n} characters, the limit is {limit} (max_prompt_chars)")
+    return PromptProblem(ERR_INVALID, f"messages too long: {n} characters ({CHAT_MESSAGE_CHARS} per message for the "
+                                      f"chat template included), the limit is {limit} (max_prompt_chars)")  # fmt: skip
+
+
+def check_prompt_length(num_tokens: int, max_model_len: int, block_size: int | None = None,
+                        num_blocks: int | None = None) -> PromptProblem | None:  # fmt: skip
+    """check_prompt's checks of a prompt's length alone (num_tokens >= 1), O(1): ERR_CONTEXT when it leaves no room
+    to generate under max_model_len, or needs more KV blocks than the num_blocks - 1 usable ones (None: unchecked);
+    else None. The tokenizer process runs it before any O(len) work on input_ids."""
+    if num_tokens >= max_model_len:
+        return PromptProblem(ERR_CONTEXT, f"prompt of {num_tokens} tokens leaves no room to generate under "
+                                          f"max_model_len {max_model_len}")  # fmt: skip
+    if block_size is not None and num_blocks is not None:
+        blocks, usable = -(-num_tokens // block_size), num_blocks - 1
+        if blocks > usable:
+            return PromptProblem(ERR_CONTEXT, f"prompt of {num_tokens} tokens needs {blocks} KV blocks; the pool has "
+                                              f"{usable}")  # fmt: skip
+    return None
 
 
 def check_prompt(prompt_ids: Sequence[int], max_model_len: int, vocab_size: int | None = None,
@@ -68,21 +96,18 @@ def check_prompt(prompt_ids: Sequence[int], max_model_len: int, vocab_size: int 
         block_size, num_blocks: the KV pool (tokens per block, blocks including the reserved block 0); the prompt's
             blocks must fit the num_blocks - 1 usable ones. None skips the check.
     Returns:
-        PromptProblem(code, message), checked in this order: empty (ERR_INVALID), ids outside the vocabulary
-        (ERR_INVALID), prompt >= max_model_len (ERR_CONTEXT), more blocks than the pool (ERR_CONTEXT); else None.
-    Cost: O(len(prompt_ids)). Mutates nothing.
+        PromptProblem(code, message), checked in this order, the O(1) ones first: empty (ERR_INVALID), prompt >=
+        max_model_len (ERR_CONTEXT), more blocks than the pool (ERR_CONTEXT), ids outside the vocabulary
+        (ERR_INVALID); else None.
+    Cost: O(1) for a prompt that fails on its length, else O(len(prompt_ids)). Mutates nothing.
     """
     n = len(prompt_ids)
     if n == 0:
         return PromptProblem(ERR_INVALID, "the prompt is empty")
-    if vocab_size is not None and not all(0 <= t < vocab_size for t in prompt_ids):
+    too_long = check_prompt_length(n, max_model_len, block_size, num_blocks)
+    if too_long is not None:
+        return too_long
+    if vocab_size is not None and not 0 <= min(prompt_ids) <= max(prompt_ids) < vocab_size:  # ~2x faster than all()
         bad = [t for t in prompt_ids if not 0 <= t < vocab_size][:8]
         return PromptProblem(ERR_INVALID, f"token ids outside the vocabulary [0, {vocab_size}): {bad}")
-    if n >= max_model_len:
-        return PromptProblem(ERR_CONTEXT, f"prompt of {n} tokens leaves no room to generate under max_model_len "
-                                          f"{max_model_len}")  # fmt: skip
-    if block_size is not None and num_blocks is not None:
-        blocks, usable = -(-n // block_size), num_blocks - 1
-        if blocks > usable:
-            return PromptProblem(ERR_CONTEXT, f"prompt of {n} tokens needs {blocks} KV blocks; the pool has {usable}")
     return None

@@ -85,7 +85,7 @@ class ModelRunner:
     the null block), and host_k_cache, host_v_cache with num_host_blocks blocks on the CPU for swapping.
     num_blocks = args.num_blocks, else the budget (kv_cache_memory bytes on CPU; on CUDA gpu_memory_utilization x
     free memory after loading the weights) divided by kv_block_bytes. max_model_len = args.max_model_len capped at the
-    model's max_position_embeddings (the rotary tables cover it).
+    model's max_position_embeddings (the rotary tables cover it; a cap logs one warning naming both values).
 
     Public state: ready (the Ready handshake), seqs (seq_id -> WorkerSeq of live sequences only: an entry leaves
     with the sequence's drop, or when the sequence fails), penalties (the PenaltyState of the live sequences whose
@@ -106,6 +106,9 @@ class ModelRunner:
         folder = resolve_model(args.model)
         self.config = cfg = load_config(folder)
         self.max_model_len = min(args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        if args.max_model_len is not None and args.max_model_len > cfg.max_position_embeddings:
+            logger.warning("max_model_len %d exceeds the model's max_position_embeddings %d: capped at %d",
+                           args.max_model_len, cfg.max_position_embeddings, self.max_model_len)
         backend = None if args.attention_backend == "auto" else args.attention_backend
         self.model = build_model(cfg, load_weights(folder, self.dtype, self.device), self.max_model_len, backend)
         self.block_size = args.block_size

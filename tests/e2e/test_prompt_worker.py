@@ -227,5 +227,5 @@ def test_server_rejects_text_over_the_character_limit(tiny_server):
             p.ERR_INVALID, f"prompt too long: {limit + 1} characters, the limit is {limit} (max_prompt_chars)")
         with pytest.raises(InvalidRequestError) as info:
             c.generate(messages=[{"role": "user", "content": "a" * limit}], max_tokens=2)
-        assert info.value.message == (f"messages too long: {limit + 4} characters, the limit is {limit} "
-                                      "(max_prompt_chars)")
+        assert info.value.message == (f"messages too long: {limit + 4 + 32} characters (32 per message for the chat "
+                                      f"template included), the limit is {limit} (max_prompt_chars)")

@@ -261,13 +261,14 @@ def test_text_over_the_character_limit_is_rejected_before_tokenizing(ctx, smollm
 
     tok = Recording()
     server, client, to_sched = make_tokenizer_server(ctx, "chars", tok, max_prompt_chars=100)
-    long_chat = [{"role": "user", "content": "x" * 50}, {"role": "assistant", "content": "y" * 47}]  # 4+50+9+47
+    long_chat = [{"role": "user", "content": "x" * 50}, {"role": "assistant", "content": "y" * 47}]  # 110 + 2 x 32
     for rid, inputs in (("p", {"prompt": "z" * 101}), ("m", {"messages": long_chat})):
         client.send(msgspec.msgpack.encode({"type": "generate", "rid": rid, **inputs}))
         server.on_client_frames(server.router.recv_multipart())
     assert _replies(client) == [
         p.ErrorResponse("p", p.ERR_INVALID, "prompt too long: 101 characters, the limit is 100 (max_prompt_chars)"),
-        p.ErrorResponse("m", p.ERR_INVALID, "messages too long: 110 characters, the limit is 100 (max_prompt_chars)")]
+        p.ErrorResponse("m", p.ERR_INVALID, "messages too long: 174 characters (32 per message for the chat template "
+                        "included), the limit is 100 (max_prompt_chars)")]
     assert tok.calls == 0 and to_sched.drain() == []
     client.send(msgspec.msgpack.encode({"type": "generate", "rid": "ok", "prompt": "z" * 100}))
     server.on_client_frames(server.router.recv_multipart())

@@ -34,7 +34,7 @@ class ModelSeq:
         self.tokens = tokens
         self.salt = salt
         self.table: list[int] = []
-        self.pins: list[int] = []  # resident duplicates the sequence also holds
+        self.pins: list[int] = []  # resident duplicates in use that the sequence also holds
         self.computed = 0
         self.cached_n = 0  # leading blocks already entered in the cache
         self.host: list[int] | None = None
@@ -109,9 +109,15 @@ class Model:
         for i in range(s.cached_n, min(nfull, len(s.table))):
             key = self.key(s.salt, s.tokens, i + 1)
             if key in self.cache:
-                if self.cache[key] != s.table[i]:
-                    self.refs[self.cache[key]] += 1
-                    s.pins.append(self.cache[key])
+                resident = self.cache[key]
+                if resident != s.table[i] and self.refs[resident] == 1:  # idle: the cache takes s's copy instead
+                    self.refs[resident] = 0
+                    self.free_q.append(resident)
+                    self.cache[key] = s.table[i]
+                    self.refs[s.table[i]] += 1
+                elif resident != s.table[i]:
+                    self.refs[resident] += 1
+                    s.pins.append(resident)
             else:
                 self.cache[key] = s.table[i]
                 self.last[key] = self.clock

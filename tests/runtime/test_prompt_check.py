@@ -20,5 +20,6 @@ def test_each_problem_and_its_code():
 
 def test_checks_are_optional_and_ordered():
     assert check_prompt([10**6], 64) is None  # no vocab_size: ids unchecked
-    assert check_prompt([10**6] * 100, 64, vocab_size=50).code == ERR_INVALID  # the vocabulary before the context
+    assert check_prompt([10**6] * 100, 64, vocab_size=50).code == ERR_CONTEXT  # O(1) length checks before the O(n)
+    assert check_prompt([10**6] * 63, 64, vocab_size=50, block_size=4, num_blocks=17).code == ERR_INVALID  # vocabulary
     assert check_prompt([1] * 100, 64, block_size=4, num_blocks=2).message.endswith("max_model_len 64")

@@ -203,11 +203,12 @@ def test_encode_prompt_bounds_the_text_before_tokenizing(smollm2_tokenizer):
     with pytest.raises(PromptError) as info:
         encode_prompt(smollm2_tokenizer, "hello!", max_chars=5)
     assert str(info.value) == "prompt too long: 6 characters, the limit is 5 (max_prompt_chars)"
-    chat = [{"role": "user", "content": "hello"}]  # role + content: 9 characters
+    chat = [{"role": "user", "content": "hello"}]  # role + content: 9 characters, + 32 for the template
     with pytest.raises(PromptError) as info:
-        encode_prompt(None, messages=chat, max_chars=8)  # rejected before the (absent) tokenizer is touched
-    assert str(info.value) == "messages too long: 9 characters, the limit is 8 (max_prompt_chars)"
-    assert encode_prompt(smollm2_tokenizer, messages=chat, max_chars=9) == apply_chat_template(smollm2_tokenizer, chat)
+        encode_prompt(None, messages=chat, max_chars=40)  # rejected before the (absent) tokenizer is touched
+    assert str(info.value) == ("messages too long: 41 characters (32 per message for the chat template included), the "
+                               "limit is 40 (max_prompt_chars)")
+    assert encode_prompt(smollm2_tokenizer, messages=chat, max_chars=41) == apply_chat_template(smollm2_tokenizer, chat)
     assert issubclass(ChatTemplateError, PromptError)
 
 
