@@ -195,7 +195,7 @@ class FakeSocket:
 
 def test_on_result_answers_request_failed_for_the_culprit_only():
     sched = Scheduler(KVCacheManager(32, 4), ServerArgs(num_blocks=32, block_size=4), max_model_len=64,
-                      eos_token_ids=[2])  # fmt: skip
+                      eos_token_ids=[2], clock=lambda: 0.0)  # fmt: skip
     to_worker, to_tok = FakeSocket(p.ForwardBatch), FakeSocket(p.TokenizerInput)
     server = SchedulerServer(sched, to_worker, to_tok, None, 5.0)
     for rid, ids in (("a", [5, 6, 7]), ("b", [8, 9, 10]), ("c", [11, 12])):
@@ -207,8 +207,8 @@ def test_on_result_answers_request_failed_for_the_culprit_only():
                                      failed_errors=["RuntimeError: boom"]))  # fmt: skip
     assert to_tok.sent == [
         p.RequestFailed("b", p.ERR_SERVER, f"the worker failed step {batch.step_id}: RuntimeError: boom"),
-        p.TokenOutputs([p.TokenOutput("a", 0, [40], None, p.Usage(3, 0, 1)),
-                        p.TokenOutput("c", 0, [41], None, p.Usage(2, 0, 1))]),
+        p.TokenOutputs([p.TokenOutput("a", 0, [40], None, p.Usage(3, 0, 1, 0.0)),
+                        p.TokenOutput("c", 0, [41], None, p.Usage(2, 0, 1, 0.0))]),
     ]  # fmt: skip
     server.try_schedule()
     nxt = to_worker.sent[1]

@@ -20,7 +20,9 @@ def _run(h: Harness, rid: str, prompt: list[int], max_tokens: int) -> tuple[list
     h.add(rid, prompt, max_tokens=max_tokens, ignore_eos=True)
     h.run()
     h.assert_idle()
-    return h.tokens[(rid, 0)], h.finish[(rid, 0)], h.usage[(rid, 0)]
+    u = h.usage[(rid, 0)]  # queue_time_s is wall-clock: compared separately
+    assert u.queue_time_s is not None and u.queue_time_s >= 0.0
+    return h.tokens[(rid, 0)], h.finish[(rid, 0)], Usage(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
 
 
 def _blocks(h: Harness) -> tuple[int, int, int]:
