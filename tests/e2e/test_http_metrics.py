@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from conftest import TINY_FLAGS  # at import, as the other e2e files: later, "conftest" may name tests/router's
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.protocol import ServerStats
@@ -108,7 +109,6 @@ def test_every_series_is_documented_in_the_readme(name):
 # ------------------------------------------------------------------------------------------- through a real server
 @pytest.fixture(scope="module")
 def http_server(tiny_llama_dir, tmp_path_factory):
-    from conftest import TINY_FLAGS
     from http_servers import start_http_server
 
     server = start_http_server(str(tiny_llama_dir), tmp_path_factory.mktemp("logs") / "http_metrics.log",
