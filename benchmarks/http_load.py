@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import soak
 from benchmarks.chat_questions import ChatWorkload, build_workload
 from benchmarks.soak import _pct, check_output, machine_facts, token_range, wait_idle
 
@@ -71,16 +72,9 @@ class Config:
 
 
 @dataclass
-class Tally:
-    """What the load clients saw. errors / bad_outputs: kind -> count; ttft_s / latency_s: completed streams."""
+class Tally(soak.Tally):
+    """The soak's tally (what the load clients saw) plus the finish reasons, which /metrics is checked against."""
 
-    requests: int = 0
-    completed: int = 0
-    aborted: int = 0
-    errors: collections.Counter = field(default_factory=collections.Counter)
-    bad_outputs: collections.Counter = field(default_factory=collections.Counter)
-    ttft_s: list[float] = field(default_factory=list)
-    latency_s: list[float] = field(default_factory=list)
     finish_reasons: collections.Counter = field(default_factory=collections.Counter)
 
 
@@ -297,13 +291,9 @@ def run(cfg: Config) -> dict[str, Any]:
         load.append(os.getloadavg())
         launcher.shutdown("http load finished")
     result: dict[str, Any] = {
-        "requests": tally.requests, "completed": tally.completed, "aborted": tally.aborted,
-        "errors": dict(tally.errors), "bad_outputs": dict(tally.bad_outputs),
-        "finish_reasons": dict(tally.finish_reasons), "wall_s": round(wall_s, 1),
-        "ttft_p50_s": _pct(tally.ttft_s, 50), "ttft_p90_s": _pct(tally.ttft_s, 90),
-        "ttft_p99_s": _pct(tally.ttft_s, 99),
-        "latency_p50_s": _pct(tally.latency_s, 50), "latency_p99_s": _pct(tally.latency_s, 99),
-        "idle": idle, "final_stats": final_stats, "metrics_request_success": success,
+        **tally.summary(), "finish_reasons": dict(tally.finish_reasons), "wall_s": round(wall_s, 1),
+        "ttft_p90_s": _pct(tally.ttft_s, 90), "idle": idle, "final_stats": final_stats,
+        "metrics_request_success": success,
         "config": asdict(cfg), "machine": {**machine_facts(), "load_avg_start": load[0], "load_avg_end": load[1]},
     }  # fmt: skip
     result["targets"] = evaluate(result)

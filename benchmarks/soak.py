@@ -88,6 +88,15 @@ class Tally:
     ttft_s: list[float] = field(default_factory=list)
     latency_s: list[float] = field(default_factory=list)
 
+    def summary(self) -> dict[str, Any]:
+        """The result keys every load benchmark reports: counts, errors, bad outputs, TTFT and latency p50 / p99."""
+        return {
+            "requests": self.requests, "completed": self.completed, "aborted": self.aborted,
+            "errors": dict(self.errors), "bad_outputs": dict(self.bad_outputs),
+            "ttft_p50_s": _pct(self.ttft_s, 50), "ttft_p99_s": _pct(self.ttft_s, 99),
+            "latency_p50_s": _pct(self.latency_s, 50), "latency_p99_s": _pct(self.latency_s, 99),
+        }  # fmt: skip
+
 
 def token_range(text: str) -> tuple[int, int]:
     """"LO:HI" (or "N") -> (LO, HI). Raises ValueError unless 1 <= LO <= HI."""
@@ -312,11 +321,7 @@ def run(cfg: Config) -> dict[str, Any]:
         load.append(os.getloadavg())
         launcher.shutdown("soak finished")
     result: dict[str, Any] = {
-        "requests": tally.requests, "completed": tally.completed, "aborted": tally.aborted,
-        "errors": dict(tally.errors), "bad_outputs": dict(tally.bad_outputs),
-        "ttft_p50_s": _pct(tally.ttft_s, 50), "ttft_p99_s": _pct(tally.ttft_s, 99),
-        "latency_p50_s": _pct(tally.latency_s, 50), "latency_p99_s": _pct(tally.latency_s, 99),
-        "rss_kb": rss, "final_stats": final_stats, "stats_samples": stats,
+        **tally.summary(), "rss_kb": rss, "final_stats": final_stats, "stats_samples": stats,
         "config": asdict(cfg), "machine": {**machine_facts(), "load_avg_start": load[0], "load_avg_end": load[1]},
     }  # fmt: skip
     result["targets"] = evaluate(result, cfg.minutes * 60)
