@@ -28,7 +28,12 @@ class ServerArgs:
 
     model: str = _opt("smollm2", "model: 'smollm2' (embedded), a Hugging Face folder, or a .gguf file")
     device: str = _opt("cpu", "torch device: cpu or cuda[:N]")
-    dtype: Literal["float32", "bfloat16", "float16"] = _opt("float32", "weights, activations and KV cache dtype")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _opt(
+        "auto", "weights, activations and KV cache dtype; auto: bfloat16 on CUDA and on CPUs with native bfloat16 "
+        "dot products (AMX-BF16 or AVX512-BF16), float32 on other CPUs (runtime.model.cpu_features)")
+    quantization: Literal["none", "int8"] = _opt(
+        "none", "weight-only quantization of the linear layers on CPU: none, or int8 (per output channel, used for "
+        "steps of few rows, where reading the weights bounds the step; runtime.model.quant)")
     block_size: int = _opt(16, "tokens per KV block")
     kv_cache_memory: int = _opt(256 * 2**20, "bytes of KV cache on CPU (on CUDA see gpu_memory_utilization)")
     gpu_memory_utilization: float = _opt(0.85, "on CUDA: fraction of free device memory given to the KV cache")

@@ -9,7 +9,6 @@ step get their results. The process loop around it is runtime/serve/worker_proce
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -17,6 +16,7 @@ import torch
 
 import kernels
 from runtime.config import MIN_USABLE_BLOCKS, InvalidConfig, ServerArgs
+from runtime.model.cpu_features import resolve_dtype, usable_cores
 from runtime.model.loader import load_config, load_weights, resolve_model
 from runtime.model.models import AttentionMetadata, build_model
 from runtime.model.penalties import PenaltyState
@@ -25,9 +25,6 @@ from runtime.protocol import ForwardBatch, ForwardResult, Ready, ScheduledSeq, T
 from runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 class WorkerError(Exception):
     """A ForwardBatch the worker cannot execute (unknown sequence, block table too short or naming a block outside
@@ -72,7 +69,7 @@ def set_cpu_threads() -> int:
     many threads as cores, a descheduled OpenMP thread stalls every parallel op of the forward. Mutates torch's
     process-wide setting.
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     threads = max(1, min(torch.get_num_threads(), cores - 1))
     torch.set_num_threads(threads)
     return threads
@@ -102,7 +99,7 @@ class ModelRunner:
         self.device = torch.device(args.device)
         if self.device.type == "cpu":
             set_cpu_threads()
-        self.dtype = _DTYPES[args.dtype]
+        self.dtype = resolve_dtype(args.dtype, self.device)
         folder = resolve_model(args.model)
         self.config = cfg = load_config(folder)
         self.max_model_len = min(args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -131,8 +128,8 @@ class ModelRunner:
         self.ready = Ready(num_blocks=self.num_blocks, block_size=self.block_size, max_model_len=self.max_model_len,
                            num_host_blocks=args.num_host_blocks, vocab_size=cfg.vocab_size,
                            eos_token_ids=list(cfg.eos_token_ids))
-        logger.info("model %s loaded from %s: %d KV blocks of %d tokens, max_model_len %d", args.model, folder,
-                    self.num_blocks, self.block_size, self.max_model_len)
+        logger.info("model %s loaded from %s (%s): %d KV blocks of %d tokens, max_model_len %d", args.model, folder,
+                    str(self.dtype).removeprefix("torch."), self.num_blocks, self.block_size, self.max_model_len)
 
     def _num_blocks(self) -> int:
         """Blocks of the device pool (the null block included). Raises InvalidConfig, naming the budget and the
