@@ -2,7 +2,8 @@
 
 Servers are session-scoped (start-up costs seconds): `tiny_server` serves the tiny random Llama of tests/conftest.py
 (2 layers, the SmolLM2 tokenizer, context 1024) for protocol, cache and lifecycle tests; `smol_server` serves the
-embedded SmolLM2-135M where real text matters. Tests that kill a server start their own with the `launch` fixture.
+embedded SmolLM2-135M where real text matters; both run in float32, since their tests compare the outputs of
+separate requests. Tests that kill a server start their own with the `launch` fixture (the default dtype).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import pytest
 from runtime.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
+# float32: tests of these servers compare outputs of separate requests, cached with uncached (bfloat16 is measured
+# against float32 in tests/runtime/test_bf16_agreement.py; the servers the lifecycle tests launch run the default).
 TINY_FLAGS = ["--num-blocks", "1024", "--block-size", "16", "--max-prefill-tokens", "512",
               "--chunked-prefill-size", "256", "--log-interval-s", "1",
-              "--max-message-bytes", "65536"]
+              "--max-message-bytes", "65536", "--dtype", "float32"]
 
 
 @dataclass
@@ -99,7 +102,7 @@ def tiny_server(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def smol_server(tmp_path_factory: pytest.TempPathFactory):
     server = start_server("smollm2", tmp_path_factory.mktemp("logs") / "smol.log", "--num-blocks", "256",
-                          "--max-running-requests", "16")
+                          "--max-running-requests", "16", "--dtype", "float32")
     yield server
     server.stop()
 

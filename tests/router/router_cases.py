@@ -15,8 +15,9 @@ from runtime import protocol as p
 from runtime.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
+# float32: the router tests compare replies across replicas, cached with uncached
 REPLICA_FLAGS = ["--num-blocks", "512", "--block-size", "16", "--max-prefill-tokens", "512", "--events-port", "0",
-                 "--log-interval-s", "3600"]
+                 "--log-interval-s", "3600", "--dtype", "float32"]
 ROUTER_FLAGS = ["--health-interval-s", "0.2", "--health-timeout-s", "1.5"]
 BLOCK = 16
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
-from benchmarks.shared_prefix import main
+import benchmarks.shared_prefix as shared_prefix
+from runtime.engine import Engine
 
 
-def test_shared_prefix_smoke(tiny_llama_dir, tmp_path):
+def test_shared_prefix_smoke(tiny_llama_dir, tmp_path, monkeypatch):
+    # float32: same_outputs compares the cached run's tokens with the uncached run's (the benchmark has no --dtype)
+    monkeypatch.setattr(shared_prefix, "Engine", functools.partial(Engine, dtype="float32"))
     out = tmp_path / "shared_prefix.json"
-    report = main(["--smoke", "--model", str(tiny_llama_dir), "--num-blocks", "64", "--out", str(out)])
+    report = shared_prefix.main(["--smoke", "--model", str(tiny_llama_dir), "--num-blocks", "64", "--out", str(out)])
     assert json.loads(out.read_text()) == report
     # 4 requests x (32 shared + 8 own) tokens: off computes all 160; on computes the shared 32 once plus 4 x 8
     assert report["off"]["prefill_tokens_computed"] == 160

@@ -69,9 +69,9 @@ def tiny(tiny_llama_dir):
 def test_runner_bisects_a_failing_forward_down_to_its_culprit(tiny):
     prompts = {1: list(range(100, 110)), 2: list(range(200, 207)), 3: [300, 301, POISON, 303], 4: list(range(400, 409))}
     blocks = {1: [1, 2, 3], 2: [4, 5], 3: [6], 4: [7, 8, 9]}
-    clean = ModelRunner(ServerArgs(model=tiny, num_blocks=16, block_size=4))
+    clean = ModelRunner(ServerArgs(model=tiny, num_blocks=16, block_size=4, dtype="float32"))
     want = clean.execute(p.ForwardBatch(0, [new_seq(s, prompts[s], blocks[s]) for s in (1, 2, 4)]))
-    runner = ModelRunner(ServerArgs(model=tiny, num_blocks=16, block_size=4))
+    runner = ModelRunner(ServerArgs(model=tiny, num_blocks=16, block_size=4, dtype="float32"))
     runner.model = model = PoisonedModel(runner.model)
     got = runner.execute(p.ForwardBatch(0, [new_seq(s, prompts[s], blocks[s]) for s in (1, 2, 3, 4)]))
     assert (got.failed_seq_ids, got.failed_errors, got.error) == ([3], [f"RuntimeError: poisoned token {POISON}"],
@@ -87,8 +87,8 @@ def test_runner_bisects_a_failing_forward_down_to_its_culprit(tiny):
 
 
 def test_runner_fails_each_invalid_delta_by_itself(tiny):
-    runner = ModelRunner(ServerArgs(model=tiny, num_blocks=10, block_size=4, max_model_len=16))
-    solo = ModelRunner(ServerArgs(model=tiny, num_blocks=10, block_size=4, max_model_len=16))
+    runner = ModelRunner(ServerArgs(model=tiny, num_blocks=10, block_size=4, max_model_len=16, dtype="float32"))
+    solo = ModelRunner(ServerArgs(model=tiny, num_blocks=10, block_size=4, max_model_len=16, dtype="float32"))
     ok = new_seq(1, [5, 6, 7, 8, 9], [1, 2])
     result = runner.execute(p.ForwardBatch(0, [
         p.ScheduledSeq(2, [5], 3, [], True),  # unknown, no sampling_params
@@ -221,7 +221,7 @@ def test_on_result_answers_request_failed_for_the_culprit_only():
 # ---------------------------------------------------------------------------------------------- the Engine
 CLEAN = [[1000 + 37 * i + 3 * j for j in range(9 + 2 * i)] for i in range(4)]
 POISONED = [2000 + j for j in range(12)] + [POISON] + [2100 + j for j in range(7)]  # POISON in its 2nd chunk of 8
-ENGINE_KW = dict(num_blocks=128, block_size=4, chunked_prefill_size=8, max_prefill_tokens=24)
+ENGINE_KW = dict(num_blocks=128, block_size=4, chunked_prefill_size=8, max_prefill_tokens=24, dtype="float32")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""The Llama-family model on paged KV against transformers' own models on the same weights (fp32)."""
+"""The Llama-family model on paged KV against transformers' own models on the same weights (float32: every runner
+here passes dtype="float32"; bfloat16 is measured against float32 in test_bf16_agreement.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 @pytest.fixture(scope="module")
 def smol_runner():
-    return ModelRunner(ServerArgs(model="smollm2", num_blocks=128))
+    return ModelRunner(ServerArgs(model="smollm2", num_blocks=128, dtype="float32"))
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_smollm2_logits_match_transformers(smol_runner, smol_hf, chat_prompt_ids
 
 def test_smollm2_greedy_matches_generate(smol_runner, smol_hf, chat_prompt_ids, runner_greedy, hf_greedy):
     hf_generate, assert_same = hf_greedy
-    runner = ModelRunner(ServerArgs(model="smollm2", num_blocks=64))
+    runner = ModelRunner(ServerArgs(model="smollm2", num_blocks=64, dtype="float32"))
     mine = runner_greedy(runner, chat_prompt_ids, 32, chunk=24)
     for out, (ref, ref_logits) in zip(mine, hf_generate(smol_hf, chat_prompt_ids, 32), strict=True):
         assert len(out) == 32
@@ -56,7 +57,7 @@ def test_tiny_models_greedy_match_generate(fixture, request, chat_prompt_ids, ru
     folder = request.getfixturevalue(fixture)
     hf_generate, assert_same = hf_greedy
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-    runner = ModelRunner(ServerArgs(model=str(folder), num_blocks=64, block_size=8))
+    runner = ModelRunner(ServerArgs(model=str(folder), num_blocks=64, block_size=8, dtype="float32"))
     order = list(range(1, 64))
     order = [order[i] for i in torch.randperm(len(order), generator=torch.Generator().manual_seed(3)).tolist()]
     mine = runner_greedy(runner, chat_prompt_ids, 32, chunk=16, block_order=order)
@@ -67,7 +68,7 @@ def test_tiny_models_greedy_match_generate(fixture, request, chat_prompt_ids, ru
 def test_tiny_logits_match_transformers_past_rope_scaling_context(tiny_llama_dir):
     # positions up to 200 > original_max_position_embeddings (64): every llama3 rope band is exercised.
     hf = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32).eval()
-    runner = ModelRunner(ServerArgs(model=str(tiny_llama_dir), num_blocks=64))
+    runner = ModelRunner(ServerArgs(model=str(tiny_llama_dir), num_blocks=64, dtype="float32"))
     tokens = torch.randint(3, 49152, (200,), generator=torch.Generator().manual_seed(0)).tolist()
     mine = _prefill_logits(runner, 1, tokens, list(range(1, 14)))
     with torch.no_grad():
@@ -76,7 +77,7 @@ def test_tiny_logits_match_transformers_past_rope_scaling_context(tiny_llama_dir
 
 
 def test_extend_over_shared_blocks_equals_full_prefill(tiny_qwen2_dir):
-    runner = ModelRunner(ServerArgs(model=str(tiny_qwen2_dir), num_blocks=16, block_size=16))
+    runner = ModelRunner(ServerArgs(model=str(tiny_qwen2_dir), num_blocks=16, block_size=16, dtype="float32"))
     batches = record_batches(runner)
     tokens = torch.randint(3, 49152, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     full = _prefill_logits(runner, 1, tokens, [7, 3, 9])

@@ -129,7 +129,7 @@ def tiny_hf(tiny_llama_dir):
 def tiny_engine(tiny_llama_dir, chat_prompt_ids):
     """An Engine on the tiny Llama (float32; prompts prefilled in chunks of 16) and the greedy completions of the
     first 3 chat prompts without penalties."""
-    engine = Engine(model=str(tiny_llama_dir), num_blocks=64, block_size=8, chunked_prefill_size=16)
+    engine = Engine(model=str(tiny_llama_dir), num_blocks=64, block_size=8, chunked_prefill_size=16, dtype="float32")
     plain = engine.generate(input_ids=chat_prompt_ids[:3], sampling_params=SamplingParams(
         max_tokens=24, temperature=0.0, ignore_eos=True))  # fmt: skip
     return engine, [o.token_ids for o in plain]
@@ -196,7 +196,8 @@ BEFORE = [
 def make_engine(tiny_llama_dir):
     def make(**kw) -> Engine:
         kw.setdefault("num_blocks", 128)
-        return Engine(model=str(tiny_llama_dir), block_size=4, **kw)
+        # float32: the tokens are compared exactly (BEFORE, and with the unpressured run)
+        return Engine(model=str(tiny_llama_dir), block_size=4, dtype="float32", **kw)
 
     return make
 
