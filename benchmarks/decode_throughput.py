@@ -1,20 +1,27 @@
 """Prefill and decode throughput of the ModelRunner versus transformers' generate, embedded model, this CPU.
 
-For each batch size B: B random prompts of `context` tokens (the same inputs for both engines, in the same run).
-- runner: prefill in steps of at most `max_prefill_tokens` tokens (as the scheduler would), then `decode_steps`
-  greedy decode steps of all B sequences together (one forward per step).
+For each batch size B: B random prompts of `context` tokens (the same inputs for every engine, in the same run).
+- runner: one ModelRunner per `--dtypes` entry (ServerArgs.dtype; default float32 and auto side by side, auto being
+  bfloat16 on CPUs with native bfloat16, float32 elsewhere: runtime.model.cpu_features.resolve_dtype), each row
+  recording the dtype asked for and the one it resolved to; `--quantization` applies to every runner. Each prefills
+  in steps of at most `max_prefill_tokens` tokens (as the scheduler would), then runs `decode_steps` greedy decode
+  steps of all B sequences together (one forward per step).
 - transformers: one generate(max_new_tokens=decode_steps + 1) (greedy, EOS ignored, no padding: all prompts have
   the same length), timed by a no-op logits processor: prefill = start -> first sampling point, decode = first ->
   last sampling point (decode_steps forwards).
 prefill_tok_s = B * context / prefill seconds; decode_tok_s = B * decode_steps / decode seconds (wall clock,
 best of `repeats`); the *_per_cpu_s twins divide by this process's CPU seconds instead (less sensitive to other jobs
-on a shared machine). ratio_vs_transformers = runner decode_tok_s / transformers decode_tok_s at the largest batch
-(ratio_vs_transformers_cpu_time: the same with CPU seconds).
+on a shared machine). ratios[dtype]: runner decode_tok_s / transformers decode_tok_s per batch (vs_transformers,
+and vs_transformers_cpu_time with CPU seconds) and / the float32 runner's (vs_float32, where float32 ran);
+ratio_vs_transformers: auto's (else the first dtype's) at the largest batch. machine:
+runtime.model.cpu_features.machine_facts().
+Figures from a machine shared with other work are disturbed: compare the rows of one run, side by side.
 
     .venv/bin/python -m benchmarks.decode_throughput            # B = 1, 8, 32; context 512; 32 decode steps
     .venv/bin/python -m benchmarks.decode_throughput --quick    # B = 1, 8, 32; context 512; 8 decode steps
     .venv/bin/python -m benchmarks.decode_throughput --smoke    # seconds; B = 1, 2; context 32; 2 decode steps;
                                                                 # writes nothing unless --out is given
+    .venv/bin/python -m benchmarks.decode_throughput --dtypes auto --quantization int8 --out /tmp/int8.json
 Target: ratio_vs_transformers >= 1.5 (goal 2).
 """
 
@@ -25,10 +32,11 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
-from runtime.config import ServerArgs
+from runtime.config import MIN_USABLE_BLOCKS, ServerArgs
 from runtime.model.loader import resolve_model
 from runtime.model.runner import ModelRunner
 from runtime.protocol import ForwardBatch, ScheduledSeq
@@ -105,14 +113,66 @@ def run_transformers(model, prompts: list[list[int]], decode_steps: int) -> tupl
     return _elapsed(start, clock.times[0]), _elapsed(clock.times[0], clock.times[-1])
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def measure_batch(runners: dict[str, ModelRunner], hf, batch: int, context: int, decode_steps: int, repeats: int,
+                  max_prefill_tokens: int) -> list[dict]:
+    """One row per runner (dtype order) then transformers' row: tokens/s of the best of repeats (wall clock and CPU
+    time of this process)."""
+    first = next(iter(runners.values()))
+    prompts = make_prompts(batch, context, first.config.vocab_size, seed=batch)
+    timed: list[tuple[dict, list[tuple[Times, Times]]]] = []
+    for dtype, runner in runners.items():
+        mine = [run_runner(runner, prompts, decode_steps, max_prefill_tokens, 1000 * (r + 1)) for r in range(repeats)]
+        timed.append(({"engine": "radixserve", "dtype": dtype,
+                       "resolved_dtype": str(runner.dtype).removeprefix("torch.")}, mine))
+    with torch.inference_mode():
+        ref = [run_transformers(hf, prompts, decode_steps) for _ in range(repeats)]
+    timed.append(({"engine": "transformers", "dtype": "float32", "resolved_dtype": "float32"}, ref))
+    rows = []
+    for head, times in timed:
+        best_prefill = min(times, key=lambda t: t[0][0])[0]
+        best_decode = min(times, key=lambda t: t[1][0])[1]
+        rows.append({**head, "batch": batch,
+                     "prefill_tok_s": round(batch * context / best_prefill[0], 1),
+                     "decode_tok_s": round(batch * decode_steps / best_decode[0], 1),
+                     "prefill_tok_per_cpu_s": round(batch * context / best_prefill[1], 1),
+                     "decode_tok_per_cpu_s": round(batch * decode_steps / best_decode[1], 1)})
+    return rows
+
+
+def dtype_ratios(rows: list[dict], dtypes: list[str]) -> dict[str, dict]:
+    """Per dtype: its resolved dtype and, per batch (a str key), decode_tok_s / transformers' (vs_transformers; wall
+    clock), the same with CPU seconds (vs_transformers_cpu_time) and / the float32 runner's (vs_float32)."""
+    ref = {r["batch"]: r for r in rows if r["engine"] == "transformers"}
+    f32 = {r["batch"]: r for r in rows if r["engine"] == "radixserve" and r["dtype"] == "float32"}
+    out: dict[str, dict] = {}
+    for dtype in dtypes:
+        mine = [r for r in rows if r["engine"] == "radixserve" and r["dtype"] == dtype]
+        entry: dict = {"resolved_dtype": mine[0]["resolved_dtype"],
+                       "vs_transformers": {str(r["batch"]): round(r["decode_tok_s"] / ref[r["batch"]]["decode_tok_s"],
+                                                                  3) for r in mine},
+                       "vs_transformers_cpu_time": {str(r["batch"]): round(
+                           r["decode_tok_per_cpu_s"] / ref[r["batch"]]["decode_tok_per_cpu_s"], 3) for r in mine}}
+        if f32:
+            entry["vs_float32"] = {str(r["batch"]): round(r["decode_tok_s"] / f32[r["batch"]]["decode_tok_s"], 3)
+                                   for r in mine}
+        out[dtype] = entry
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--batches", type=int, nargs="+")
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=["float32", "auto"],
+                        help="one runner per dtype, side by side (default: float32 auto)")
+    parser.add_argument("--quantization", choices=["none", "int8"], default="none", help="every runner's")
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--threads", type=int, help="torch threads of both engines (default: set_cpu_threads)")
+    parser.add_argument("--threads", type=int, help="torch threads of every engine (default: set_cpu_threads)")
     parser.add_argument("--model", default="smollm2", help="model name, folder or .gguf (default: the embedded one)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -122,40 +182,34 @@ def main(argv: list[str] | None = None) -> dict:
         batches, context, decode_steps, repeats = [1, 8, 32], 512, 8 if args.quick else 32, 1
     batches = args.batches or batches
     repeats = args.repeats or repeats
+    dtypes = list(dict.fromkeys(args.dtypes))
     out_path = args.out if args.out is not None else (None if args.smoke else RESULTS)
 
     from transformers import AutoModelForCausalLM
 
+    from runtime.model.cpu_features import machine_facts
+
     max_prefill_tokens = ServerArgs().max_prefill_tokens
-    blocks = 1 + max(batches) * -(-(context + decode_steps) // 16)
-    runner = ModelRunner(ServerArgs(model=args.model, num_blocks=blocks))
+    blocks = max(MIN_USABLE_BLOCKS + 1, 1 + max(batches) * -(-(context + decode_steps) // 16))
+    runners = {dtype: ModelRunner(ServerArgs(model=args.model, num_blocks=blocks, dtype=cast(Any, dtype),
+                                             quantization=cast(Any, args.quantization))) for dtype in dtypes}
     hf = AutoModelForCausalLM.from_pretrained(str(resolve_model(args.model)), dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
-    if args.threads:  # after the runner, which sets its own default (runtime.model.runner.set_cpu_threads)
+    if args.threads:  # after the runners, which set their own default (runtime.model.runner.set_cpu_threads)
         torch.set_num_threads(args.threads)
     rows = []
-    ratio = cpu_ratio = None
     for batch in batches:
-        prompts = make_prompts(batch, context, runner.config.vocab_size, seed=batch)
-        mine = [run_runner(runner, prompts, decode_steps, max_prefill_tokens, 1000 * (r + 1)) for r in range(repeats)]
-        with torch.inference_mode():
-            ref = [run_transformers(hf, prompts, decode_steps) for _ in range(repeats)]
-        for engine, times in (("radixserve", mine), ("transformers", ref)):
-            best_prefill = min(times, key=lambda t: t[0][0])[0]
-            best_decode = min(times, key=lambda t: t[1][0])[1]
-            rows.append({"engine": engine, "batch": batch,
-                         "prefill_tok_s": round(batch * context / best_prefill[0], 1),
-                         "decode_tok_s": round(batch * decode_steps / best_decode[0], 1),
-                         "prefill_tok_per_cpu_s": round(batch * context / best_prefill[1], 1),
-                         "decode_tok_per_cpu_s": round(batch * decode_steps / best_decode[1], 1)})
-        ratio = round(rows[-2]["decode_tok_s"] / rows[-1]["decode_tok_s"], 3)
-        cpu_ratio = round(rows[-2]["decode_tok_per_cpu_s"] / rows[-1]["decode_tok_per_cpu_s"], 3)
-        logging.getLogger(__name__).warning("batch %d: %s", batch, rows[-2:])
+        rows += measure_batch(runners, hf, batch, context, decode_steps, repeats, max_prefill_tokens)
+        logging.getLogger(__name__).warning("batch %d: %s", batch, rows[-len(runners) - 1:])
+    ratios = dtype_ratios(rows, dtypes)
+    main_dtype = "auto" if "auto" in dtypes else dtypes[0]
     result = {
-        "model": args.model, "dtype": "float32", "device": "cpu", "threads": torch.get_num_threads(),
-        "context": context, "decode_steps": decode_steps, "rows": rows,
-        "ratio_vs_transformers": ratio, "ratio_vs_transformers_cpu_time": cpu_ratio,
-        "ratio_batch": batches[-1], "target_ratio": 1.5,
+        "model": args.model, "dtypes": dtypes, "quantization": args.quantization, "device": "cpu",
+        "threads": torch.get_num_threads(), "machine": machine_facts(), "context": context,
+        "decode_steps": decode_steps, "rows": rows, "ratios": ratios,
+        "ratio_vs_transformers": ratios[main_dtype]["vs_transformers"][str(batches[-1])],
+        "ratio_vs_transformers_cpu_time": ratios[main_dtype]["vs_transformers_cpu_time"][str(batches[-1])],
+        "ratio_dtype": main_dtype, "ratio_batch": batches[-1], "target_ratio": 1.5,
     }
     text = json.dumps(result, indent=2)
     if out_path is not None:

@@ -10,13 +10,17 @@ Targets (`--target`, repeatable or comma-separated; default radixserve,radixserv
   radixserve          our server (runtime.serve.launch.Launcher), prefix caching on, driven through runtime.client
   radixserve-nocache  the same server with prefix caching off
   radixserve-http     the same server as radixserve behind its OpenAI HTTP API (--http-port), driven with the openai
-                      SDK's AsyncOpenAI, streaming (completion ids re-tokenized from the text, token counts from usage)
+                      SDK's AsyncOpenAI, streaming (completion ids re-tokenized from the text, token counts from usage);
+                      --http-client stdlib: driven by the openai=URL targets' client instead (the same code for both)
   engine              the in-process runtime.engine.Engine (Engine.add_request / step, same concurrency)
   transformers        transformers' generate on the same model folder, one request at a time, no cross-request cache
   router=POLICY:N     N replicas of our server behind router/ (policy cache_aware, round_robin or least_load)
   openai=URL          an OpenAI-compatible chat completions server on 127.0.0.1 (e.g. llama.cpp's llama-server on the
                       same GGUF file), streaming; cached tokens from usage.prompt_tokens_details.cached_tokens or
                       llama.cpp's timings.cache_n
+
+The radixserve, radixserve-http, router and engine targets run with --dtype and --quantization (ServerArgs' defaults:
+auto, none); transformers runs in float32.
 
 Per target: TTFT p50/p90/p99 (overall and per turn), TPOT, end-to-end latency, requests/s, output tokens/s, hit rate
 (cached prompt tokens / prompt tokens, overall and per turn) and the trace's oracle hit rate: for each request, the
@@ -39,6 +43,7 @@ import argparse
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import http.client
 import json
 import logging
@@ -47,6 +52,7 @@ import platform
 import sys
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -87,6 +93,17 @@ class Config:
     num_blocks: int
     targets: list[str] = field(default_factory=list)
     repeats: int = 1
+    dtype: str = "auto"
+    quantization: str = "none"
+    http_client: str = "openai"
+
+    def server_args(self, caching: bool = True, http: bool = False) -> Any:
+        """The ServerArgs of our server targets (port 0, the HTTP server on a free port when http)."""
+        from runtime.config import ServerArgs
+
+        return ServerArgs(model=self.model, block_size=self.block_size, num_blocks=self.num_blocks, port=0,
+                          enable_prefix_caching=caching, log_interval_s=3600.0, http_port=0 if http else None,
+                          dtype=cast(Any, self.dtype), quantization=cast(Any, self.quantization))
 
     @property
     def user_range(self) -> tuple[int, int]:
@@ -153,29 +170,39 @@ async def drive_async(wl: ChatWorkload, cfg: Config, send, bar) -> list[Record]:
     return records
 
 
-def run_radixserve(cfg: Config, wl: ChatWorkload, caching: bool, bar, router: tuple[str, int] | None = None,
-                   http: bool = False, tokenizer: Any = None) -> list[Record]:
-    """Launches our server (worker, scheduler, tokenizer processes), or `router` = (policy, replicas) replicas behind
-    router/, and drives it through runtime.client.AsyncClient; http: with its HTTP server (--http-port), driven
-    through the openai SDK instead (tokenizer re-encodes the replies' text into output_ids)."""
+@contextlib.contextmanager
+def launch_radixserve(cfg: Config, caching: bool = True, http: bool = False,
+                      router: tuple[str, int] | None = None) -> Iterator[Any]:
+    """Our server (worker, scheduler, tokenizer processes; the HTTP server too when http), or `router` = (policy,
+    replicas) replicas behind router/, started for the with block and shut down after it, error or not. Yields the
+    launcher (.endpoint, .http_url). Raises BenchmarkError when it does not start."""
     from router.launch import RouterLauncher
-    from runtime.config import ServerArgs
     from runtime.serve.launch import Launcher, LaunchError
 
-    args = ServerArgs(model=cfg.model, block_size=cfg.block_size, num_blocks=cfg.num_blocks, port=0,
-                      enable_prefix_caching=caching, log_interval_s=3600.0, http_port=0 if http else None)
+    args = cfg.server_args(caching, http)
     launcher = Launcher(args) if router is None else RouterLauncher(args, replicas=router[1], policy=router[0])
     try:
-        endpoint = launcher.start()
+        launcher.start()
     except LaunchError as e:
         launcher.shutdown("start-up failed")
         raise BenchmarkError(f"radixserve did not start: {e}") from e
     try:
-        if http:
-            return asyncio.run(_drive_http(cfg, wl, launcher.http_url, tokenizer, bar))
-        return asyncio.run(_drive_zmq(cfg, wl, endpoint, bar))
+        yield launcher
     finally:
         launcher.shutdown("benchmark finished")
+
+
+def run_radixserve(cfg: Config, wl: ChatWorkload, caching: bool, bar, router: tuple[str, int] | None = None,
+                   http: bool = False, tokenizer: Any = None) -> list[Record]:
+    """Launches our server (launch_radixserve) and drives it through runtime.client.AsyncClient; http: through its
+    HTTP server instead, with the openai SDK or (cfg.http_client == "stdlib") run_openai's client (tokenizer
+    re-encodes the replies' text into output_ids)."""
+    with launch_radixserve(cfg, caching, http, router) as launcher:
+        if http and cfg.http_client == "stdlib":
+            return run_openai(cfg, wl, launcher.http_url, tokenizer, bar)
+        if http:
+            return asyncio.run(_drive_http(cfg, wl, launcher.http_url, tokenizer, bar))
+        return asyncio.run(_drive_zmq(cfg, wl, launcher.endpoint, bar))
 
 
 async def _drive_zmq(cfg: Config, wl: ChatWorkload, endpoint: str, bar) -> list[Record]:
@@ -234,7 +261,8 @@ def run_engine(cfg: Config, wl: ChatWorkload, bar) -> list[Record]:
     from runtime.engine import Engine
     from runtime.sampling_params import SamplingParams
 
-    engine = Engine(model=cfg.model, block_size=cfg.block_size, num_blocks=cfg.num_blocks, log_interval_s=3600.0)
+    engine = Engine(model=cfg.model, block_size=cfg.block_size, num_blocks=cfg.num_blocks, log_interval_s=3600.0,
+                    dtype=cfg.dtype, quantization=cfg.quantization)
     params = SamplingParams(max_tokens=cfg.max_tokens, temperature=0.0)
     engine.generate(messages=[[{"role": "user", "content": "Say hello."}]],
                     sampling_params=SamplingParams(max_tokens=2, temperature=0.0))  # warm-up
@@ -321,12 +349,15 @@ def run_transformers(cfg: Config, wl: ChatWorkload, tokenizer: Any, bar) -> list
 def openai_request(url: str, model: str, messages: list[dict[str, str]], max_tokens: int,
                    timeout_s: float = 600.0) -> Reply:
     """One streaming POST to an OpenAI-compatible chat completions URL; reads text deltas, usage and llama.cpp
-    timings. output_ids are left empty (the caller re-tokenizes the text). Raises BenchmarkError on a non-200."""
+    timings (completion_tokens: usage's, else timings.predicted_n). output_ids are left empty (the caller
+    re-tokenizes the text). The body has OpenAI fields only, so our server takes it too; llama-server's prompt cache
+    is on without asking (cache_prompt defaults to true, tools/server/server-task.h of b11434). Raises
+    BenchmarkError on a non-200."""
     parts = urllib.parse.urlsplit(url)
     path = parts.path.rstrip("/")
     path = path if path.endswith("/chat/completions") else f"{path or ''}/v1/chat/completions"
     body = json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
-                       "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": True})
+                       "stream": True, "stream_options": {"include_usage": True}})
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
     first, text, usage, timings, reason = None, "", None, None, None
     try:
@@ -351,19 +382,23 @@ def openai_request(url: str, model: str, messages: list[dict[str, str]], max_tok
             usage, timings = obj.get("usage") or usage, obj.get("timings") or timings
     finally:
         conn.close()
-    prompt_tokens = cached = None
+    prompt_tokens = cached = completion = None
     if usage:
-        prompt_tokens = usage.get("prompt_tokens")
+        prompt_tokens, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     if cached is None and timings and "cache_n" in timings:
         cached = int(timings["cache_n"])
         prompt_tokens = prompt_tokens or cached + int(timings.get("prompt_n", 0))
-    return Reply(first, time.perf_counter(), [], text, reason, prompt_tokens, cached)
+    if completion is None and timings and "predicted_n" in timings:
+        completion = int(timings["predicted_n"])
+    return Reply(first, time.perf_counter(), [], text, reason, prompt_tokens, cached, completion)
 
 
 def run_openai(cfg: Config, wl: ChatWorkload, url: str, tokenizer: Any, bar) -> list[Record]:
-    """Drives an OpenAI-compatible server on 127.0.0.1 with cfg.concurrency requests in flight (threads)."""
+    """Drives an OpenAI-compatible server on 127.0.0.1 with cfg.concurrency requests in flight (threads), after
+    one short warm-up request (as the other targets)."""
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.concurrency)
+    openai_request(url, cfg.model, [{"role": "user", "content": "Say hello."}], max_tokens=2)
 
     async def main() -> list[Record]:
         loop = asyncio.get_running_loop()
@@ -665,6 +700,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: the whole trace fits)")
     parser.add_argument("--repeats", type=int, default=1, help="passes over the targets (interleaved); the "
                         "shortest pass of each target is reported")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="our server targets' dtype (ServerArgs.dtype)")
+    parser.add_argument("--quantization", default="none", choices=["none", "int8"],
+                        help="our server targets' weight quantization (ServerArgs.quantization)")
+    parser.add_argument("--http-client", default="openai", choices=["openai", "stdlib"],
+                        help="radixserve-http's client: the openai SDK, or the openai=URL targets' http.client code")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK}")
     parser.add_argument("--smoke", action="store_true", help=f"{SMOKE}; writes nothing unless --out is given")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {RESULTS}; PNG beside it)")
@@ -676,7 +717,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from runtime.model.loader import load_tokenizer
 
     cfg = Config(ns.model, ns.conversations, ns.turns, ns.system_prompt_tokens, ns.user_tokens, ns.max_tokens,
-                 ns.concurrency, ns.seed, ns.block_size, 0, parse_targets(ns.target), max(1, ns.repeats))
+                 ns.concurrency, ns.seed, ns.block_size, 0, parse_targets(ns.target), max(1, ns.repeats), ns.dtype,
+                 ns.quantization, ns.http_client)
     cfg.num_blocks = ns.num_blocks or default_num_blocks(cfg)
     tokenizer = load_tokenizer(cfg.model)
     lo, hi = cfg.user_range

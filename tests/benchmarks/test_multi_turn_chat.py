@@ -90,6 +90,8 @@ def test_openai_request_reads_usage_and_llamacpp_timings(smollm2_tokenizer):
     assert (first.prompt_tokens, first.cached_tokens, first.text) == (prompt_len, 0, stub.requests[0][2])
     assert (again.prompt_tokens, again.cached_tokens) == (prompt_len, (prompt_len - 1) // 16 * 16)
     assert first.finish_reason == "length" and first.t_first is not None
+    completion = len(smollm2_tokenizer.encode(stub.requests[0][2], add_special_tokens=False))
+    assert first.completion_tokens == again.completion_tokens == completion  # usage's, then timings.predicted_n
 
 
 def test_openai_target_refuses_remote_hosts():
@@ -140,3 +142,14 @@ def test_smoke_every_target_on_the_tiny_model(tiny_llama_dir: Path, smollm2_toke
     for name, s in t.items():  # concurrency 1: nothing is in flight when a request is sent, the two oracles agree
         assert s["oracle_inflight_hit_rate"] == s["oracle_hit_rate"], name
     assert len(result["config"]["workload"]["user_turns"]) == 2 and result["config"]["concurrency"] == 1
+
+
+def test_radixserve_http_through_the_stdlib_client_with_a_dtype(tiny_llama_dir: Path):
+    result = main(["--smoke", "--model", str(tiny_llama_dir), "--target", "radixserve,radixserve-http",
+                   "--http-client", "stdlib", "--dtype", "float32"])
+    config = result["config"]
+    assert (config["http_client"], config["dtype"], config["quantization"]) == ("stdlib", "float32", "none")
+    zmq, http = ([row[:4] + row[5:] for row in sorted(result["targets"][name]["trace"])]
+                 for name in ("radixserve", "radixserve-http"))
+    assert zmq == http  # greedy, concurrency 1: the same prompts, hits, completion tokens and reasons either way
+    assert result["targets"]["radixserve-http"]["prompt_tokens_agree"] == 4

