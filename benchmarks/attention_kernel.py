@@ -7,15 +7,13 @@ measured copy bandwidth (2 x bytes / time of a large device-to-device copy), and
 scaled_dot_product_attention over a contiguous K/V of the same size (GQA folded the same way: the G query heads of a
 KV head are its G query rows). Target on an H200 at batch 64 x 4096: >= 0.8 of copy bandwidth, no slower than SDPA.
 
-CPU: the reference path (kernels/reference.py, fp32) against SDPA over contiguous K/V with the same GQA handling, same
-shapes scaled down: the cost of paging on CPU (target: ratio <= 1.5 at batch 32 x 512). Each timing walks a stack of
-layers (as a model does), so K/V come from memory, not from a cache that one layer's data would fit in; the
-reference's gather workspace is reused across layers, as in serving. Also one extend row (a 512-token chunk over a
-cached prefix). Rows with backend "reference[gather-all]" are the formulation the reference replaced (one gather of
-the whole batch, then one SDPA), measured beside it.
+CPU (benchmarks/attention_kernel_cpu.py): the fused decode operator (kernels/cpu_decode.py) against the torch
+gather + SDPA path, the retired OpenMP C kernel (float32) and SDPA over contiguous K/V, SmolLM2 heads, float32 and
+bfloat16, batch {1, 8, 32} x context {512, 2048}; and a decode step of F.linear calls plus the attention, legacy C
+kernel vs the operator (do two thread pools fight?). Default 2 torch threads. Machine facts in "device".
 
     .venv/bin/python -m benchmarks.attention_kernel            # -> benchmarks/results/attention_kernel.json
-    .venv/bin/python -m benchmarks.attention_kernel --quick    # CPU: under a minute
+    .venv/bin/python -m benchmarks.attention_kernel --quick    # CPU: about a minute
     .venv/bin/python -m benchmarks.attention_kernel --smoke    # seconds; writes nothing unless --out is given
     .venv/bin/python -m benchmarks.attention_kernel --sweep    # CUDA: also try decode launch configurations
 """
@@ -25,10 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import platform
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,7 +30,6 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels import reference
 
 logger = logging.getLogger(__name__)
 
@@ -95,139 +88,14 @@ def _row(backend, batch, context, heads, phase, seconds, nbytes, copy_gbps, base
     }
 
 
-# ---------------------------------------------------------------- CPU
+def run_cpu(mode: str) -> tuple[dict, dict]:
+    """CPU rows (benchmarks/attention_kernel_cpu.py) and the machine they ran on."""
+    from benchmarks import attention_kernel_cpu
+    from runtime.model.cpu_features import machine_facts
 
-
-def _cpu_time(fns: dict[str, Callable[[], None]], rounds: int) -> dict[str, tuple[float, float]]:
-    """(wall, process CPU) median seconds of each fn, the fns interleaved round by round so that load from other
-    processes hits all of them alike. With one torch thread the CPU time is robust to that load (no spin-waits)."""
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            w0, c0 = time.perf_counter(), time.process_time()
-            fn()
-            samples[name].append((time.perf_counter() - w0, time.process_time() - c0))
-    return {
-        name: (statistics.median(w for w, _ in s), statistics.median(c for _, c in s)) for name, s in samples.items()
-    }
-
-
-def _cpu_copy_gbps(nbytes: int) -> float:
-    src = torch.empty(nbytes // 4).normal_()
-    dst = torch.empty_like(src)
-    wall, _ = _cpu_time({"copy": lambda: dst.copy_(src)}, 5)["copy"]
-    return 2 * nbytes / wall / 1e9
-
-
-def _layers_for(nbytes_per_layer: int, budget: int) -> int:
-    return max(2, min(30, budget // max(1, nbytes_per_layer)))
-
-
-def cpu_decode_rows(
-    batch: int, context: int, heads: str, rounds: int, budget: int, copy_gbps: float, ragged: bool = False
-) -> list[dict]:
-    """Decode rows. ragged: seq_lens spread evenly over [context / 2, 3 context / 2) in shuffled order (mean
-    context); contiguous SDPA then pads every sequence to the longest and masks the padding."""
-    h, kvh, d = HEADS[heads]
-    lens = torch.full((batch,), context, dtype=torch.int32)
-    if ragged:
-        lens = torch.linspace(context // 2, 3 * context // 2 - 1, batch).round().int()[torch.randperm(batch)]
-    max_len = int(lens.max())
-    nbytes = int(lens.sum()) * 2 * kvh * d * 4
-    layers = _layers_for(_kv_bytes(batch, max_len, kvh, d, 4), budget)
-    q, k_cache, v_cache, tables, _, qsl = _paged_decode_inputs(batch, max_len, heads, torch.float32, "cpu", layers)
-    k_cont, v_cont = _contiguous(batch, max_len, heads, torch.float32, "cpu", layers)
-    mask = (torch.arange(max_len)[None, :] < lens[:, None]).view(batch, 1, 1, max_len) if ragged else None
-    seq_lens = lens
-    scale = d**-0.5
-    qg = q.view(batch, kvh, h // kvh, d)
-
-    def paged() -> None:
-        for layer in range(layers):
-            kernels.paged_attention(q, k_cache[layer], v_cache[layer], tables, seq_lens, qsl, scale, 1, max_len)
-
-    def gather_all() -> None:
-        saved, reference.DECODE_GROUP_BYTES = reference.DECODE_GROUP_BYTES, 1 << 62
-        try:
-            paged()
-        finally:
-            reference.DECODE_GROUP_BYTES = saved
-
-    def contiguous() -> None:
-        for layer in range(layers):
-            F.scaled_dot_product_attention(qg, k_cont[layer], v_cont[layer], attn_mask=mask, scale=scale)
-
-    t = _cpu_time({"reference": paged, "reference[gather-all]": gather_all, "sdpa_contiguous": contiguous}, rounds)
-    wall0, cpu0 = t["sdpa_contiguous"]
-    phase = f"decode ragged {int(lens.min())}-{max_len}" if ragged else "decode"
-    context = int(lens.float().mean().round())  # the row reports the mean context
-    return [
-        _row(name, batch, context, heads, phase, t[name][0] / layers, nbytes, copy_gbps, wall0 / layers,
-             (t[name][1] / layers, cpu0 / layers))
-        for name in ("reference", "reference[gather-all]", "sdpa_contiguous")
-    ]  # fmt: skip
-
-
-def cpu_extend_rows(new: int, cached: int, heads: str, rounds: int, copy_gbps: float) -> list[dict]:
-    """One sequence: `new` query tokens over `cached` prefix tokens; SDPA gets a bottom-right causal bool mask."""
-    h, kvh, d = HEADS[heads]
-    context = new + cached
-    nbytes = _kv_bytes(1, context, kvh, d, 4)
-    _, k_cache, v_cache, tables, seq_lens, _ = _paged_decode_inputs(1, context, heads, torch.float32, "cpu")
-    q = torch.randn(new, h, d)
-    qsl = torch.tensor([0, new], dtype=torch.int32)
-    k_cont, v_cont = _contiguous(1, context, heads, torch.float32, "cpu")
-    scale = d**-0.5
-    qh = q.view(new, kvh, h // kvh, d).permute(1, 2, 0, 3)[None]  # [1, kvh, G, new, d]
-    mask = torch.arange(context)[None, :] <= torch.arange(cached, context)[:, None]
-
-    def paged() -> None:
-        kernels.paged_attention(q, k_cache[0], v_cache[0], tables, seq_lens, qsl, scale, new, context)
-
-    def contiguous() -> None:
-        k = k_cont[0][:, :, None].expand(1, kvh, h // kvh, context, d)
-        v = v_cont[0][:, :, None].expand(1, kvh, h // kvh, context, d)
-        F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
-
-    t = _cpu_time({"reference": paged, "sdpa_contiguous": contiguous}, rounds)
-    wall0, cpu0 = t["sdpa_contiguous"]
-    phase = f"extend {new} on {cached}"
-    return [
-        _row(name, 1, context, heads, phase, t[name][0], nbytes, copy_gbps, wall0, (t[name][1], cpu0))
-        for name in ("reference", "sdpa_contiguous")
-    ]
-
-
-def run_cpu(mode: str) -> tuple[dict, list[dict]]:
-    if mode == "smoke":
-        decode, extend, rounds, budget = [("smollm2", 2, 64, False)], [(16, 48)], 1, 1 << 20
-    elif mode == "quick":
-        decode = [("smollm2", 8, 512, False), ("smollm2", 32, 512, False), ("smollm2", 32, 512, True)]
-        extend, rounds, budget = [(512, 1536)], 5, 256 << 20
-    else:
-        decode = [("smollm2", b, c, False) for b in (1, 8, 32, 64) for c in (512, 2048)]
-        decode += [("smollm2", 32, 512, True), ("smollm2", 64, 2048, True)]
-        decode += [("llama3-8b", b, 512, False) for b in (1, 8)]
-        extend, rounds, budget = [(512, 1536), (128, 4096)], 9, 512 << 20
-    copy_gbps = _cpu_copy_gbps(min(budget, 256 << 20))
-    rows = []
-    for heads, batch, context, ragged in decode:
-        rows += cpu_decode_rows(batch, context, heads, rounds, budget, copy_gbps, ragged)
-        logger.info("cpu decode %s batch %d context %d: %s", heads, batch, context, rows[-3:])
-    for new, cached in extend:
-        rows += cpu_extend_rows(new, cached, "smollm2", rounds, copy_gbps)
-    device = {
-        "type": "cpu",
-        "name": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "load_average_1m": round(os.getloadavg()[0], 2),
-        "copy_gbps": round(copy_gbps, 2),
-        "dtype": "float32",
-    }
-    return device, rows
+    extra = attention_kernel_cpu.run(mode)
+    device = {"type": "cpu", **machine_facts(), "copy_gbps": extra.pop("copy_gbps"), "dtype": "float32+bfloat16"}
+    return device, extra
 
 
 # ---------------------------------------------------------------- CUDA
@@ -335,19 +203,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--smoke", action="store_true", help="seconds-long run; writes only with --out")
     parser.add_argument("--sweep", action="store_true", help="CUDA: also time decode launch configurations")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    parser.add_argument("--threads", type=int, default=None, help="CPU: torch threads (1: CPU time immune to load)")
+    parser.add_argument("--threads", type=int, default=2, help="CPU: torch threads (1: CPU time immune to load)")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON path (default {RESULTS})")
     args = parser.parse_args(argv)
     mode = "smoke" if args.smoke else ("quick" if args.quick else "full")
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
-    if args.threads is not None:
+    if device == "cpu":
         torch.set_num_threads(args.threads)
     out = args.out if args.out is not None else (None if args.smoke else RESULTS)
     kept = _other_runs(out, device)
 
-    def save(info: dict, rows: list[dict]) -> dict:
-        result = {"device": info, "mode": mode, "block_size": BLOCK_SIZE, "rows": rows}
+    def save(info: dict, rows: list[dict], extra: dict | None = None) -> dict:
+        result = {"device": info, "mode": mode, "block_size": BLOCK_SIZE, "rows": rows, **(extra or {})}
         if kept:
             result["other_runs"] = kept
         if out is not None:
@@ -355,15 +223,21 @@ def main(argv: list[str] | None = None) -> dict:
             out.write_text(json.dumps(result, indent=1) + "\n")
         return result
 
-    info, rows = run_cuda(mode, args.sweep, save) if device == "cuda" else run_cpu(mode)
-    result = save(info, rows)
-    return result
+    if device == "cuda":
+        return save(*run_cuda(mode, args.sweep, save))
+    info, extra = run_cpu(mode)
+    return save(info, extra.pop("rows"), extra)
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     res = main()
     for r in res["rows"]:
-        logger.info("%-24s %-34s batch %4d ctx %6d  %10.3f ms  %8.2f GB/s  %5.3f of copy  %5.2fx contiguous",
-                    r["backend"], r["heads"] + " " + r["phase"], r["batch"], r["context"], r["seconds"] * 1e3,
-                    r["gbps"], r["fraction_of_copy_bw"], r["vs_contiguous"])  # fmt: skip
+        logger.info("%-24s %-34s %-9s batch %4d ctx %6d  %10.3f ms  %8.2f GB/s  %5.3f of copy  %5.2fx contiguous",
+                    r["backend"], r["heads"] + " " + r["phase"], r.get("dtype", ""), r["batch"], r["context"],
+                    r["seconds"] * 1e3, r["gbps"], r["fraction_of_copy_bw"], r["vs_contiguous"])  # fmt: skip
+    for r in res.get("step_rows", []):
+        logger.info("%-24s %-20s batch %4d ctx %6d  %10.3f ms  %5.3fx fused", r["backend"], r["phase"], r["batch"],
+                    r["context"], r["seconds"] * 1e3, r["vs_fused"])  # fmt: skip
+    for r in res.get("summary", []):
+        logger.info("%s", r)

@@ -10,9 +10,10 @@ head_dim], and passes ``k_cache[layer]`` views. Token position p of a sequence l
 0 so a padded entry never aliases live data; padded tokens have slot -1 in slot_mapping and are never written.
 
 Backends: ``backend=None`` or ``"auto"`` picks ``"triton"`` for CUDA tensors and ``"reference"`` (torch, kernels/
-reference.py) for CPU tensors; ``"reference"`` or ``"triton"`` forces one. Triton on CPU tensors works only under
-``TRITON_INTERPRET=1`` (the tests use it). Triton is imported lazily, on the first Triton call, so the CPU path never
-imports it.
+reference.py) for CPU tensors; ``"reference"`` or ``"triton"`` forces one. On CPU, decode attention over float32 or
+bfloat16 caches runs the fused operator of kernels/cpu_decode.py (built on first use) when it builds. Triton on CPU
+tensors works only under ``TRITON_INTERPRET=1`` (the tests use it). Triton is imported lazily, on the first Triton
+call, so the CPU path never imports it.
 """
 
 from __future__ import annotations

@@ -1,25 +1,36 @@
-"""Fused CPU paged decode attention (kernels/cpu_decode.c): build on first use, ctypes binding, dispatch rule.
+"""Fused CPU paged decode attention (kernels/cpu_decode.cpp): build on first use, load, dispatch rule.
 
-The C kernel reads each sequence's K/V blocks in place through its block table, so the decode path needs no gather
-into a workspace (the reference's index_select). It is compiled on first use with the system C compiler into
-``$RADIXSERVE_CACHE/kernels`` (default ``~/.cache/radixserve/kernels``), under a name keyed by a hash of the source,
-the compiler, its flags and the machine, written atomically (a temporary file, then a rename). If no compiler is
-found or the build fails, one warning is logged and ``load_library`` returns None: the torch path stays in use.
+The operator ``torch.ops.radixserve.paged_decode`` reads each sequence's K/V blocks in place through its block table
+(float32 or bfloat16 caches), so the decode path needs no gather into a workspace (the reference's index_select). It
+runs on torch's intra-op thread pool (at::parallel_for), so ``torch.set_num_threads`` governs it and no second pool
+competes with torch's.
 
-Only contiguous float32 CPU caches take this path (see ``supports``); everything else keeps kernels/reference.py.
-Set ``RADIXSERVE_CPU_DECODE=0`` (read once, at import) or ``ENABLED = False`` to turn it off.
+Build: ``torch.utils.cpp_extension.load`` compiles it into ``$RADIXSERVE_CACHE/kernels`` (default
+``~/.cache/radixserve/kernels``) as ``radixserve_cpu_decode-<key>.so``, key = a hash of the source, the compiler, its
+flags, torch's version and the machine (-march=native ties the binary to this CPU). Concurrent first builds (several
+workers starting at once) are serialized by an flock on a lock file beside it, released by the OS if its holder dies;
+the build runs in a private folder and its library is renamed into place, so a reader never sees a partial file. A
+build or load failure logs one warning and ``load_op`` returns None: the torch path stays in use.
+
+``python -m kernels.cpu_decode`` builds it (if needed) and prints where and how long. Set ``RADIXSERVE_CPU_DECODE=0``
+(read once, at import) or ``ENABLED = False`` to turn the kernel off.
 """
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
 import platform
-import subprocess
+import shutil
+import sys
 import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -27,20 +38,37 @@ from kernels.errors import KernelInputError
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_decode.c")
-COMPILER = os.environ.get("CC", "cc")
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c99", "-fPIC", "-shared")
+SOURCE = Path(__file__).with_name("cpu_decode.cpp")
+HEADER = Path(__file__).with_name("cpu_decode.h")  # included by SOURCE: part of the build key
+NAME = "radixserve_cpu_decode"
+# -fopenmp turns on at::parallel_for's OpenMP backend (inline in ATen's headers; without it the loop runs serially).
+# The link adds no -lgomp: GOMP_* resolve to the runtime libtorch_cpu already loaded, so there is one thread pool.
+CFLAGS = ("-O3", "-march=native", "-fopenmp")
 ENABLED = os.environ.get("RADIXSERVE_CPU_DECODE", "1") != "0"
-SYMBOL = "radixserve_paged_decode_f32"
+DTYPES = (torch.float32, torch.bfloat16)
+MAX_HEAD_DIM = 256  # the kernel holds a row in at most MAX_NC vectors (cpu_decode.h): head_dim <= 256
 
-# Loaded library per (compiler, cache dir), or None after a failed build (so the warning is logged once).
-_libraries: dict[tuple[str, str], ctypes.CDLL | None] = {}
+_op: Callable[..., torch.Tensor] | None = None  # torch.ops.radixserve.paged_decode once loaded
+_failed = False  # a build or load failed in this process (warned once; the torch path stays in use)
+
+
+class Built(NamedTuple):
+    """Where the library is and whether this call compiled it (seconds: time spent building, 0 if it existed)."""
+
+    path: Path
+    built: bool
+    seconds: float
 
 
 def cache_dir() -> Path:
     """Folder of the compiled kernels: $RADIXSERVE_CACHE/kernels (default ~/.cache/radixserve/kernels)."""
     root = os.environ.get("RADIXSERVE_CACHE") or str(Path.home() / ".cache" / "radixserve")
     return Path(root) / "kernels"
+
+
+def compiler() -> str:
+    """The C++ compiler cpp_extension uses: $CXX, else c++."""
+    return os.environ.get("CXX", "c++")
 
 
 def _machine_key() -> str:
@@ -54,56 +82,97 @@ def _machine_key() -> str:
     return f"{platform.machine()}|{platform.system()}|{cpu}"
 
 
+def source_bytes() -> bytes:
+    """The kernel's source as built: SOURCE and the HEADER it includes."""
+    return SOURCE.read_bytes() + b"\0" + HEADER.read_bytes()
+
+
 def library_path(source: bytes) -> Path:
-    """Path of the shared library for ``source`` built by COMPILER with CFLAGS on this machine."""
-    key = hashlib.sha256(b"\0".join([source, COMPILER.encode(), " ".join(CFLAGS).encode(), _machine_key().encode()]))
-    return cache_dir() / f"cpu_decode-{key.hexdigest()[:16]}.so"
+    """Path of the library built from ``source`` by compiler() with CFLAGS against this torch, on this machine."""
+    parts = [compiler(), " ".join(CFLAGS), torch.__version__, sys.implementation.cache_tag, _machine_key()]
+    key = hashlib.sha256(b"\0".join([source, *(p.encode() for p in parts)])).hexdigest()[:16]
+    return cache_dir() / f"{NAME}-{key}.so"
 
 
-def _build(path: Path) -> None:
-    """Compile SOURCE into path atomically; raises OSError or subprocess.CalledProcessError on failure."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp.so")
-    os.close(fd)
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (created if missing); the OS drops it if the process dies."""
+    with open(path, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _compile(path: Path) -> None:
+    """Build SOURCE with cpp_extension in a private folder beside ``path``, then rename the library to ``path``.
+
+    Loads the new operator into this process (cpp_extension.load does). Raises what the build raises (RuntimeError,
+    OSError, subprocess.CalledProcessError)."""
+    from torch.utils import cpp_extension  # imported only to build: it costs ~0.3 s
+
+    build = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.stem}-build-"))
     try:
-        subprocess.run([COMPILER, *CFLAGS, "-o", tmp, str(SOURCE), "-lm"], check=True, capture_output=True, text=True)
-        os.replace(tmp, path)
+        name = path.stem.replace("-", "_")
+        cpp_extension.load(name, [str(SOURCE)], extra_cflags=list(CFLAGS), build_directory=str(build),
+                           is_python_module=False)  # fmt: skip
+        os.replace(build / f"{name}.so", path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        shutil.rmtree(build, ignore_errors=True)
 
 
-def load_library() -> ctypes.CDLL | None:
-    """The compiled kernel, building it on first use; None (one warning logged) if it cannot be built or loaded."""
-    key = (COMPILER, str(cache_dir()))
-    if key in _libraries:
-        return _libraries[key]
-    lib = None
+def ensure_built(path: Path, compile_fn: Callable[[Path], None] = _compile) -> Built:
+    """Make sure the library at ``path`` exists, compiling it with compile_fn under the lock if it does not.
+
+    Mutates the file system (cache_dir, the lock file). Safe to call from several processes at once: one compiles,
+    the others wait for the lock and then find the file. Raises what compile_fn raises."""
+    if path.exists():
+        return Built(path, False, 0.0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path.with_suffix(".lock")):
+        if path.exists():  # built by another process while this one waited
+            return Built(path, False, 0.0)
+        start = time.perf_counter()
+        compile_fn(path)
+        return Built(path, True, time.perf_counter() - start)
+
+
+def load_op() -> Callable[..., torch.Tensor] | None:
+    """torch.ops.radixserve.paged_decode, building it on first use; None (one warning per process) if it cannot be
+    built or loaded. The operator can be registered once per process: the first library loaded stays."""
+    global _op, _failed
+    if _op is not None or _failed:
+        return _op
     try:
-        path = library_path(SOURCE.read_bytes())
-        if not path.exists():
-            _build(path)
-        lib = ctypes.CDLL(str(path))
-        fn = getattr(lib, SYMBOL)
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
-        fn.argtypes += [ctypes.c_int64] * 4 + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
-        fn.argtypes += [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int]
-    except (OSError, AttributeError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", None) or exc
-        logger.warning("CPU decode kernel unavailable (%s); using the torch path: %s", COMPILER, detail)
-        lib = None
-    _libraries[key] = lib
-    return lib
+        if not _registered():
+            built = ensure_built(library_path(source_bytes()))
+            if not built.built:  # a fresh build was loaded by cpp_extension already
+                torch.ops.load_library(str(built.path))
+        _op = torch.ops.radixserve.paged_decode
+    except Exception as exc:  # any build or load failure (compiler, linker, loader) keeps the torch path
+        detail = "\n".join(str(exc).strip().splitlines()[-6:])  # a failed build's message ends with the compiler's
+        logger.warning("CPU decode kernel unavailable (%s); using the torch path: %s", compiler(), detail)
+        _failed = True
+    return _op
+
+
+def _registered() -> bool:
+    """True if this process already has the operator (from an earlier load: it cannot be registered twice)."""
+    return hasattr(torch.ops.radixserve, "paged_decode")
 
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """True if the C kernel may run these inputs: ENABLED, float32 CPU tensors, contiguous caches, q rows with a
-    contiguous head_dim; does not build the kernel."""
+    """True if the kernel may run these inputs: ENABLED, float32 or bfloat16 CPU tensors of one dtype, contiguous
+    caches, q rows with a contiguous head_dim that is a multiple of 16 up to MAX_HEAD_DIM; does not build the
+    kernel."""
     return (
         ENABLED
         and q.device.type == "cpu"
-        and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32
+        and q.dtype in DTYPES
+        and q.dtype == k_cache.dtype == v_cache.dtype
+        and q.shape[-1] % 16 == 0
+        and q.shape[-1] <= MAX_HEAD_DIM
         and k_cache.is_contiguous()
         and v_cache.is_contiguous()
         and q.stride(-1) == 1
@@ -115,41 +184,45 @@ def paged_decode(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
-    seq_lens: list[int],
+    seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor | None:
     """Decode attention, one query token per sequence, read in place from the paged cache.
 
     Args:
-        q: float32 [num_seqs, num_heads, head_dim] (head_dim contiguous), CPU.
-        k_cache, v_cache: contiguous float32 [num_blocks, block_size, num_kv_heads, head_dim].
-        block_tables: integer [num_seqs, >= max blocks]; entry j of row i is sequence i's j-th block.
-        seq_lens: num_seqs ints, tokens of each sequence (>= 1), the new token included.
+        q: float32 or bfloat16 [num_seqs, num_heads, head_dim] (head_dim contiguous), CPU.
+        k_cache, v_cache: contiguous [num_blocks, block_size, num_kv_heads, head_dim], dtype of q.
+        block_tables: int32 or int64 [num_seqs, >= blocks needed]; entry j of row i is sequence i's j-th block.
+        seq_lens: int32 or int64 [num_seqs], tokens of each sequence, the new token included (0 gives zeros).
         scale: softmax scale (usually head_dim ** -0.5).
 
     Returns:
-        float32 [num_seqs, num_heads, head_dim], a new tensor; None if the kernel could not be built (the caller
-        takes the torch path). Uses torch.get_num_threads() OpenMP threads. Mutates nothing.
+        [num_seqs, num_heads, head_dim], dtype of q, a new contiguous tensor (scores, softmax and accumulation in
+        float32); None if the kernel could not be built (the caller takes the torch path). Runs on
+        torch.get_num_threads() threads of torch's pool; sequences may come in any order. Mutates nothing.
 
     Raises:
-        KernelInputError: a block table too narrow for a sequence, or naming a block outside the cache.
+        KernelInputError: a block table too narrow for a sequence, a block id outside the cache, or shapes/dtypes
+            the kernel does not take (checked before any work).
     """
-    lib = load_library()
-    if lib is None:
+    op = _op if _op is not None else load_op()
+    if op is None:
         return None
-    num_seqs, num_heads, head_dim = q.shape
-    num_blocks, block_size, num_kv_heads = k_cache.shape[:3]
-    if seq_lens and max(seq_lens) > block_tables.shape[1] * block_size:
-        raise KernelInputError(f"block table of {block_tables.shape[1]} blocks is too short for {max(seq_lens)} tokens")
-    tables = block_tables.to(torch.int64).contiguous()
-    lens = torch.tensor(seq_lens, dtype=torch.int64)
-    out = torch.empty(q.shape, dtype=q.dtype)
-    bad = getattr(lib, SYMBOL)(
-        q.data_ptr(), q.stride(0), q.stride(1),
-        k_cache.data_ptr(), v_cache.data_ptr(), num_blocks, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        tables.data_ptr(), tables.stride(0), lens.data_ptr(), out.data_ptr(), out.stride(0), out.stride(1),
-        num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim, block_size, scale, torch.get_num_threads(),
-    )  # fmt: skip
-    if bad:
-        raise KernelInputError(f"a block table names a block outside the cache's {num_blocks} blocks")
-    return out
+    try:
+        return op(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    except ValueError as exc:  # c10::ValueError from the operator's input checks
+        raise KernelInputError(str(exc).split("\n", 1)[0]) from exc
+
+
+def main() -> None:
+    """Build the kernel (if needed) and print where it is and how long the build took."""
+    start = time.perf_counter()
+    built = ensure_built(library_path(source_bytes()))
+    if not built.built:
+        torch.ops.load_library(str(built.path))
+    verb = f"built in {built.seconds:.1f} s" if built.built else "already built"
+    print(f"{built.path}: {verb}; loaded after {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

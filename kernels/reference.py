@@ -12,8 +12,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_decode
 from kernels.errors import KernelInputError
+
+
+def _cpu_decode():
+    # Imported on first use, not with the package: `python -m kernels.cpu_decode` (the build command) must find the
+    # module not yet imported, or runpy warns that it runs a second copy.
+    from kernels import cpu_decode
+
+    return cpu_decode
 
 
 def _require(ok: bool, message: str) -> None:
@@ -154,10 +161,13 @@ def _decode(
     q [S, H, d], tables long [S, >= blocks], lens: S ints (tokens) -> [S, H, d]. Sequences are taken in groups whose
     gathered K/V stay under DECODE_GROUP_BYTES (at least one sequence per group); a group pads to its longest
     sequence and masks the padding. GQA: the G = H / kvh query heads of a KV head are its G query rows.
-    Contiguous fp32 CPU caches take the fused C kernel instead (kernels/cpu_decode.py: no gather), when it builds.
+    Contiguous float32 / bfloat16 CPU caches take the fused kernel instead (kernels/cpu_decode.py: no gather), when
+    it builds.
     """
+    lens_t = torch.tensor(lens, device=q.device)
+    cpu_decode = _cpu_decode()
     if cpu_decode.supports(q, k_cache, v_cache):
-        fused = cpu_decode.paged_decode(q, k_cache, v_cache, tables, lens, scale)
+        fused = cpu_decode.paged_decode(q, k_cache, v_cache, tables, lens_t, scale)
         if fused is not None:
             return fused
     num_seqs, num_heads, head_dim = q.shape
@@ -165,7 +175,6 @@ def _decode(
     token_bytes = 2 * num_kv_heads * head_dim * q.element_size()
     qg = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = qg.new_empty(qg.shape)
-    lens_t = torch.tensor(lens, device=q.device)
     start = 0
     while start < num_seqs:
         n_blocks = -(-lens[start] // block_size)
@@ -234,14 +243,24 @@ def paged_attention(
 ) -> torch.Tensor:
     """Paged causal attention; the contract is kernels.paged_attention's. Returns [num_tokens, num_heads, head_dim].
 
-    Decode sequences (one query token) run in groups, longest first, one SDPA per group over the group's gathered
-    blocks; extend/prefill sequences run one at a time (see _extend). Python loops run per group or per sequence,
-    never per token.
+    A decode-only batch (max_query_len == 1, or every query length 1) on float32 / bfloat16 CPU caches goes to the
+    fused kernel in one call (kernels/cpu_decode.py). Otherwise decode sequences (one query token) run in groups,
+    longest first, one SDPA per group over the group's gathered blocks (or the fused kernel when it builds);
+    extend/prefill sequences run one at a time (see _extend). Python loops run per group or per sequence, never per
+    token.
     """
-    out = q.new_empty(q.shape)
     if q.shape[0] == 0:
-        return out
-    starts = query_start_loc.tolist()
+        return q.new_empty(q.shape)
+    starts = query_start_loc.tolist() if max_query_len != 1 else None
+    decode_only = starts is None or all(starts[i + 1] - starts[i] == 1 for i in range(len(starts) - 1))
+    cpu_decode = _cpu_decode()
+    if decode_only and cpu_decode.supports(q, k_cache, v_cache):
+        # The fused kernel takes a decode batch in any order and int32 tables as they are: no sorting, no copies.
+        fused = cpu_decode.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        if fused is not None:
+            return fused
+    out = q.new_empty(q.shape)
+    starts = query_start_loc.tolist() if starts is None else starts
     lens = seq_lens.tolist()
     tables = block_tables.long()
     decode = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]

@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FIELDS = {"backend", "phase", "batch", "context", "heads", "seconds", "gbps", "fraction_of_copy_bw", "vs_contiguous",
-          "cpu_seconds", "vs_contiguous_cpu"}  # fmt: skip
+FIELDS = {"backend", "phase", "batch", "context", "heads", "dtype", "seconds", "gbps", "fraction_of_copy_bw",
+          "vs_contiguous", "cpu_seconds", "vs_contiguous_cpu"}  # fmt: skip
+MACHINE = {"type", "cpu_model", "cpu_capability", "flags", "native_bf16", "cores", "load_average", "torch_threads",
+           "torch", "copy_gbps", "dtype"}  # fmt: skip
 
 
 def test_smoke_writes_rows_for_every_backend(tmp_path: Path) -> None:
@@ -21,18 +23,25 @@ def test_smoke_writes_rows_for_every_backend(tmp_path: Path) -> None:
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     data = json.loads(out.read_text())
+    assert set(data["device"]) == MACHINE and data["device"]["torch_threads"] == 1
     assert data["device"]["type"] == "cpu" and data["mode"] == "smoke" and data["block_size"] == 16
-    assert data["device"]["torch_threads"] == 1
     assert data["other_runs"] == {"cuda": gpu_run}
     rows = data["rows"]
-    assert [(r["backend"], r["phase"], r["batch"], r["context"]) for r in rows] == [
-        ("reference", "decode", 2, 64),
-        ("reference[gather-all]", "decode", 2, 64),
-        ("sdpa_contiguous", "decode", 2, 64),
-        ("reference", "extend 16 on 48", 1, 64),
-        ("sdpa_contiguous", "extend 16 on 48", 1, 64),
+    assert [(r["backend"], r["dtype"], r["batch"], r["context"]) for r in rows] == [
+        (backend, dtype, 2, 64)
+        for dtype in ("float32", "bfloat16")
+        for backend in ("fused", "gather+sdpa", "sdpa_contiguous")
     ]
     for row in rows:
         assert set(row) == FIELDS and row["heads"] == "smollm2 9q/3kv/64" and row["seconds"] > 0
+        assert row["phase"] == "decode"
     baselines = [r for r in rows if r["backend"] == "sdpa_contiguous"]
     assert [(r["vs_contiguous"], r["vs_contiguous_cpu"]) for r in baselines] == [(1.0, 1.0), (1.0, 1.0)]
+    assert [(r["backend"], r["phase"]) for r in data["step_rows"]] == [
+        ("linears_only", "step 2 layers"), ("fused", "step 2 layers")
+    ]
+    assert [r["vs_fused"] for r in data["step_rows"]][1] == 1.0
+    assert [(s["dtype"], sorted(s)) for s in data["summary"]] == [
+        (dtype, ["batch", "context", "dtype", "gather+sdpa_over_fused"]) for dtype in ("float32", "bfloat16")
+    ]
+    assert data["legacy_commit"] is None and isinstance(data["openmp_runtimes"], list)

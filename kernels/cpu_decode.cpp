@@ -1,0 +1,256 @@
+// Fused paged decode attention for CPU, float32 and bfloat16: one query token per sequence, K/V read in place
+// through the block table (no gather), one pass over each K/V row with an online softmax. A torch operator,
+// torch.ops.radixserve.paged_decode, built on first use by kernels/cpu_decode.py.
+//
+// Layout (kernels/__init__.py): k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim], contiguous;
+// q [num_seqs, num_heads, head_dim], head_dim contiguous; out [num_seqs, num_heads, head_dim], contiguous, dtype of
+// q. The G = num_heads / num_kv_heads query heads of a KV head are heads kvh * G .. kvh * G + G - 1, and they share
+// every K/V row read. Scores, softmax and the accumulator are float32 whatever the cache dtype.
+//
+// Online softmax: Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"; the tile-wise rescaling of
+// the output accumulator is FlashAttention's (Dao et al. 2022, alg. 1; FlashAttention-2, Dao 2023, sec. 3.1). Scores
+// of one tile (up to TILE tokens of a block) are computed first, then the running max m, the normalizer l and the
+// accumulator acc are rescaled once per tile by exp(m_old - m_new).
+//
+// Memory bounds float32 decode: each work item reads a sequence's blocks front to back and prefetches the next
+// block of the table into L2 while it computes on the current one (block ids are scattered, so the hardware
+// prefetcher cannot guess it). bfloat16 halves the bytes; its conversion to float32 is a shift or a mask (a
+// float32's upper half). Vectors are the compiler's generic vectors (GCC >= 12 or Clang) of 16 floats (AVX-512) or 8
+// (otherwise), so one source builds for AVX-512 and for AVX2 (-march=native picks).
+//
+// Threads: at::parallel_for, i.e. torch's intra-op pool. Its OpenMP backend is inline in ATen's headers, hence
+// -fopenmp; the library links no OpenMP runtime of its own (no -lgomp): the GOMP_* calls resolve to the runtime
+// libtorch_cpu loaded, so there is one pool, not two. Inside it the work items are handed out one at a time (an
+// atomic counter: ragged lengths balance), and each item's result depends only on its inputs, so the output is the
+// same for any thread count.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/EmptyTensor.h>
+#include <torch/library.h>
+
+#include "cpu_decode.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+using namespace radixserve_cpu;
+
+// Below this many K rows (tokens x kv heads) in the batch the kernel runs on the calling thread: waking the pool
+// costs more than it saves.
+constexpr int64_t MIN_PARALLEL_ROWS = 1024;
+
+template <typename T>
+inline void prefetch_row(const T* row, int64_t n) {
+    // Into L2, not L1 (locality 2: prefetcht1): a block's K and V (24 KB in float32 for SmolLM2) pulled into L1
+    // evict the tile being read, and measured no faster than no prefetch at all; into L2 it was 1.5x faster.
+    for (int64_t i = 0; i < n; i += 64 / static_cast<int64_t>(sizeof(T))) __builtin_prefetch(row + i, 0, 2);
+}
+
+// Shapes and element strides shared by all work items.
+struct Problem {
+    int64_t block_size, num_kv_heads, group, head_dim;
+    int64_t q_ss, q_sh;        // q: sequence, head
+    int64_t c_sb, c_st, c_sh;  // k_cache and v_cache: block, token, kv head
+    int64_t o_ss, o_sh;        // out: sequence, head
+    float scale;
+};
+
+// One thread's working memory, sized for a work item of all kv heads: q rows (scaled), accumulators, m, l.
+struct Scratch {
+    std::vector<float> qs, acc, m, l;
+    Scratch(int64_t rows, int64_t d) : qs(rows * d), acc(rows * d), m(rows), l(rows) {}
+};
+
+// One query row r against one tile of n <= TILE tokens of one kv head (k, v: the tile's first rows, token stride
+// st): scores, online-softmax update of m, l and the accumulator acc (d = nc * W floats).
+template <typename T, int64_t NC>
+inline void attend_tile(const float* qs, const T* k, const T* v, int64_t st, int64_t n, int64_t nc_rt, float* acc,
+                        float& m, float& l) {
+    const int64_t nc = NC > 0 ? NC : nc_rt;
+    vec qv[NC > 0 ? NC : MAX_NC], row[NC > 0 ? NC : MAX_NC], part[TILE];
+    for (int64_t c = 0; c < nc; c++) qv[c] = load_vec(qs + W * c);
+    for (int64_t t = 0; t < TILE; t++) {
+        vec a = {};
+        if (t < n) {
+            load_row<NC>(k + t * st, row, nc);
+            for (int64_t c = 0; c < nc; c++) a += qv[c] * row[c];
+        }
+        part[t] = a;
+    }
+    float s[TILE];
+    store_vec(s, hsum_tile(part));
+    for (int64_t t = n; t < TILE; t++) s[t] = -INFINITY;  // the max ignores them
+    float m_new = m;
+    for (int64_t t = 0; t < TILE; t++) m_new = s[t] > m_new ? s[t] : m_new;
+    const float corr = m_new == m ? 1.0f : m == -INFINITY ? 0.0f : std::exp(m - m_new);  // exp(0) = 1: skip it
+    exp_shifted(s, m_new);
+    for (int64_t t = n; t < TILE; t++) s[t] = 0.0f;  // exp_shifted gave them ~1e-38
+    l = l * corr + hsum(load_vec(s));
+    m = m_new;
+    vec o[NC > 0 ? NC : MAX_NC];
+    for (int64_t c = 0; c < nc; c++) o[c] = load_vec(acc + W * c) * corr;
+    for (int64_t t = 0; t < n; t++) {
+        load_row<NC>(v + t * st, row, nc);
+        for (int64_t c = 0; c < nc; c++) o[c] += s[t] * row[c];
+    }
+    for (int64_t c = 0; c < nc; c++) store_vec(acc + W * c, o[c]);
+}
+
+// One sequence, kv heads h0 .. h1 - 1 (rows = (h1 - h0) * group, row r = (h - h0) * group + g is query head
+// h0 * group + r). Blocks are visited in table order and, inside a block, head after head, so a block's bytes are
+// read front to back while they are hot. The table's first ceil(seq_len / block_size) entries are valid block ids.
+template <typename T, int64_t NC>
+void attend(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t seq_len,
+            int64_t h0, int64_t h1, Scratch& w, T* out) {
+    const int64_t d = p.head_dim, group = p.group, rows = (h1 - h0) * group, bs = p.block_size, st = p.c_st;
+    float *qs = w.qs.data(), *acc = w.acc.data(), *m = w.m.data(), *l = w.l.data();
+    for (int64_t r = 0; r < rows; r++) {
+        const T* qr = q + (h0 * group + r) * p.q_sh;
+        for (int64_t i = 0; i < d; i++) qs[r * d + slot(out, i, d)] = to_f32(qr[i]) * p.scale;
+        std::fill(acc + r * d, acc + (r + 1) * d, 0.0f);
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    for (int64_t start = 0; start < seq_len; start += bs) {
+        const int64_t block = table[start / bs], in_block = std::min(seq_len - start, bs);
+        const T *next_k = nullptr, *next_v = nullptr;
+        int64_t next_len = 0;
+        if (start + bs < seq_len) {  // block ids are scattered: prefetch the next block's rows of each tile read
+            const int64_t next = table[start / bs + 1];
+            next_k = k_cache + next * p.c_sb;
+            next_v = v_cache + next * p.c_sb;
+            next_len = std::min(seq_len - start - bs, bs);
+        }
+        for (int64_t t0 = 0; t0 < in_block; t0 += TILE) {
+            const int64_t n = std::min(in_block - t0, TILE);
+            for (int64_t h = h0; h < h1; h++) {
+                const int64_t off = t0 * st + h * p.c_sh;
+                for (int64_t t = t0; t < std::min(t0 + TILE, next_len); t++) {
+                    prefetch_row(next_k + t * st + h * p.c_sh, d);
+                    prefetch_row(next_v + t * st + h * p.c_sh, d);
+                }
+                for (int64_t r = (h - h0) * group; r < (h - h0 + 1) * group; r++)
+                    attend_tile<T, NC>(qs + r * d, k_cache + block * p.c_sb + off, v_cache + block * p.c_sb + off, st,
+                                       n, d / W, acc + r * d, m[r], l[r]);
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        T* o = out + (h0 * group + r) * p.o_sh;
+        for (int64_t i = 0; i < d; i++) store(o + i, acc[r * d + slot(out, i, d)] * inv);
+    }
+}
+
+// Element `offset` (in elements) of an int32 or int64 tensor, as int64.
+int64_t index_at(const at::Tensor& t, int64_t offset) {
+    return t.scalar_type() == at::kInt ? t.data_ptr<int32_t>()[offset] : t.data_ptr<int64_t>()[offset];
+}
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
+                  const at::Tensor& seq_lens) {
+    for (const at::Tensor* t : {&q, &k_cache, &v_cache, &tables, &seq_lens})
+        TORCH_CHECK_VALUE(t->device().is_cpu(), "paged_decode: every input must be a CPU tensor");
+    TORCH_CHECK_VALUE(q.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
+                      "paged_decode: q must be [seqs, heads, head_dim], k_cache and v_cache equal 4-D tensors");
+    TORCH_CHECK_VALUE(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type() &&
+                          (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
+                      "paged_decode: q and the caches must share one dtype, float32 or bfloat16");
+    TORCH_CHECK_VALUE(k_cache.is_contiguous() && v_cache.is_contiguous() && q.stride(2) == 1,
+                      "paged_decode: the caches must be contiguous and q's head_dim contiguous");
+    TORCH_CHECK_VALUE(q.size(2) == k_cache.size(3) && q.size(1) % k_cache.size(2) == 0,
+                      "paged_decode: q's heads and head_dim must match the caches' (GQA: heads % kv_heads == 0)");
+    TORCH_CHECK_VALUE(q.size(2) % 16 == 0 && q.size(2) <= W * MAX_NC,
+                      "paged_decode: head_dim must be a multiple of 16, at most ", W * MAX_NC);
+    TORCH_CHECK_VALUE(tables.dim() == 2 && tables.size(0) == q.size(0) && seq_lens.dim() == 1 &&
+                          seq_lens.size(0) == q.size(0),
+                      "paged_decode: block_tables must be [seqs, blocks] and seq_lens [seqs]");
+    for (const at::Tensor* t : {&tables, &seq_lens})
+        TORCH_CHECK_VALUE(t->scalar_type() == at::kInt || t->scalar_type() == at::kLong,
+                          "paged_decode: block_tables and seq_lens must be int32 or int64");
+}
+
+template <typename T>
+void run(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const std::vector<int64_t>& tables,
+         const std::vector<int64_t>& offsets, const std::vector<int64_t>& lens, T* out) {
+    const int64_t num_seqs = static_cast<int64_t>(lens.size()), threads = at::get_num_threads();
+    int64_t rows = 0;
+    for (int64_t len : lens) rows += len * p.num_kv_heads;
+    const bool parallel = threads > 1 && rows >= MIN_PARALLEL_ROWS && !at::in_parallel_region();
+    // With fewer sequences than threads a work item is one (sequence, kv head); otherwise one sequence with all its
+    // kv heads, so that each block (all kv heads of a token are adjacent) is read front to back once.
+    const int64_t heads_per_item = parallel && num_seqs < threads ? 1 : p.num_kv_heads;
+    const int64_t items_per_seq = p.num_kv_heads / heads_per_item, work = num_seqs * items_per_seq;
+    std::atomic<int64_t> next{0};
+    auto worker = [&](int64_t, int64_t) {
+        Scratch scratch(heads_per_item * p.group, p.head_dim);
+        for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < work;) {
+            const int64_t seq = item / items_per_seq, h0 = item % items_per_seq * heads_per_item;
+            const T* qs = q + seq * p.q_ss;
+            T* os = out + seq * p.o_ss;
+            const int64_t* table = tables.data() + offsets[seq];
+            // Constant head_dim cases keep q and the accumulator in registers (loops fully unrolled).
+            if (p.head_dim == 64)
+                attend<T, 64 / W>(p, qs, k_cache, v_cache, table, lens[seq], h0, h0 + heads_per_item, scratch, os);
+            else if (p.head_dim == 128)
+                attend<T, 128 / W>(p, qs, k_cache, v_cache, table, lens[seq], h0, h0 + heads_per_item, scratch, os);
+            else
+                attend<T, 0>(p, qs, k_cache, v_cache, table, lens[seq], h0, h0 + heads_per_item, scratch, os);
+        }
+    };
+    if (parallel && work > 1)
+        at::parallel_for(0, std::min(threads, work), 1, worker);  // one chunk per thread; items come from `next`
+    else
+        worker(0, 1);
+}
+
+// The operator: see kernels/cpu_decode.py's paged_decode for the contract. Raises c10::ValueError (Python
+// ValueError) for bad inputs, before any work: a table too short for its sequence, a block id outside the cache.
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale) {
+    check_inputs(q, k_cache, v_cache, block_tables, seq_lens);
+    const int64_t num_seqs = q.size(0), num_blocks = k_cache.size(0), block_size = k_cache.size(1);
+    const int64_t width = block_tables.size(1);
+    std::vector<int64_t> lens(num_seqs), offsets(num_seqs), tables;
+    for (int64_t i = 0; i < num_seqs; i++) {
+        const int64_t len = lens[i] = index_at(seq_lens, i * seq_lens.stride(0));
+        const int64_t need = (len + block_size - 1) / block_size;
+        TORCH_CHECK_VALUE(len >= 0, "paged_decode: seq_lens must be >= 0, got ", len);
+        TORCH_CHECK_VALUE(need <= width, "paged_decode: block table of ", width, " blocks is too short for ", len,
+                          " tokens");
+        offsets[i] = static_cast<int64_t>(tables.size());
+        for (int64_t j = 0; j < need; j++) {
+            const int64_t block = index_at(block_tables, i * block_tables.stride(0) + j * block_tables.stride(1));
+            TORCH_CHECK_VALUE(block >= 0 && block < num_blocks, "paged_decode: block ", block,
+                              " is outside the cache's ", num_blocks, " blocks");
+            tables.push_back(block);
+        }
+    }
+    at::Tensor out(at::detail::empty_cpu(q.sizes(), q.scalar_type(), false, std::nullopt));
+    const Problem p{block_size, k_cache.size(2), q.size(1) / k_cache.size(2), q.size(2), q.stride(0), q.stride(1),
+                    k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
+                    static_cast<float>(scale)};
+    if (q.scalar_type() == at::kFloat) {
+        run<float>(p, q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), tables, offsets, lens,
+                   out.data_ptr<float>());
+    } else {
+        auto bits = [](const at::Tensor& t) { return reinterpret_cast<bf16_bits*>(t.data_ptr<at::BFloat16>()); };
+        run<bf16_bits>(p, bits(q), bits(k_cache), bits(v_cache), tables, offsets, lens, bits(out));
+    }
+    return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(radixserve, m) {
+    m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, float scale) "
+          "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(radixserve, CPU, m) { m.impl("paged_decode", &paged_decode); }
