@@ -31,9 +31,10 @@ class ServerArgs:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = _opt(
         "auto", "weights, activations and KV cache dtype; auto: bfloat16 on CUDA and on CPUs with native bfloat16 "
         "dot products (AMX-BF16 or AVX512-BF16), float32 on other CPUs (runtime.model.cpu_features)")
-    quantization: Literal["none", "int8"] = _opt(
-        "none", "weight-only quantization of the linear layers on CPU: none, or int8 (per output channel, used for "
-        "steps of few rows, where reading the weights bounds the step; runtime.model.quant)")
+    quantization: Literal["none", "int8", "int4"] = _opt(
+        "none", "weight-only quantization of the linear layers on CPU, used for steps of few rows (where reading the "
+        "weights bounds the step): none; int8 (per output channel); int4 (groups of 32 along K, the lm_head int8); "
+        "runtime.model.quant")
     block_size: int = _opt(16, "tokens per KV block")
     kv_cache_memory: int = _opt(256 * 2**20, "bytes of KV cache on CPU (on CUDA see gpu_memory_utilization)")
     gpu_memory_utilization: float = _opt(0.85, "on CUDA: fraction of free device memory given to the KV cache")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from runtime.config import InvalidConfig
 from runtime.model.loader import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
 from runtime.model.models.batch import AttentionMetadata
 from runtime.model.models.llama import LlamaForCausalLM
+from runtime.model.quant import QUANTIZATIONS
 
 __all__ = ["AttentionMetadata", "LlamaForCausalLM", "build_model"]
 
@@ -15,15 +17,25 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {name: LlamaForCausalLM for n
 
 
 def build_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], max_positions: int,
-                attention_backend: str | None = None) -> LlamaForCausalLM:
+                attention_backend: str | None = None, quantization: str = "none") -> LlamaForCausalLM:
     """The model for cfg.architecture built from Hugging Face weights (emptied as they are taken).
 
     max_positions: tokens the rotary tables cover (the runner's max_model_len).
+    quantization: "none", "int8" or "int4" (ServerArgs.quantization): weight-only int8 copies of the linear layers,
+    or int4 copies (groups of 32) of the layers' projections with an int8 head, used for steps of few rows
+    (runtime.model.quant, runtime.model.quant_int4); CPU weights only. Outputs keep the weights' dtype.
     Raises:
         UnsupportedModelError: an architecture without an implementation.
         CorruptModelError: a tensor the architecture needs is missing.
+        InvalidConfig: an unknown quantization, or "int8" / "int4" with weights on a device other than the CPU.
     """
     cls = MODEL_CLASSES.get(cfg.architecture)
     if cls is None:
         raise UnsupportedModelError(f"architecture {cfg.architecture!r}; supported: {sorted(MODEL_CLASSES)}")
-    return cls(cfg, weights, max_positions, attention_backend).eval()
+    if quantization not in QUANTIZATIONS:
+        raise InvalidConfig(f"quantization {quantization!r}; supported: {list(QUANTIZATIONS)}")
+    devices = {t.device.type for t in weights.values()}
+    if quantization != "none" and devices - {"cpu"}:
+        raise InvalidConfig(f"quantization {quantization!r} runs on CPU only; the weights are on {sorted(devices)}: "
+                            "use quantization 'none' there")
+    return cls(cfg, weights, max_positions, attention_backend, quantization).eval()

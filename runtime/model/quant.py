@@ -1,0 +1,190 @@
+"""Weight-only int8 (and, through runtime.model.quant_int4, int4) linears for steps of few rows on CPU, where reading
+the weights bounds the step.
+
+Scheme: per-output-channel symmetric ("absmax") int8, as in LLM.int8()'s vector-wise quantization (Dettmers et al.
+2022, section 3.1) and gpt-fast's int8 weight-only handler: for each output row n of a weight W [N, K],
+scale[n] = max_k |W[n, k]| / 127 and q[n, k] = round(W[n, k] / scale[n]) clamped to [-127, 127], so that
+W ~= q * scale[:, None]. Activations stay in floating point; torch's `aten._weight_int8pack_mm(x, q, scale)` computes
+(x @ q.T) * scale, reading 1 byte per weight instead of 2 (bfloat16) or 4 (float32).
+
+Where it pays (measured with benchmarks on cold weights: 30 layers of distinct SmolLM2-135M-shaped projections and the
+49152 x 576 head, so no cache holds them; AMD EPYC with AVX-512 + AVX512-BF16, 1 and 2 threads):
+- bfloat16 activations: the int8 kernel takes 0.57x the time of bfloat16 F.linear at 1 row, 0.72-0.77x at 2-4 rows,
+  1.02x at 5-6 rows and 1.14-1.4x at 7-12 rows (the kernel works in blocks of 4 rows); at 16-64 rows 1.5-2.4x.
+  Hence INT8_MAX_ROWS[bfloat16] = 4.
+- float32 activations: passed to the kernel as they are, it runs a scalar loop (slow); converted to bfloat16 around
+  it (one copy of the activations each way) it takes 0.3-0.45x of float32 F.linear at 1-4 rows, 0.58x at 8,
+  0.75-0.86x at 12-16 and 1.05x at 32; with torch and oneDNN held to AVX2 (ATEN_CPU_CAPABILITY=avx2,
+  ONEDNN_MAX_CPU_ISA=AVX2) 0.49x at 1 row, 0.77x at 8 and 1.0x at 16. Hence INT8_MAX_ROWS[float32] = 8: float32
+  models convert around the kernel rather than refusing int8, and their outputs keep the model dtype.
+- The dense weight is kept beside the int8 copy: above the row limit F.linear on it is 1.4-2.4x faster than the int8
+  kernel at 12-64 rows, and dequantizing per call instead costs ~100-150 ms per forward (+13% at a 512-row prefill).
+  Cost for SmolLM2-135M in bfloat16: the 30 layers' projections are 106.2 M weights (212 MB dense, +106 MB int8) and
+  the tied head 28.3 M (its dense table is the embedding, +28 MB int8): 404 MB resident instead of 269 MB.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from runtime.model.quant_int4 import INT4_MAX_ROWS, Int4Weight, int4_fits, int4_linear, pack_int4, quantize_int4
+
+QUANTIZATIONS: tuple[str, ...] = ("none", "int8", "int4")
+INT8_QMAX = 127
+# The most rows (tokens) of a step that take the int8 kernel, per model (activation) dtype; measured as the module
+# docstring says. float16 is not measured: it goes through bfloat16 as float32 does, and is given bfloat16's limit.
+INT8_MAX_ROWS: dict[torch.dtype, int] = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
+# The kernel's x86 code (aten/src/ATen/native/cpu/int8mm_kernel.cpp, torch 2.x) has a vector path for bfloat16 only
+# (float16 and float32 run a scalar loop there), steps through K 16 values at a time with no tail (AVX-512; 8 on
+# AVX2), so K must be a multiple of 16, and loads the activations with aligned 32-byte loads, so their data must
+# start 32-byte aligned: a misaligned view crashes the process (SIGSEGV) and another K reads past the rows.
+KERNEL_DTYPE = torch.bfloat16
+INT8_K_MULTIPLE = 16
+_ALIGN = 64  # bytes; torch's CPU allocator aligns new tensors to 64
+
+
+class Int8Weight(NamedTuple):
+    """A weight quantized per output channel: qweight int8 [N, K], scales [N] in the kernel's activation dtype."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+
+
+def quantize_int8(weight: torch.Tensor, scale_dtype: torch.dtype = torch.bfloat16) -> Int8Weight:
+    """Per-output-channel symmetric int8 quantization of weight [N, K] (any float dtype).
+
+    scales[n] = absmax(weight[n]) / 127, rounded to scale_dtype (the dtype the kernel multiplies in); q is computed
+    against those rounded scales, q = clamp(round(weight / scales), -127, 127), so dequantize_int8 reproduces exactly
+    what the kernel multiplies. A row of zeros gets scale 1 and q = 0. A weight whose rows are q * s with |q| <= 127,
+    max |q| = 127 and s representable in scale_dtype round-trips exactly.
+    Returns Int8Weight (new tensors on weight's device). Raises ValueError when weight is not 2-D.
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"quantize_int8 takes a 2-D weight [N, K], got shape {tuple(weight.shape)}")
+    w = weight.float()
+    absmax = w.abs().amax(dim=1)
+    scales = torch.where(absmax > 0, absmax / INT8_QMAX, torch.ones_like(absmax)).to(scale_dtype)
+    q = torch.round(w / scales.float()[:, None]).clamp_(-INT8_QMAX, INT8_QMAX).to(torch.int8)
+    return Int8Weight(q.contiguous(), scales.contiguous())
+
+
+def dequantize_int8(qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """qweight int8 [N, K] * scales [N] -> [N, K] in dtype (computed in float32, then cast)."""
+    return (qweight.float() * scales.float()[:, None]).to(dtype)
+
+
+def int8_linear(x: torch.Tensor, w: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ dequantize(w).T (+ bias) -> [..., N] in x.dtype, through aten._weight_int8pack_mm.
+
+    The kernel runs in KERNEL_DTYPE: x of another dtype (float32 models) is converted to it and the output, rounded
+    to bfloat16 by the kernel, back to x.dtype; x is copied when it is not contiguous or not aligned as the kernel
+    needs.
+    Raises ValueError when K is not a multiple of INT8_K_MULTIPLE or w.scales is not KERNEL_DTYPE (the kernel would
+    read past its rows); RuntimeError (from the kernel) on other shape mismatches.
+    """
+    k = x.shape[-1]
+    if k % INT8_K_MULTIPLE or w.scales.dtype != KERNEL_DTYPE:
+        raise ValueError(f"int8_linear needs K % {INT8_K_MULTIPLE} == 0 and {KERNEL_DTYPE} scales; got K={k}, "
+                         f"scales {w.scales.dtype}")
+    inner = x.reshape(-1, k).to(KERNEL_DTYPE).contiguous()
+    if inner.data_ptr() % _ALIGN:
+        inner = inner.clone()
+    out = torch.ops.aten._weight_int8pack_mm(inner, w.qweight, w.scales)
+    if out.dtype != x.dtype:
+        out = out.to(x.dtype)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+class Linear(torch.nn.Module):
+    """y = x @ weight.T + bias, with an optional int8 or int4 copy of weight for inputs of few rows.
+
+    weight [N, K] (kept: it serves inputs above the row limit, and may be shared, e.g. a tied embedding); bias [N] or
+    None. Buffers (not in the state dict: derived from weight at construction), None when not quantized:
+    - quantization="int8": qweight int8 [N, K], scales [N] (KERNEL_DTYPE); kernel int8_linear.
+    - quantization="int4": qweight uint8 [N, K / 2] packed for this CPU, scales [K / 32, N, 2] (scale and zero per
+      group of 32, KERNEL_DTYPE); kernel runtime.model.quant_int4.int4_linear.
+    forward sends inputs of at most max_rows rows (INT8_MAX_ROWS / INT4_MAX_ROWS[weight.dtype] unless given) to the
+    kernel, larger ones to F.linear on the dense weight. A weight the kernel cannot take (int8: K not a multiple of
+    INT8_K_MULTIPLE; int4: K not a multiple of 32 or N of 16; no Llama-family model here has one) stays dense only
+    (qweight is None, scheme "none"). Outputs keep x's dtype. Raises ValueError for an unknown quantization.
+    """
+
+    qweight: torch.Tensor | None
+    scales: torch.Tensor | None
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, quantization: str = "none",
+                 max_rows: int | None = None) -> None:
+        super().__init__()
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization {quantization!r}; supported: {list(QUANTIZATIONS)}")
+        self.weight = weight if isinstance(weight, torch.nn.Parameter) else torch.nn.Parameter(weight, False)
+        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+        qweight: torch.Tensor | None = None
+        scales: torch.Tensor | None = None
+        limits = INT8_MAX_ROWS
+        w = weight.detach()
+        if quantization == "int8" and w.shape[-1] % INT8_K_MULTIPLE == 0:
+            qweight, scales = quantize_int8(w, KERNEL_DTYPE)
+        elif quantization == "int4" and int4_fits(w):
+            qweight, scales, _ = pack_int4(quantize_int4(w))
+            limits = INT4_MAX_ROWS
+        self.scheme = "none" if qweight is None else quantization
+        self.register_buffer("qweight", qweight, persistent=False)
+        self.register_buffer("scales", scales, persistent=False)
+        self.max_rows = 0 if qweight is None else limits.get(weight.dtype, 0) if max_rows is None else max_rows
+
+    @property
+    def int8(self) -> Int8Weight | None:
+        """The int8 copy (buffers qweight int8 [N, K], scales [N]), or None when not int8-quantized."""
+        if self.scheme != "int8" or self.qweight is None or self.scales is None:
+            return None
+        return Int8Weight(self.qweight, self.scales)
+
+    @property
+    def int4(self) -> Int4Weight | None:
+        """The int4 copy (qweight uint8 [N, K / 2], scales_and_zeros [K / 32, N, 2]), or None when not int4."""
+        if self.scheme != "int4" or self.qweight is None or self.scales is None:
+            return None
+        return Int4Weight(self.qweight, self.scales, self.weight.shape[-1] // self.scales.shape[0])
+
+    @property
+    def out_features(self) -> int:
+        """N, the output width."""
+        return int(self.weight.shape[0])
+
+    def uses_int8(self, rows: int) -> bool:
+        """True when an input of `rows` rows (tokens) runs the int8 kernel."""
+        return self.scheme == "int8" and rows <= self.max_rows
+
+    def uses_quantized(self, rows: int) -> bool:
+        """True when an input of `rows` rows (tokens) runs the int8 or int4 kernel."""
+        return self.qweight is not None and rows <= self.max_rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] -> [..., N] in x.dtype; the quantized kernel when uses_quantized(rows of x), else F.linear."""
+        if self.qweight is not None and self.scales is not None and x.numel() <= self.max_rows * x.shape[-1]:
+            if self.scheme == "int4":
+                w4 = Int4Weight(self.qweight, self.scales, x.shape[-1] // self.scales.shape[0])
+                return int4_linear(x, w4, self.bias)
+            return int8_linear(x, Int8Weight(self.qweight, self.scales), self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        """in/out features, bias, and the quantized row limit when quantized."""
+        n, k = self.weight.shape
+        q = f", {self.scheme} up to {self.max_rows} rows" if self.qweight is not None else ""
+        return f"in_features={k}, out_features={n}, bias={self.bias is not None}{q}"
+
+
+def quantized_bytes(module: torch.nn.Module) -> int:
+    """Bytes of the quantized copies (qweight + scales, int8 or int4) held by the Linear modules under module."""
+    total = 0
+    for m in module.modules():
+        if isinstance(m, Linear) and m.qweight is not None and m.scales is not None:
+            total += m.qweight.nbytes + m.scales.nbytes
+    return total
