@@ -30,26 +30,33 @@ def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt_mask: tor
     logits float32 [M, V]; counts float32 [M, V] (output occurrences of each token); prompt_mask bool [M, V] (the
     token occurs in the prompt; all False where repetition_penalty is 1); penalties float32 [M, 3] = (frequency,
     presence, repetition) per row. repetition / additive False skip the repetition or the frequency + presence part
-    (the caller knows no row uses it). Elementwise over [M, V] (about 8 passes): no Python loop over rows or the
-    vocabulary.
+    (the caller knows no row uses it). Elementwise over [M, V]: no Python loop over rows or the vocabulary.
     """
-    in_output = counts > 0
-    out = logits
+    return _penalise(logits.clone(), counts, prompt_mask, penalties, repetition, additive, additive)
+
+
+def _penalise(rows: torch.Tensor, counts: torch.Tensor, prompt_mask: torch.Tensor | None, penalties: torch.Tensor,
+              repetition: bool, frequency: bool, presence: bool) -> torch.Tensor:  # fmt: skip
+    """apply_penalties on rows, a tensor the caller owns: changed in place and returned (a new tensor when
+    repetition is on). The arithmetic is the same whichever parts run: a part skipped is one that would add -0.0
+    times its penalty to every logit (x + -0.0 == x), so the result does not depend on the other rows of the step.
+    Passes over [M, V]: 2 for frequency (addcmul_), 3 for presence (clamp, addcmul_), 5 for repetition."""
     if repetition:
+        assert prompt_mask is not None
         r = penalties[:, 2:3]
-        out = torch.where(in_output | prompt_mask, torch.where(logits > 0, logits / r, logits * r), logits)
-    else:
-        out = logits.clone()
-    if additive:
-        out.addcmul_(counts, penalties[:, 0:1], value=-1.0)
-        out.sub_(in_output * penalties[:, 1:2])
-    return out
+        rows = torch.where((counts > 0) | prompt_mask, torch.where(rows > 0, rows / r, rows * r), rows)
+    if frequency:
+        rows.addcmul_(counts, penalties[:, 0:1], value=-1.0)
+    if presence:  # counts are whole numbers >= 0: clamp(max=1) is (count > 0) as 1.0 / 0.0, with no bool temporary
+        rows.addcmul_(counts.clamp(max=1.0), penalties[:, 1:2], value=-1.0)
+    return rows
 
 
 class PenaltyRows(NamedTuple):
     """The rows of one step's logits that have penalties: batch_index int64 [M] (rows of the logits), state_index
-    int64 [M] (their rows in the PenaltyState), that state's tensors (read only), and whether any of the M rows has
-    a repetition_penalty != 1 (repetition) or a frequency / presence penalty != 0 (additive)."""
+    int64 [M] (their rows in the PenaltyState), that state's tensors (read only), whether any of the M rows has a
+    repetition_penalty != 1 (repetition), a frequency_penalty != 0 (frequency), a presence_penalty != 0 (presence),
+    and whether the M rows are every row of the logits, in order (every_row)."""
 
     batch_index: torch.Tensor
     state_index: torch.Tensor
@@ -57,16 +64,20 @@ class PenaltyRows(NamedTuple):
     prompt_mask: torch.Tensor
     penalties: torch.Tensor
     repetition: bool
-    additive: bool
+    frequency: bool
+    presence: bool
+    every_row: bool = False
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """logits float32 [N, V] with the penalties applied to the M rows of batch_index (a new tensor; the other rows
-        are copied unchanged and logits itself is not changed). A few tensor ops over [M, V]."""
-        rows = apply_penalties(logits.index_select(0, self.batch_index), self.counts.index_select(0, self.state_index),
-                               self.prompt_mask.index_select(0, self.state_index),
-                               self.penalties.index_select(0, self.state_index), self.repetition,
-                               self.additive)  # fmt: skip
-        return logits.index_copy(0, self.batch_index, rows)
+        are copied unchanged and logits itself is not changed). Gathers the M rows of logits and of the state, then
+        the passes of _penalise; a step whose every row has penalties skips the copy back into the other rows."""
+        rows = logits.index_select(0, self.batch_index)
+        mask = self.prompt_mask.index_select(0, self.state_index) if self.repetition else None
+        rows = _penalise(rows, self.counts.index_select(0, self.state_index), mask,
+                         self.penalties.index_select(0, self.state_index), self.repetition, self.frequency,
+                         self.presence)  # fmt: skip
+        return rows if self.every_row else logits.index_copy(0, self.batch_index, rows)
 
 
 class PenaltyState:
@@ -85,7 +96,7 @@ class PenaltyState:
         self.vocab_size = vocab_size
         self.device = device
         self._rows: dict[int, int] = {}  # seq_id -> row
-        self._kinds: dict[int, tuple[bool, bool]] = {}  # seq_id -> (repetition on, frequency or presence on)
+        self._kinds: dict[int, tuple[bool, bool, bool]] = {}  # seq_id -> (repetition, frequency, presence) on
         self._free: list[int] = []
         self.counts = torch.zeros(0, vocab_size, device=device)
         self.prompt_mask = torch.zeros(0, vocab_size, dtype=torch.bool, device=device)
@@ -105,8 +116,8 @@ class PenaltyState:
         if not self._free:
             self._grow()
         row = self._rows[seq_id] = self._free.pop()
-        self._kinds[seq_id] = (params.repetition_penalty != 1.0,
-                               params.frequency_penalty != 0.0 or params.presence_penalty != 0.0)
+        self._kinds[seq_id] = (params.repetition_penalty != 1.0, params.frequency_penalty != 0.0,
+                               params.presence_penalty != 0.0)
         self.counts[row].zero_()
         self.prompt_mask[row].zero_()
         if output_ids:
@@ -135,7 +146,8 @@ class PenaltyState:
         kinds = [self._kinds[s] for s in seq_ids if s in self._kinds]
         index = torch.tensor(pairs, dtype=torch.int64).T.to(self.device)
         return PenaltyRows(index[0], index[1], self.counts, self.prompt_mask, self.penalties,
-                           any(k[0] for k in kinds), any(k[1] for k in kinds))  # fmt: skip
+                           any(k[0] for k in kinds), any(k[1] for k in kinds), any(k[2] for k in kinds),
+                           len(pairs) == len(seq_ids))  # fmt: skip
 
     def record(self, seq_ids: Sequence[int], token_ids: Sequence[int]) -> None:
         """Count token_ids[i] as a new output token of seq_ids[i] (aligned; sequences without state are skipped).

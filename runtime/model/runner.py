@@ -9,6 +9,7 @@ step get their results. The process loop around it is runtime/serve/worker_proce
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -19,12 +20,14 @@ from runtime.config import MIN_USABLE_BLOCKS, InvalidConfig, ServerArgs
 from runtime.model.cpu_features import resolve_dtype, usable_cores
 from runtime.model.loader import load_config, load_weights, resolve_model
 from runtime.model.models import AttentionMetadata, build_model
+from runtime.model.models.batch import BlockTableRows, step_metadata
 from runtime.model.penalties import PenaltyState
 from runtime.model.sampler import Sampler, SampleRequest
 from runtime.protocol import ForwardBatch, ForwardResult, Ready, ScheduledSeq, TokenLogprobs
 from runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
 
 class WorkerError(Exception):
     """A ForwardBatch the worker cannot execute (unknown sequence, block table too short or naming a block outside
@@ -33,12 +36,13 @@ class WorkerError(Exception):
 
 @dataclass
 class WorkerSeq:
-    """The worker's copy of one live sequence: its block table and sampling state."""
+    """The worker's copy of one live sequence: its block table (also row `row` of block_tables), sampling state."""
 
     block_table: list[int]
     params: SamplingParams
     prompt_len: int
     sample_index: int
+    row: int
 
 
 class StepSeqs(NamedTuple):
@@ -47,6 +51,18 @@ class StepSeqs(NamedTuple):
 
     runnable: list[ScheduledSeq]
     invalid: dict[int, str]
+
+
+class StepInputs(NamedTuple):
+    """ModelRunner.prepare's result: input_ids int64 [num_tokens], their AttentionMetadata, and the sequences that
+    sample (batch order: row i of the logits is sample_seqs[i]'s)."""
+
+    input_ids: torch.Tensor
+    meta: AttentionMetadata
+    sample_seqs: list[ScheduledSeq]
+
+
+Sampled = tuple[int, TokenLogprobs | None]  # one sequence's sampled token id and its logprobs (None: not asked)
 
 
 class StepLogits(NamedTuple):
@@ -62,15 +78,34 @@ def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim
     return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
-def set_cpu_threads() -> int:
-    """Set torch's intra-op threads to the cores this process may use minus one (at least 1); returns the count.
+THREADS_ENV = "RADIXSERVE_THREADS"  # overrides the worker's torch intra-op threads: an integer >= 1
 
-    The spare core serves the scheduler and tokenizer processes (or the Engine's own Python between steps): with as
-    many threads as cores, a descheduled OpenMP thread stalls every parallel op of the forward. Mutates torch's
-    process-wide setting.
+
+def cpu_threads(cores: int, torch_threads: int, env: str | None) -> int:
+    """The worker's torch intra-op threads: the integer in env ($RADIXSERVE_THREADS) when set, else
+    min(torch_threads, cores) (torch_threads: torch's default, the physical cores or OMP_NUM_THREADS).
+
+    Every core: the scheduler and tokenizer processes sleep in poll while the worker computes. Measured side by side on
+    2 cores (AMD EPYC, AVX-512 + AVX512-BF16, a quiet machine, bfloat16): the decode step at 2 threads took 35.5 / 56.8
+    / 99.2 ms against 48.5 / 73.4 / 154.0 ms at 1 (batch 1 / 8 / 32; benchmarks/step_breakdown.py, threads
+    alternating per step), and the server (benchmarks.multi_turn_chat --quick, RADIXSERVE_THREADS=1 vs 2, alternating
+    runs) made 40.6 and 48.7 output tok/s against 30.4 and 32.3, TTFT p50 0.53 and 0.44 s against 0.79 and 0.77 s.
+    On a machine whose cores other jobs keep busy, the same runs went the other way (2 threads 2-10x slower: a
+    descheduled thread stalls every parallel op of the forward); set RADIXSERVE_THREADS there. Raises InvalidConfig
+    when env is not an integer >= 1.
     """
-    cores = usable_cores()
-    threads = max(1, min(torch.get_num_threads(), cores - 1))
+    if env is None or not env.strip():
+        return max(1, min(torch_threads, cores))
+    threads = int(env) if env.strip().isdecimal() else 0
+    if threads < 1:
+        raise InvalidConfig(f"{THREADS_ENV}={env!r}: expected an integer >= 1")
+    return threads
+
+
+def set_cpu_threads() -> int:
+    """Set torch's intra-op threads to cpu_threads(usable cores, torch's count, $RADIXSERVE_THREADS); returns the
+    count. Mutates torch's process-wide setting. Raises InvalidConfig for a malformed RADIXSERVE_THREADS."""
+    threads = cpu_threads(usable_cores(), torch.get_num_threads(), os.environ.get(THREADS_ENV))
     torch.set_num_threads(threads)
     return threads
 
@@ -107,7 +142,8 @@ class ModelRunner:
             logger.warning("max_model_len %d exceeds the model's max_position_embeddings %d: capped at %d",
                            args.max_model_len, cfg.max_position_embeddings, self.max_model_len)
         backend = None if args.attention_backend == "auto" else args.attention_backend
-        self.model = build_model(cfg, load_weights(folder, self.dtype, self.device), self.max_model_len, backend)
+        self.model = build_model(cfg, load_weights(folder, self.dtype, self.device), self.max_model_len, backend,
+                                 quantization=args.quantization)
         self.block_size = args.block_size
         self.num_blocks = self._num_blocks()
         pool_tokens = (self.num_blocks - 1) * self.block_size
@@ -124,6 +160,7 @@ class ModelRunner:
         self.host_v_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
         self.sampler = Sampler(args.seed)
         self.seqs: dict[int, WorkerSeq] = {}
+        self.block_tables = BlockTableRows(-(-self.max_model_len // self.block_size) + 1)
         self.penalties = PenaltyState(cfg.vocab_size, self.device)
         self.ready = Ready(num_blocks=self.num_blocks, block_size=self.block_size, max_model_len=self.max_model_len,
                            num_host_blocks=args.num_host_blocks, vocab_size=cfg.vocab_size,
@@ -181,21 +218,29 @@ class ModelRunner:
         """
         step = self.apply_structure(batch)
         failed = {seq_id: f"WorkerError: {problem}" for seq_id, problem in step.invalid.items()}
-        sampled: dict[int, tuple[int, TokenLogprobs | None]] = {}
-        num_tokens = self._run_isolated(step.runnable, sampled, failed) if step.runnable else 0
+        sampled: dict[int, Sampled] = {}
+        if step.runnable:
+            self._run_isolated(step.runnable, sampled, failed)
+        return self.finish_step(batch.step_id, step.runnable, sampled, failed)
+
+    def finish_step(self, step_id: int, runnable: list[ScheduledSeq], sampled: dict[int, Sampled],
+                    failed: dict[int, str]) -> ForwardResult:  # fmt: skip
+        """The ForwardResult of a step whose runnable sequences ran: sampled (seq_id -> token, logprobs) in batch
+        order, failed (seq_id -> "ExceptionType: message") apart, the tokens of the runnable sequences that did not
+        fail counted once. Mutates: forgets each failed sequence; counts each sampled token once in the penalty
+        state. O(len(runnable) + len(failed))."""
         for seq_id in failed:
-            self.seqs.pop(seq_id, None)
-            self.penalties.remove(seq_id)
-        order = [s.seq_id for s in step.runnable if s.seq_id in sampled]
+            self._forget(seq_id)
+        order = [s.seq_id for s in runnable if s.seq_id in sampled]
         token_ids = [sampled[seq_id][0] for seq_id in order]
         self.penalties.record(order, token_ids)  # each sampled token once, whatever the isolation re-ran
         logprobs = [sampled[seq_id][1] for seq_id in order]
         return ForwardResult(
-            step_id=batch.step_id,
+            step_id=step_id,
             seq_ids=order,
             token_ids=token_ids,
             logprobs=logprobs if any(lp is not None for lp in logprobs) else None,
-            num_forward_tokens=num_tokens,
+            num_forward_tokens=sum(len(s.token_ids) for s in runnable if s.seq_id not in failed),
             failed_seq_ids=list(failed),
             failed_errors=list(failed.values()),
         )
@@ -214,10 +259,11 @@ class ModelRunner:
             raise WorkerError(next(iter(step.invalid.values())))
         if not step.runnable:
             return StepLogits(torch.empty(0, self.config.vocab_size), [], 0)
-        input_ids, meta, sample_seqs = self._prepare(step.runnable)
-        logits = self.model(input_ids, meta, self.k_cache, self.v_cache)
-        return StepLogits(logits, sample_seqs, int(input_ids.shape[0]))
+        inputs = self.prepare(step.runnable)
+        logits = self.model(inputs.input_ids, inputs.meta, self.k_cache, self.v_cache)
+        return StepLogits(logits, inputs.sample_seqs, int(inputs.input_ids.shape[0]))
 
+    @torch.inference_mode()
     def apply_structure(self, batch: ForwardBatch) -> StepSeqs:
         """Apply batch's drops, swaps and copies (in that order), then register / extend each sequence's block table.
 
@@ -228,8 +274,7 @@ class ModelRunner:
         Raises: whatever kernels.swap_blocks / copy_blocks raise (e.g. IndexError for a bad block id).
         """
         for seq_id in batch.drop_seq_ids:
-            self.seqs.pop(seq_id, None)
-            self.penalties.remove(seq_id)
+            self._forget(seq_id)
         if batch.swap_out:
             kernels.swap_blocks(self.k_cache, self.host_k_cache, batch.swap_out)
             kernels.swap_blocks(self.v_cache, self.host_v_cache, batch.swap_out)
@@ -255,18 +300,29 @@ class ModelRunner:
         if bad:
             return f"seq {s.seq_id}: block ids {bad[:4]} outside the pool [1, {self.num_blocks})"
         if s.sampling_params is not None:
-            self.seqs[s.seq_id] = WorkerSeq(list(s.new_block_ids), s.sampling_params, s.prompt_len, s.sample_index)
+            self._forget(s.seq_id)
+            row = self.block_tables.add(s.new_block_ids)
+            self.seqs[s.seq_id] = WorkerSeq(list(s.new_block_ids), s.sampling_params, s.prompt_len, s.sample_index,
+                                            row)  # fmt: skip
             return self._register_penalties(s, s.sampling_params)
         state = self.seqs.get(s.seq_id)
         if state is None:
             return f"seq {s.seq_id} is not known to the worker and carries no sampling_params"
-        state.block_table.extend(s.new_block_ids)
+        if s.new_block_ids:
+            state.block_table.extend(s.new_block_ids)
+            self.block_tables.extend(state.row, s.new_block_ids)
         return None
+
+    def _forget(self, seq_id: int) -> None:
+        """Drop seq_id's entry in seqs, its block-table row and its penalty state (each a no-op when absent)."""
+        state = self.seqs.pop(seq_id, None)
+        if state is not None:
+            self.block_tables.free(state.row)
+        self.penalties.remove(seq_id)
 
     def _register_penalties(self, s: ScheduledSeq, params: SamplingParams) -> str | None:
         """(Re)start s's penalty state from its penalty_token_ids (prompt + output with repetition_penalty on, else
         the output), or clear it when its params have no penalties; the problem, if any. O(len(penalty_token_ids))."""
-        self.penalties.remove(s.seq_id)
         if not params.has_penalties:
             return None
         ids = s.penalty_token_ids
@@ -288,74 +344,47 @@ class ModelRunner:
             return f"seq {s.seq_id}: {len(table)} blocks of {self.block_size} cannot hold {end} tokens"
         return None
 
-    def _run_isolated(self, seqs: list[ScheduledSeq], sampled: dict[int, tuple[int, TokenLogprobs | None]],
-                      failed: dict[int, str]) -> int:  # fmt: skip
-        """Forward + sample seqs into sampled (seq_id -> (token, logprobs)); on an exception, bisect (see execute)
-        and record each sequence that fails alone in failed. Returns the tokens run for the sequences that
-        succeeded (each once)."""
+    def _run_isolated(self, seqs: list[ScheduledSeq], sampled: dict[int, Sampled], failed: dict[int, str]) -> None:
+        """Forward + sample seqs into sampled; on an exception, bisect (see execute) and record each sequence that
+        fails alone in failed."""
         try:
-            sampled.update(self._forward_and_sample(seqs))
-            return sum(len(s.token_ids) for s in seqs)
+            inputs = self.prepare(seqs)
+            logits = self.model(inputs.input_ids, inputs.meta, self.k_cache, self.v_cache)
+            sampled.update(self.sample(logits, inputs.sample_seqs))
+            return
         except Exception as exc:
             if len(seqs) == 1:
                 logger.exception("seq %d failed in the forward or the draw; its request fails", seqs[0].seq_id)
                 failed[seqs[0].seq_id] = f"{type(exc).__name__}: {exc}"
-                return 0
+                return
         mid = len(seqs) // 2
-        return self._run_isolated(seqs[:mid], sampled, failed) + self._run_isolated(seqs[mid:], sampled, failed)
+        self._run_isolated(seqs[:mid], sampled, failed)
+        self._run_isolated(seqs[mid:], sampled, failed)
 
-    def _forward_and_sample(self, seqs: list[ScheduledSeq]) -> dict[int, tuple[int, TokenLogprobs | None]]:
-        """One forward over seqs and one draw per sequence with sample=True: seq_id -> (token id, logprobs)."""
-        input_ids, meta, sample_seqs = self._prepare(seqs)
-        logits = self.model(input_ids, meta, self.k_cache, self.v_cache)
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, sample_seqs: list[ScheduledSeq]) -> dict[int, Sampled]:
+        """One draw per row of logits float32 [len(sample_seqs), vocab] (the model's output for prepare's
+        sample_seqs): seq_id -> (token id, logprobs). Penalties apply to the rows whose sequences have them.
+        Mutates the sampler's generator (unseeded draws); the penalty counts are updated by finish_step."""
+        if not sample_seqs:
+            return {}
         rows = [SampleRequest(st.params, st.sample_index, s.start_pos + len(s.token_ids) - st.prompt_len)
                 for s in sample_seqs for st in (self.seqs[s.seq_id],)]
-        if not rows:
-            return {}
         out = self.sampler(logits, rows, self.penalties.rows([s.seq_id for s in sample_seqs]))
         logprobs = out.logprobs or [None] * len(rows)
         return {s.seq_id: (t, lp) for s, t, lp in zip(sample_seqs, out.token_ids, logprobs, strict=True)}
 
-    def _prepare(self, seqs: list[ScheduledSeq]) -> tuple[torch.Tensor, AttentionMetadata, list[ScheduledSeq]]:
-        """Flatten the scheduled sequences (each checked by apply_structure) into input ids and AttentionMetadata
-        (tensor ops, a few list ops per seq). The model returns logits only for the last token of each sequence that
-        samples."""
-        bs = self.block_size
-        tokens: list[int] = []
-        starts: list[int] = []
-        q_lens: list[int] = []
-        tables: list[list[int]] = []
-        last_rows: list[int] = []
-        sample_seqs: list[ScheduledSeq] = []
-        for s in seqs:
-            table = self.seqs[s.seq_id].block_table
-            n = len(s.token_ids)
-            tokens.extend(s.token_ids)
-            starts.append(s.start_pos)
-            q_lens.append(n)
-            tables.append(table)
-            if s.sample:
-                last_rows.append(len(tokens) - 1)
-                sample_seqs.append(s)
-        dev = self.device
-        max_blocks = max(len(t) for t in tables)
-        table_t = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32)
-        start_t = torch.tensor(starts, dtype=torch.int64)
-        qlen_t = torch.tensor(q_lens, dtype=torch.int64)
-        qsl = torch.zeros(len(seqs) + 1, dtype=torch.int32)
-        torch.cumsum(qlen_t, dim=0, out=qsl[1:])
-        seq_of_token = torch.repeat_interleave(torch.arange(len(seqs)), qlen_t)
-        positions = start_t[seq_of_token] + torch.arange(len(tokens)) - qsl[:-1].long()[seq_of_token]
-        slots = table_t[seq_of_token, positions // bs].long() * bs + positions % bs
-        seq_lens = (start_t + qlen_t).to(torch.int32)
-        meta = AttentionMetadata(
-            positions=positions.to(dev),
-            slot_mapping=slots.to(dev),
-            block_tables=table_t.to(dev),
-            seq_lens=seq_lens.to(dev),
-            query_start_loc=qsl.to(dev),
-            max_query_len=max(q_lens),
-            max_seq_len=max(st + q for st, q in zip(starts, q_lens, strict=True)),
-            logits_indices=torch.tensor(last_rows, dtype=torch.int64, device=dev),
-        )
-        return torch.tensor(tokens, dtype=torch.int64, device=dev), meta, sample_seqs
+    @torch.inference_mode()
+    def prepare(self, seqs: list[ScheduledSeq]) -> StepInputs:
+        """Flatten seqs (each registered and checked by apply_structure, none empty) into the model's inputs.
+
+        The block tables are one gather from block_tables, the metadata step_metadata's (a fast path for decode
+        steps). The model returns logits for the last token of each sequence that samples. Reads state only, so a
+        re-run builds the same inputs. O(len(seqs) + tokens) Python."""
+        states = [self.seqs[s.seq_id] for s in seqs]
+        tables = self.block_tables.gather([st.row for st in states], max(len(st.block_table) for st in states))
+        meta = step_metadata([s.start_pos for s in seqs], [len(s.token_ids) for s in seqs], [s.sample for s in seqs],
+                             [st.block_table for st in states], tables, self.block_size, self.device)
+        tokens = [t for s in seqs for t in s.token_ids]
+        sample_seqs = [s for s in seqs if s.sample]
+        return StepInputs(torch.tensor(tokens, dtype=torch.int64, device=self.device), meta, sample_seqs)
