@@ -128,7 +128,8 @@ class KVCacheManager(BlockSupply):
         return PrefixMatch(found.block_ids, num_tokens, keys, found.last_node, tree.epoch, found.host_nodes)
 
     def is_current(self, match: PrefixMatch) -> bool:
-        """Whether match's blocks are still resident (no eviction / uncache / reset since it was taken). O(1)."""
+        """Whether match's blocks are still where it says (no eviction / uncache / reset / load-back since it was
+        taken). O(1)."""
         return match.epoch == self._tree.epoch
 
     def add_sequence(
