@@ -6,33 +6,48 @@ it missed events and asks for a snapshot (``KvSnapshot``: every resident hash pl
 A log that nobody drains for long holds at most ``capacity`` events: the oldest are dropped (their numbers stay
 used), so memory stays bounded and the consumer sees the loss as a gap, the same as a message lost on the wire.
 Hashes are those of radix/hashing.py, 16 bytes each, so a router can hash a prompt itself and compare.
+
+Tiers: BlockStored and BlockRemoved carry a ``medium``, as vLLM's KV events do: "device" (the device pool, what the
+events meant before the host tier) or "host" (the host tier, radix/host_tier.py). A block evicted from the device and
+written back is BlockStored(medium="host") then BlockRemoved(medium="device"); one loaded back is
+BlockStored(medium="device") (its host copy stays); a consumer that ignores the medium never believes a block is on
+the device when it is not. The same hash names a block on either tier.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import Literal
 
 import msgspec
 
 from radix.hashing import BlockHash
 
+Medium = Literal["device", "host"]
+DEVICE: Medium = "device"
+HOST: Medium = "host"
+
 
 class BlockStored(msgspec.Struct, tag="kv_block_stored", forbid_unknown_fields=True):
-    """Blocks entered the radix tree: a chain of ``block_hashes`` (parent first) hanging under ``parent_block_hash``
-    (None: the chain starts at the root). ``block_size`` is in tokens."""
+    """Blocks entered the radix tree's ``medium`` tier. On the device: a chain of ``block_hashes`` (parent first)
+    hanging under ``parent_block_hash`` (None: the chain starts at the root). On the host: blocks written back, in
+    eviction order (children before parents, not one chain; parent_block_hash None). ``block_size`` is in tokens."""
 
     seq: int
     block_hashes: list[BlockHash]
     parent_block_hash: BlockHash | None
     block_size: int
+    medium: Medium = DEVICE
 
 
 class BlockRemoved(msgspec.Struct, tag="kv_block_removed", forbid_unknown_fields=True):
-    """Blocks left the radix tree (evicted or uncached), in removal order (children before parents)."""
+    """Blocks left the radix tree's ``medium`` tier (evicted, dropped or uncached), in removal order (children before
+    parents)."""
 
     seq: int
     block_hashes: list[BlockHash]
+    medium: Medium = DEVICE
 
 
 class AllBlocksCleared(msgspec.Struct, tag="kv_all_blocks_cleared", forbid_unknown_fields=True):
@@ -42,10 +57,12 @@ class AllBlocksCleared(msgspec.Struct, tag="kv_all_blocks_cleared", forbid_unkno
 
 
 class KvSnapshot(msgspec.Struct, tag="kv_snapshot", forbid_unknown_fields=True):
-    """Every resident block hash, after applying all events up to and including ``last_seq`` (-1: none yet)."""
+    """Every device-resident block hash (block_hashes) and every host-tier one (host_block_hashes; a block on both
+    tiers is in both lists), after applying all events up to and including ``last_seq`` (-1: none yet)."""
 
     last_seq: int
     block_hashes: list[BlockHash]
+    host_block_hashes: list[BlockHash] = []
 
 
 KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
@@ -91,15 +108,16 @@ class KvEventLog:
         self._events.append(event)
         self._next_seq += 1
 
-    def stored(self, block_hashes: list[BlockHash], parent_block_hash: BlockHash | None, block_size: int) -> None:
+    def stored(self, block_hashes: list[BlockHash], parent_block_hash: BlockHash | None, block_size: int,
+               medium: Medium = DEVICE) -> None:  # fmt: skip
         """Record a BlockStored event (no event for an empty list)."""
         if self.enabled and block_hashes:
-            self._append(BlockStored(self._next_seq, block_hashes, parent_block_hash, block_size))
+            self._append(BlockStored(self._next_seq, block_hashes, parent_block_hash, block_size, medium))
 
-    def removed(self, block_hashes: list[BlockHash]) -> None:
+    def removed(self, block_hashes: list[BlockHash], medium: Medium = DEVICE) -> None:
         """Record a BlockRemoved event (no event for an empty list)."""
         if self.enabled and block_hashes:
-            self._append(BlockRemoved(self._next_seq, block_hashes))
+            self._append(BlockRemoved(self._next_seq, block_hashes, medium))
 
     def cleared(self) -> None:
         """Record an AllBlocksCleared event."""

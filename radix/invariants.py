@@ -6,20 +6,21 @@ radix/manager.py (no import circle)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from radix.block_pool import BlockPool
+from radix.host_tier import HostTier
+from radix.node import ID_MASK, Node, Root
 from radix.sequence import SeqBlocks
-from radix.tree import Node, RadixTree, _Root
+from radix.tree import RadixTree
 
 
-def check_manager(
-    pool: BlockPool, tree: RadixTree, host: BlockPool, seqs: Mapping[int, SeqBlocks], block_size: int
-) -> None:
+def check_manager(pool: BlockPool, tree: RadixTree, host: BlockPool, seqs: Mapping[int, SeqBlocks], block_size: int,
+                  device_pins: Sequence[int] = ()) -> None:  # fmt: skip
     """Raise AssertionError (naming the sequence or block) if any KVCacheManager invariant is broken:
-    exact ref counts, free + evictable + in_use == total with each block counted once, live block tables only
-    reference allocated blocks, the cached prefix of each sequence is its resident path, host blocks have one owner.
-    Mutates nothing."""
+    exact ref counts (tables + shadows + tree + the pending loads' device_pins), free + evictable + in_use == total
+    with each block counted once, live block tables only reference allocated blocks, the cached prefix of each
+    sequence is its resident path, swap pool blocks have one owner. Mutates nothing."""
     pool.check_invariants()
     check_tree(tree)
     host.check_invariants()
@@ -55,6 +56,7 @@ def check_manager(
         resident = tree.resident_block(h)
         assert resident is not None
         expected[resident] += 1
+    expected.update(device_pins)
     for b in range(pool.first_block_id, pool.num_blocks):
         assert pool.ref_counts[b] == expected[b], f"block {b}: ref count {pool.ref_counts[b]}, holders {expected[b]}"
     assert 0 not in expected, "the null block 0 is referenced"
@@ -71,36 +73,77 @@ def check_manager(
 
 
 def check_tree(tree: RadixTree) -> None:
-    """Nodes, children, roots, evictable count, LRU set and the path property are consistent. O(num_cached).
+    """Nodes, children, roots, tiers (device residency prefix-closed, device-child counts), evictable count, device
+    LRU set and the path property are consistent. O(nodes).
 
     Raises:
         AssertionError: naming the offending block.
     """
     rc = tree.pool.ref_counts
-    evictable = 0
-    reached = 0
+    evictable = reached = on_device = 0
     stack: list[Node] = list(tree._roots.values())
     for salt, root in tree._roots.items():
         assert root.salt == salt and root.parent is None, f"root of salt {salt!r} misfiled"
         assert salt is None or root.children, f"empty root kept for salt {salt!r}"
     while stack:
         parent = stack.pop()
+        device_children = 0
         for key, node in (parent.children or {}).items():
             b = node.block_id
             reached += 1
             assert node.key == key and node.parent is parent, f"block {b} filed under the wrong key or parent"
             assert len(key) == 4 * tree.block_size, f"block {b}: key of {len(key)} bytes"
             assert node.block_hash is not None and tree._nodes.get(node.block_hash) is node, f"{b} not indexed"
-            assert tree._by_block[b] is node, f"block {b} not indexed by id"
-            assert rc[b] >= 1, f"cached block {b} has ref count {rc[b]}"
             assert node.children is None or node.children, f"block {b} keeps an empty children dict"
-            evictable += rc[b] == 1
-            if type(parent) is not _Root:
-                assert rc[b] == 1 or rc[parent.block_id] >= 2, f"block {b} in use but its parent is only cached"
+            assert b >= 0 or (node.host_block >= 0 and tree.host is not None), "a node on no tier"
+            if b >= 0:
+                device_children += 1
+                on_device += 1
+                assert type(parent) is Root or parent.block_id >= 0, f"device block {b} under a host-only parent"
+                assert tree._by_block[b] is node, f"block {b} not indexed by id"
+                assert rc[b] >= 1, f"cached block {b} has ref count {rc[b]}"
+                evictable += rc[b] == 1
+                if type(parent) is not Root:
+                    assert rc[b] == 1 or rc[parent.block_id] >= 2, f"block {b} in use but its parent is only cached"
             stack.append(node)
+        assert parent.num_device_children == device_children, f"block {parent.block_id}: device children miscounted"
     assert reached == len(tree._nodes), f"{reached} nodes reachable, {len(tree._nodes)} indexed by hash"
     indexed = sum(node is not None for node in tree._by_block)
-    assert indexed == len(tree._nodes), f"{indexed} blocks indexed, {len(tree._nodes)} nodes"
+    assert indexed == on_device == tree.num_cached, f"{indexed} blocks indexed, {on_device} on the device"
     assert evictable == tree._num_evictable, f"evictable count {tree._num_evictable}, real {evictable}"
-    want = sorted(n.lru_key for n in tree._nodes.values() if n.children is None and rc[n.block_id] == 1)
-    assert list(tree._lru) == want, f"LRU set {tree.lru_order()} != evictable leaves {want}"
+    want = sorted(n.lru_key for n in tree._nodes.values()
+                  if n.block_id >= 0 and n.num_device_children == 0 and rc[n.block_id] == 1)  # fmt: skip
+    assert list(tree._lru) == want, f"LRU set {tree.lru_order()} != evictable device leaves {want}"
+
+
+def check_host_tier(tier: HostTier, tree: RadixTree) -> None:
+    """The host tier's own invariant: exact ref counts (1 per node holding a copy, + 1 per pin), free + evictable +
+    in_use == total with each block counted once, the host LRU is exactly the droppable copies, loading blocks are
+    device copies of host-resident nodes. O(nodes + host blocks). Mutates nothing.
+
+    Raises:
+        AssertionError: naming the offending host block.
+    """
+    pool = tier.pool
+    pool.check_invariants()
+    pin_counts = tier.pins()
+    pins = set(pin_counts)
+    assert all(c >= 1 for c in pin_counts.values()), f"a pin count below 1: {pin_counts}"
+    held = {n.host_block: n for n in tree._nodes.values() if n.host_block >= 0}
+    for hb, node in held.items():
+        assert tier.by_block[hb] is node, f"host block {hb} not indexed"
+        assert node.host_lru_key & ID_MASK == hb, f"host block {hb}: LRU key names another block"
+        assert node.host_listed == tier.is_candidate(node), f"host block {hb}: listed {node.host_listed}"
+    assert sum(n is not None for n in tier.by_block) == len(held) == tier.num_cached, "host index miscounted"
+    for hb in range(pool.num_blocks):
+        want = (hb in held) + pin_counts.get(hb, 0)
+        assert pool.ref_counts[hb] == want, f"host block {hb}: ref count {pool.ref_counts[hb]}, holders {want}"
+    free, evictable = set(pool.free_block_ids()), set(held) - pins
+    assert not (free & pins or free & evictable), "a host block is both free and held"
+    assert len(free) + len(evictable) + len(pins) == pool.num_blocks, (
+        f"host free {len(free)} + evictable {len(evictable)} + in_use {len(pins)} != total {pool.num_blocks}"
+    )
+    assert tier.num_evictable == len(evictable), f"host evictable count {tier.num_evictable}, real {len(evictable)}"
+    want_lru = sorted(n.host_lru_key for n in held.values() if tier.is_candidate(n))
+    assert list(tier.lru) == want_lru, f"host LRU {[k & ID_MASK for k in tier.lru]} != droppable copies"
+    assert tier.loading <= set(tier.device_pins), f"loading blocks {tier.loading} without a device pin"

@@ -11,6 +11,11 @@ Admission, in this order (what runtime/scheduler.py does):
     cached = manager.add_sequence(seq_id, match, num_new_tokens=chunk)   # locks that match, no second walk
 then per step allocate / prepare_write / commit_computed (/ append_tokens after sampling), and free at the end.
 
+Host tier (num_host_cache_blocks > 0, radix/host_tier.py): evicted device blocks are written back to host blocks and
+stay matchable; add_sequence loads a matched host-only suffix back into new device blocks. Each step the scheduler
+puts take_tier_copies() into its ForwardBatch, holds a sequence for which waits_for_loads() is True out of that
+step's forward, and calls tier_copies_done() when the step's result arrives.
+
 Reference rules: a block table entry holds one reference; the tree holds one per cached block; when a sequence
 writes a block the tree already holds, an idle resident copy is replaced by the sequence's (and freed), while one in
 use stays and the sequence also holds a reference on it (its "shadow"), so every sequence references the whole cached
@@ -26,14 +31,16 @@ import logging
 from collections.abc import Sequence
 
 from radix.block_pool import BlockPool, NoFreeBlocksError
+from radix.block_supply import BlockSupply, UnknownSequenceError
 from radix.events import KvEvent, KvEventLog, KvSnapshot
 from radix.hashing import HashFn, blake2b_128
-from radix.invariants import check_manager
+from radix.host_tier import HostTier
+from radix.invariants import check_host_tier, check_manager
 from radix.keys import BlockKeys, pack_blocks
 from radix.prefix_match import PrefixMatch, StaleMatchError
 from radix.sequence import SeqBlocks
 from radix.stats import KVStats, count_stats
-from radix.swap import release_host, swap_in, swap_out
+from radix.swap import release_host
 from radix.tree import RadixTree
 
 logger = logging.getLogger(__name__)
@@ -43,15 +50,11 @@ __all__ = [
 ]  # fmt: skip
 
 
-class UnknownSequenceError(KeyError):
-    """The seq_id is not registered with the KVCacheManager."""
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class KVCacheManager:
+class KVCacheManager(BlockSupply):
     """Block tables, prefix cache and accounting for ``num_blocks`` device KV blocks (+ an optional host pool).
 
     Args:
@@ -59,6 +62,9 @@ class KVCacheManager:
         block_size: tokens per block, >= 1.
         enable_prefix_caching: keep written full blocks in the radix tree and reuse them.
         num_host_blocks: host-memory blocks for swap_out / swap_in (ids 0 .. num_host_blocks - 1), >= 0.
+        num_host_cache_blocks: host-tier blocks of the prefix cache (0: no tier; ignored without prefix caching),
+            a pool apart from the swap pool; the worker's host KV tensor holds the swap pool's blocks first, then the
+            tier's (take_tier_copies offsets the tier's ids by num_host_blocks).
         record_events: keep KV events (radix/events.py) for drain_events; only an owner that drains them (the
             scheduler process, which publishes them) should ask: a bounded ring of DEFAULT_EVENT_CAPACITY events
             whose overflow drops the oldest, seen by the consumer as a seq gap. Off: no event is made at all.
@@ -76,11 +82,12 @@ class KVCacheManager:
         *,
         record_events: bool = False,
         hash_fn: HashFn = blake2b_128,
+        num_host_cache_blocks: int = 0,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        if num_host_blocks < 0:
-            raise ValueError(f"num_host_blocks must be >= 0, got {num_host_blocks}")
+        if num_host_blocks < 0 or num_host_cache_blocks < 0:
+            raise ValueError(f"host block counts must be >= 0, got {num_host_blocks}, {num_host_cache_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -88,10 +95,13 @@ class KVCacheManager:
         self._pool = BlockPool(num_blocks)
         self._host_pool = BlockPool(num_host_blocks, reserve_null=False)
         self._events = KvEventLog(enabled=record_events and enable_prefix_caching)
-        self._tree = RadixTree(self._pool, block_size, hash_fn, self._events)
+        tier = HostTier(num_host_cache_blocks) if num_host_cache_blocks and enable_prefix_caching else None
+        self._tier = tier
+        self._tree = RadixTree(self._pool, block_size, hash_fn, self._events, tier)
         self._seqs: dict[int, SeqBlocks] = {}
         self._queries_tokens = 0
         self._hits_tokens = 0
+        self._host_hits_tokens = 0
         self._evicted_blocks = 0
 
     # ----------------------------------------------------------------- admission and growth
@@ -101,8 +111,8 @@ class KVCacheManager:
         return BlockKeys(token_ids, self.block_size, cache_salt)
 
     def match_prefix(self, keys: BlockKeys) -> PrefixMatch:
-        """Longest cached block-aligned prefix of keys, capped at keys.num_tokens - 1 tokens so the last token is
-        computed, within keys.salt's subtree.
+        """Longest cached block-aligned prefix of keys on either tier (device blocks, then host-only ones), capped at
+        keys.num_tokens - 1 tokens so the last token is computed, within keys.salt's subtree.
 
         Pure lookup: takes no reference, hashes nothing; one dict probe per matched block, O(matched blocks). The
         result is valid until the next eviction (see PrefixMatch); hand it to add_sequence to lock it.
@@ -114,22 +124,25 @@ class KVCacheManager:
         if not self.enable_prefix_caching or not keys.num_tokens:
             return PrefixMatch([], 0, keys, None, tree.epoch)
         found = tree.match(keys.blocks, keys.salt, (keys.num_tokens - 1) // self.block_size)
-        return PrefixMatch(found.block_ids, len(found.block_ids) * self.block_size, keys, found.last_node, tree.epoch)
+        num_tokens = (len(found.block_ids) + len(found.host_nodes)) * self.block_size
+        return PrefixMatch(found.block_ids, num_tokens, keys, found.last_node, tree.epoch, found.host_nodes)
 
     def is_current(self, match: PrefixMatch) -> bool:
-        """Whether match's blocks are still resident (no eviction / uncache / reset since it was taken). O(1)."""
+        """Whether match's blocks are still where it says (no eviction / uncache / reset / load-back since it was
+        taken). O(1)."""
         return match.epoch == self._tree.epoch
 
     def add_sequence(
         self, seq_id: int, match: PrefixMatch, num_new_tokens: int | None = None, *, count_stats: bool = True
     ) -> int | None:
-        """Admit the sequence match.keys describes, all or nothing: lock match's blocks (no second match), allocate
-        blocks for num_new_tokens more tokens (default: the rest of the sequence), evicting LRU leaves as needed.
+        """Admit the sequence match.keys describes, all or nothing: lock match's device blocks (no second match),
+        allocate device blocks for its host-only blocks (loaded back: see waits_for_loads) and for num_new_tokens
+        more tokens (default: the rest of the sequence), evicting LRU leaves as needed.
 
-        Sets num_computed_tokens to match.num_tokens and returns it; returns None with no side effect when the blocks
-        do not fit. Counts prefix_queries_tokens / prefix_hits_tokens when count_stats. The sequence keeps its own
-        copy of match.keys' blocks (O(blocks) pointers), so nothing is packed or hashed again.
-        O(matched blocks + new blocks * log n).
+        Sets num_computed_tokens to match.num_tokens (both tiers) and returns it; returns None with no side effect
+        when the blocks do not fit. Counts prefix_queries_tokens / prefix_hits_tokens (and host hits) when
+        count_stats. The sequence keeps its own copy of match.keys' blocks (O(blocks) pointers), so nothing is
+        packed or hashed again. O(matched blocks + new blocks * log n).
 
         Raises:
             StaleMatchError: match was taken before an eviction / uncache / reset (take a new one).
@@ -143,7 +156,7 @@ class KVCacheManager:
             raise ValueError("token_ids must not be empty")
         if match.epoch != self._tree.epoch:
             raise StaleMatchError(f"match taken at epoch {match.epoch}, the tree is at {self._tree.epoch}")
-        cached, block_ids = match.num_tokens, match.block_ids
+        cached, block_ids, host_nodes = match.num_tokens, match.block_ids, match.host_nodes
         n_new = num_tokens - cached if num_new_tokens is None else num_new_tokens
         if n_new < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {n_new}")
@@ -155,14 +168,21 @@ class KVCacheManager:
             if need > free + self._tree.num_evictable - idle_matched:
                 return None
         self._tree.lock(block_ids)
-        seq = SeqBlocks(list(keys.blocks), list(keys.tail), num_tokens, block_ids + self._take_blocks(need), cached,
-                        keys.salt)  # fmt: skip
-        seq.num_cached_blocks = len(block_ids)
+        self._tree.pin_for_load(host_nodes)  # before the eviction that makes room, which must not drop them
+        new = self._take_blocks(need)
+        self._tree.load_back(host_nodes, new[: len(host_nodes)])
+        if host_nodes and self._tier is not None:  # the load's own references on its path, until its copy lands
+            path = block_ids + new[: len(host_nodes)]
+            self._tree.lock(path)
+            self._tier.device_pins.extend(path)
+        seq = SeqBlocks(list(keys.blocks), list(keys.tail), num_tokens, block_ids + new, cached, keys.salt)
+        seq.num_cached_blocks = len(block_ids) + len(host_nodes)
         seq.cached_node = match.last_node
         self._seqs[seq_id] = seq
         if count_stats:
             self._queries_tokens += num_tokens
             self._hits_tokens += cached
+            self._host_hits_tokens += match.num_host_tokens
         return cached
 
     def allocate(self, seq_id: int, num_new_tokens: int) -> list[int] | None:
@@ -274,32 +294,7 @@ class KVCacheManager:
                 seq.uncache_past(self._tree, keep_tokens // self.block_size)
         self._tree.unlock(seq.block_table + seq.shadow)
 
-    # ----------------------------------------------------------------- swapping
-    def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None:
-        """Preempt by swapping (radix/swap.py): every table block gets a host block, device references go.
-
-        Returns (device, host) pairs the worker copies before anything overwrites them (in the same step), or None
-        with no side effect when the host pool lacks room. O(blocks * log n). Raises ValueError if already swapped.
-        """
-        return swap_out(self._live(seq_id), self._host_pool, self._tree)
-
-    def swap_in(self, seq_id: int) -> list[tuple[int, int]] | None:
-        """Bring a swapped sequence back (radix/swap.py): new device blocks (evicting as needed), host blocks
-        released. Returns (host, device) pairs the worker copies before the step, or None with no side effect when
-        the device lacks room. O(blocks * log n). Raises ValueError if the sequence is not swapped out.
-        """
-        seq = self._get(seq_id)
-        if seq.host_table is None:
-            raise ValueError(f"sequence {seq_id} is not swapped out")
-        if not self.can_allocate(len(seq.host_table)):
-            return None
-        return swap_in(seq, self._host_pool, self._take_blocks(len(seq.host_table)))
-
     # ----------------------------------------------------------------- queries
-    def can_allocate(self, num_blocks: int) -> bool:
-        """Whether num_blocks new blocks can be handed out now (free + evictable >= num_blocks). O(1)."""
-        return num_blocks <= self._pool.num_free + self._tree.num_evictable
-
     def num_free_blocks(self) -> int:
         """Blocks on the free queue."""
         return self._pool.num_free
@@ -334,7 +329,8 @@ class KVCacheManager:
     def stats(self) -> KVStats:
         """Current counters. O(sequences)."""
         return count_stats(self._pool, self._tree, self._host_pool, self._seqs.values(), self.block_size,
-                           self._queries_tokens, self._hits_tokens, self._evicted_blocks)  # fmt: skip
+                           self._queries_tokens, self._hits_tokens, self._evicted_blocks,
+                           self._host_hits_tokens, self._tier)  # fmt: skip
 
     def drain_events(self) -> list[KvEvent]:
         """KV events since the last drain, oldest first; seq numbers consecutive unless the ring overflowed since
@@ -347,37 +343,19 @@ class KVCacheManager:
         return self._events.num_dropped
 
     def kv_snapshot(self) -> KvSnapshot:
-        """Hashes of all resident cached blocks (insertion order) and the last event seq they reflect (events not yet
-        drained included). O(cached blocks)."""
-        return KvSnapshot(self._events.last_seq, self._tree.hashes())
+        """Hashes of the cached blocks on the device and on the host tier (insertion order) and the last event seq
+        they reflect (events not yet drained included). O(cached blocks)."""
+        return KvSnapshot(self._events.last_seq, self._tree.hashes(), self._tree.host_hashes())
 
     def reset_prefix_cache(self) -> bool:
-        """Drop every cached block if none is in use (emits AllBlocksCleared); else change nothing, return False."""
+        """Drop every cached block of both tiers if none is in use or pinned (emits AllBlocksCleared); else change
+        nothing, return False."""
         return self._tree.clear()
 
     @property
     def tree(self) -> RadixTree:
         """The radix tree (read-only use: lru_order, block_hash; evict and clear for tests and benchmarks)."""
         return self._tree
-
-    # ----------------------------------------------------------------- internals
-    def _get(self, seq_id: int) -> SeqBlocks:
-        seq = self._seqs.get(seq_id)
-        if seq is None:
-            raise UnknownSequenceError(f"unknown sequence {seq_id}")
-        return seq
-
-    def _live(self, seq_id: int) -> SeqBlocks:
-        seq = self._get(seq_id)
-        if seq.host_table is not None:
-            raise ValueError(f"sequence {seq_id} is swapped out")
-        return seq
-
-    def _take_blocks(self, n: int) -> list[int]:
-        short = n - self._pool.num_free
-        if short > 0:
-            self._evicted_blocks += len(self._tree.evict(short))
-        return self._pool.allocate(n)
 
     def check_invariants(self) -> None:
         """Recount everything from scratch: exact ref counts (tables + shadows + tree), each block exactly one of
@@ -387,4 +365,7 @@ class KVCacheManager:
         Raises:
             AssertionError: with a message naming the sequence or block.
         """
-        check_manager(self._pool, self._tree, self._host_pool, self._seqs, self.block_size)
+        pins = self._tier.device_pins if self._tier is not None else []
+        check_manager(self._pool, self._tree, self._host_pool, self._seqs, self.block_size, pins)
+        if self._tier is not None:
+            check_host_tier(self._tier, self._tree)

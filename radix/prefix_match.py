@@ -20,11 +20,13 @@ class StaleMatchError(ValueError):
 class PrefixMatch(NamedTuple):
     """Cached prefix of a token sequence, from match_prefix.
 
-    block_ids: cached blocks, root first. num_tokens = len(block_ids) * block_size. keys: the BlockKeys matched (the
-    sequence add_sequence admits). last_node: the tree's handle of the last block (None when nothing matched).
-    epoch: the tree's epoch when taken. Valid only until the next eviction / uncache / reset (any of them bumps the
-    epoch; is_current tells): after that its blocks may be free or reused. Blocks cached after it was taken do not
-    invalidate it, they only make it shorter than a new match.
+    block_ids: the device-resident cached blocks, root first. host_nodes: the host-only cached blocks after them
+    (tree handles, parent first; add_sequence loads them back). num_tokens = (len(block_ids) + len(host_nodes)) *
+    block_size: both tiers. keys: the BlockKeys matched (the sequence add_sequence admits). last_node: the tree's
+    handle of the last block (None when nothing matched). epoch: the tree's epoch when taken. Valid only until the
+    next eviction / uncache / reset / load-back (any of them bumps the epoch; is_current tells): after that its
+    blocks may be free, reused or on another tier. Blocks cached after it was taken do not invalidate it, they only
+    make it shorter than a new match.
     """
 
     block_ids: list[int]
@@ -32,3 +34,9 @@ class PrefixMatch(NamedTuple):
     keys: BlockKeys
     last_node: Node | None
     epoch: int
+    host_nodes: list[Node] = []
+
+    @property
+    def num_host_tokens(self) -> int:
+        """The matched tokens whose KV is on the host tier only (loaded back at admission)."""
+        return len(self.host_nodes) * self.keys.block_size

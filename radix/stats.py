@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import msgspec
 
 from radix.block_pool import BlockPool
+from radix.host_tier import HostTier
 from radix.sequence import SeqBlocks
 from radix.tree import RadixTree
 
@@ -14,9 +15,13 @@ from radix.tree import RadixTree
 class KVStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """KV usage counters. Blocks exclude the null block; free + evictable + in_use == total.
 
-    cached_blocks: blocks in the radix tree (evictable or not). prefix_*_tokens: prompt tokens looked up / found
-    cached at admission. waste_slots: allocated slots minus known tokens, over live (not swapped) sequences.
-    evicted_blocks: cached blocks evicted (LRU) to make room, since the manager was made.
+    cached_blocks: device blocks in the radix tree (evictable or not). prefix_*_tokens: prompt tokens looked up /
+    found cached at admission (on either tier); prefix_host_hits_tokens: those of the hits loaded back from the host
+    tier. waste_slots: allocated slots minus known tokens, over live (not swapped) sequences. evicted_blocks: cached
+    device blocks evicted (LRU) to make room, since the manager was made. host_*: the swap pool.
+    Host tier (all 0 without one): host_cache_total_blocks = free + evictable + in_use (in use: pinned by a pending
+    copy); host_cached_blocks: blocks with a host copy (on the host only or on both tiers); written_back_blocks /
+    loaded_back_blocks: device -> host / host -> device copies scheduled since the start.
     """
 
     total_blocks: int
@@ -32,6 +37,14 @@ class KVStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     host_total_blocks: int
     host_free_blocks: int
     evicted_blocks: int = 0
+    prefix_host_hits_tokens: int = 0
+    host_cache_total_blocks: int = 0
+    host_cache_free_blocks: int = 0
+    host_cache_evictable_blocks: int = 0
+    host_cache_in_use_blocks: int = 0
+    host_cached_blocks: int = 0
+    written_back_blocks: int = 0
+    loaded_back_blocks: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -48,8 +61,10 @@ def count_stats(
     queries_tokens: int,
     hits_tokens: int,
     evicted_blocks: int = 0,
+    host_hits_tokens: int = 0,
+    tier: HostTier | None = None,
 ) -> KVStats:
-    """KVStats of a manager's pools, tree and sequences. Pure, O(sequences)."""
+    """KVStats of a manager's pools, tree, host tier and sequences. Pure, O(sequences)."""
     free, evictable, total = pool.num_free, tree.num_evictable, pool.num_usable
     waste = swapped = num_seqs = 0
     for s in seqs:
@@ -72,4 +87,14 @@ def count_stats(
         host_total_blocks=host_pool.num_blocks,
         host_free_blocks=host_pool.num_free,
         evicted_blocks=evicted_blocks,
+        prefix_host_hits_tokens=host_hits_tokens,
+        **({} if tier is None else _tier_stats(tier)),
     )
+
+
+def _tier_stats(tier: HostTier) -> dict[str, int]:
+    pool = tier.pool
+    return {"host_cache_total_blocks": pool.num_blocks, "host_cache_free_blocks": pool.num_free,
+            "host_cache_evictable_blocks": tier.num_evictable, "host_cache_in_use_blocks": tier.num_pinned,
+            "host_cached_blocks": tier.num_cached, "written_back_blocks": tier.num_written_back,
+            "loaded_back_blocks": tier.num_loaded_back}  # fmt: skip

@@ -1,160 +1,143 @@
-"""Radix tree of full KV blocks: match by tokens, insert (de-duplicating), lock/unlock, LRU eviction of leaves.
+"""Radix tree of full KV blocks: match by tokens, insert (de-duplicating), lock/unlock, uncache, clear; its eviction
+and the moves between the device and host tiers are radix/tier_moves.py (TierMoves, a base of RadixTree).
 
-Shape: one node per block. A node's children are a dict keyed by the child block's packed tokens (radix/keys.py):
-a match walks the prompt block by block with one dict probe each (exact comparison, Python's native bytes hashing;
-no cryptographic hash, no token-by-token loop, no split/merge code: a block is the unit of sharing, locking and
-eviction anyway, so per-block nodes make ref counting and leaf eviction exact). Each cache_salt has its own root, so
-tenants never share a block; an empty salted root is dropped with its last child.
+Shape: one node per block (radix/node.py). A node's children are a dict keyed by the child block's packed tokens
+(radix/keys.py): a match walks the prompt block by block with one dict probe each (exact comparison, Python's native
+bytes hashing; no cryptographic hash, no token-by-token loop, no split/merge code: a block is the unit of sharing,
+locking and eviction anyway, so per-block nodes make ref counting and leaf eviction exact). Each cache_salt has its
+own root, so tenants never share a block; an empty salted root is dropped with its last child.
 
 Naming: when a block first enters the tree it gets its chained content hash (radix/hashing.py: BLAKE2b over the parent
 hash, the tokens and, on the first block, the salt), computed exactly once. The hash names the block in KV events and
-snapshots, and a second index (hash -> node) answers the router's chains of hashes (``match_hashes``). A new block
-whose hash is already taken by another resident block (a collision: never seen with BLAKE2b-128, forced in tests with
-a weak hash) is not cached, so a hash always names exactly one block.
+snapshots on either tier, and a second index (hash -> node) answers the router's chains of hashes (``match_hashes``).
+A new block whose hash is already taken by another node (a collision: never seen with BLAKE2b-128, forced in tests
+with a weak hash) is not cached, so a hash always names exactly one block.
 
-References: the tree holds one reference (BlockPool ref count) to each cached block. A cached block whose only
+Tiers: a node is on the device, on the host tier (radix/host_tier.py, when the tree has one) or both, and device
+residency is prefix-closed (radix/node.py). Without a host tier every node is on the device.
+
+References: the tree holds one reference (BlockPool ref count) to each device-resident block. One whose only
 reference is the tree's (ref count 1) is *evictable*; as the manager keeps every sequence referencing the whole
 cached path it uses ("path property": ref count >= 2 implies the parent's is too), every evictable block can be
-reclaimed by evicting leaves, children before parents. Evictable leaves sit in a ``sortedcontainers.SortedList`` keyed
-by ``last_access << 32 | block_id`` (last_access is a logical clock bumped per unlock/insert call), so eviction pops the
-least recently used leaf in O(log n) and never scans the tree.
+reclaimed by evicting device leaves (no device-resident child), children before parents. Evictable device leaves sit
+in a ``sortedcontainers.SortedList`` keyed by ``last_access << 32 | block_id`` (last_access is a logical clock bumped
+per unlock/insert/load call), so eviction pops the least recently used leaf in O(log n) and never scans the tree.
 
-``epoch`` counts the calls that removed blocks (evict, uncache, clear, an idle duplicate replaced by insert_chain): a
-match taken at epoch e names resident blocks only while the epoch is still e (radix/manager.py checks it before
-locking a match).
+``epoch`` counts the calls that removed blocks from a tier or moved a node between tiers (evict, uncache, clear, an
+idle duplicate replaced or a host-only node given a device block by insert_chain, load_back): a match taken at epoch
+e names its blocks on the tiers it says only while the epoch is still e (radix/manager.py checks it before locking).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from sortedcontainers import SortedList
 
 from radix.block_pool import BlockPool
 from radix.events import KvEventLog
 from radix.hashing import BlockHash, HashFn, blake2b_128, hash_packed_block
+from radix.host_tier import HostTier
+from radix.node import ID_BITS, ID_MASK, NOT_RESIDENT, InsertResult, Node, Root, TreeMatch
+from radix.tier_moves import TierMoves
 
 logger = logging.getLogger(__name__)
 
-_ID_BITS = 32
-_ID_MASK = (1 << _ID_BITS) - 1
+__all__ = ["InsertResult", "Node", "RadixTree", "Root", "TreeMatch"]
 
 
-class Node:
-    """One cached block (or, with block_id -1, the root of one salt's subtree). Owned by the RadixTree; callers hold
-    a Node only as an opaque handle (PrefixMatch.last_node, SeqBlocks.cached_node) while they reference its block.
-
-    key: the block's packed tokens (the parent's children dict key). children: None until the first child.
-    lru_key: last_access << 32 | block_id (meaningful while evictable).
-    """
-
-    __slots__ = ("block_id", "block_hash", "key", "parent", "children", "lru_key")
-
-    def __init__(self, block_id: int, block_hash: BlockHash | None, key: bytes, parent: Node | None, lru_key: int):
-        self.block_id = block_id
-        self.block_hash = block_hash
-        self.key = key
-        self.parent = parent
-        self.children: dict[bytes, Node] | None = None
-        self.lru_key = lru_key
-
-
-class _Root(Node):
-    """The root of one cache_salt's subtree (no block)."""
-
-    __slots__ = ("salt",)
-
-    def __init__(self, salt: str | None) -> None:
-        super().__init__(-1, None, b"", None, 0)
-        self.salt = salt
-
-
-class TreeMatch(NamedTuple):
-    """Cached prefix: block ids root first, and the node of the last one (None when nothing matched)."""
-
-    block_ids: list[int]
-    last_node: Node | None
-
-
-class InsertResult(NamedTuple):
-    """resident: the tree's block for each processed block (a prefix of the input; shorter after a hash collision).
-    duplicates: given block ids that were not inserted because an identical block is resident and in use (the caller
-    keeps and later releases them). last_node: the node of the last resident block (the given parent when none)."""
-
-    resident: list[int]
-    duplicates: list[int]
-    last_node: Node | None
-
-
-class RadixTree:
-    """Cached full blocks of ``block_size`` tokens over the physical blocks of ``pool``.
+class RadixTree(TierMoves):
+    """Cached full blocks of ``block_size`` tokens over the physical blocks of ``pool`` (and of ``host``).
 
     Args:
         pool: the device BlockPool; the tree increfs a block it caches and decrefs it on eviction.
         block_size: tokens per block.
         hash_fn: block digest function (default BLAKE2b-128; tests inject a weak one).
         events: where BlockStored / BlockRemoved / AllBlocksCleared go (None: not recorded).
+        host: the host tier evicted device blocks are written back to (None: eviction drops them).
     Block ids passed to any method must be the pool's (1 .. num_blocks - 1); they are not range-checked here.
     """
 
-    def __init__(
-        self, pool: BlockPool, block_size: int, hash_fn: HashFn = blake2b_128, events: KvEventLog | None = None
-    ) -> None:
+    def __init__(self, pool: BlockPool, block_size: int, hash_fn: HashFn = blake2b_128,
+                 events: KvEventLog | None = None, host: HostTier | None = None) -> None:  # fmt: skip
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.pool = pool
         self.block_size = block_size
         self.hash_fn = hash_fn
         self.events = events if events is not None else KvEventLog(enabled=False)
+        self.host = host
         self.epoch = 0
-        self._roots: dict[str | None, _Root] = {None: _Root(None)}
+        self._roots: dict[str | None, Root] = {None: Root(None)}
         self._nodes: dict[BlockHash, Node] = {}
         self._by_block: list[Node | None] = [None] * pool.num_blocks
         self._lru: SortedList = SortedList()
         self._clock = 0
         self._num_evictable = 0
-        self._removed: list[BlockHash] = []  # hashes removed by the current evict/uncache call
+        self._num_device = 0  # device-resident nodes
+        self._removed: list[BlockHash] = []  # left the device in the current call
+        self._host_stored: list[BlockHash] = []  # written back in the current call
+        self._host_removed: list[BlockHash] = []  # left the host tier in the current call
 
     # ----------------------------------------------------------------- queries
     @property
     def num_cached(self) -> int:
-        """Blocks in the tree."""
+        """Device-resident blocks in the tree."""
+        return self._num_device
+
+    @property
+    def num_nodes(self) -> int:
+        """Blocks in the tree on either tier."""
         return len(self._nodes)
 
     @property
     def num_evictable(self) -> int:
-        """Cached blocks whose only reference is the tree's (reclaimable by evicting leaves first)."""
+        """Device blocks whose only reference is the tree's (reclaimable by evicting device leaves first)."""
         return self._num_evictable
 
     def block_hash(self, block_id: int) -> BlockHash | None:
-        """Hash of a cached block, None if the block is not cached. O(1)."""
+        """Hash of a cached device block, None if the block is not cached. O(1)."""
         node = self._by_block[block_id]
         return None if node is None else node.block_hash
 
     def resident_block(self, block_hash: BlockHash) -> int | None:
-        """Block id cached under ``block_hash``, None if absent. O(1)."""
+        """Device block id cached under ``block_hash``, None if absent or on the host only. O(1)."""
         node = self._nodes.get(block_hash)
-        return None if node is None else node.block_id
+        return None if node is None or node.block_id < 0 else node.block_id
+
+    def host_block(self, block_hash: BlockHash) -> int | None:
+        """Host-tier block id holding ``block_hash``, None if it has no host copy. O(1)."""
+        node = self._nodes.get(block_hash)
+        return None if node is None or node.host_block < 0 else node.host_block
 
     def hashes(self) -> list[BlockHash]:
-        """Hashes of all cached blocks (insertion order). O(num_cached)."""
-        return list(self._nodes)
+        """Hashes of the device-resident blocks (insertion order). O(nodes)."""
+        return [h for h, node in self._nodes.items() if node.block_id >= 0]
+
+    def host_hashes(self) -> list[BlockHash]:
+        """Hashes of the blocks with a host copy (insertion order). O(nodes)."""
+        return [h for h, node in self._nodes.items() if node.host_block >= 0]
 
     def lru_order(self) -> list[int]:
-        """Evictable leaves, next victim first (for tests). O(number of such leaves)."""
-        return [key & _ID_MASK for key in self._lru]
+        """Evictable device leaves, next victim first (for tests). O(number of such leaves)."""
+        return [key & ID_MASK for key in self._lru]
+
+    def host_lru_order(self) -> list[int]:
+        """Droppable host copies (host block ids), next victim first (for tests). [] without a host tier."""
+        return [] if self.host is None else [key & ID_MASK for key in self.host.lru]
 
     def match(self, blocks: Sequence[bytes], salt: str | None, max_blocks: int) -> TreeMatch:
-        """Longest cached prefix of ``blocks`` (packed tokens, radix/keys.py) in salt's subtree, at most max_blocks.
+        """Longest cached prefix of ``blocks`` (packed tokens, radix/keys.py) in salt's subtree, at most max_blocks,
+        on either tier: the device-resident blocks, then the host-only nodes after them.
 
         Pure: takes no reference, leaves the LRU order alone, hashes nothing. O(matched blocks) dict probes.
         """
         node: Node | None = self._roots.get(salt)
         block_ids: list[int] = []
+        host_nodes: list[Node] = []
         if node is None:
-            return TreeMatch(block_ids, None)
+            return TreeMatch(block_ids, None, host_nodes)
         append = block_ids.append
         for key in blocks[:max_blocks] if max_blocks < len(blocks) else blocks:
             children = node.children
@@ -163,18 +146,24 @@ class RadixTree:
             child = children.get(key)
             if child is None:
                 break
-            append(child.block_id)
+            if child.block_id >= 0:
+                append(child.block_id)
+            else:
+                host_nodes.append(child)  # prefix closure: every later one is host-only too
             node = child
-        return TreeMatch(block_ids, node if block_ids else None)
+        return TreeMatch(block_ids, node if block_ids or host_nodes else None, host_nodes)
 
     def match_hashes(self, block_hashes: Sequence[BlockHash]) -> list[int]:
-        """Block ids of the longest cached prefix of a chain of hashes starting at a root (router use: no tokens to
-        compare, so this trusts the collision resistance of the default hash). Pure. O(len(block_hashes))."""
+        """Device block ids of the longest device-resident prefix of a chain of hashes starting at a root (router
+        use: no tokens to compare, so this trusts the collision resistance of the default hash). Pure.
+        O(len(block_hashes))."""
         block_ids: list[int] = []
         parent: Node | None = None
         for h in block_hashes:
             node = self._nodes.get(h)
-            if node is None or (node.parent is not parent if parent is not None else type(node.parent) is not _Root):
+            if node is None or node.block_id < 0:
+                break
+            if node.parent is not parent if parent is not None else type(node.parent) is not Root:
                 break
             block_ids.append(node.block_id)
             parent = node
@@ -184,16 +173,18 @@ class RadixTree:
     def insert_chain(
         self, parent: Node | None, salt: str | None, blocks: Sequence[bytes], block_ids: Sequence[int]
     ) -> InsertResult:
-        """Insert consecutive full blocks (packed tokens ``blocks``, held in ``block_ids``) under ``parent``, a node
-        the caller holds a reference to (None: the root of salt's subtree; salt is ignored otherwise).
+        """Insert consecutive full blocks (packed tokens ``blocks``, held in ``block_ids``) under ``parent``, a
+        device-resident node the caller holds a reference to (None: the root of salt's subtree; salt is ignored
+        otherwise).
 
         A block whose tokens are already a child is a duplicate. When the resident copy is idle (only the tree holds
         it) the tree takes the given block in its place, same node and hash, and frees the idle one (back of the free
-        queue; epoch bumped, no event: the hash stays resident), so a sequence never holds two blocks for one block
-        of tokens; when it is in use it stays and the given one is not inserted. A new block is hashed (once,
-        here), gets a tree reference (its ref count + 1) and becomes a child of the previous one. Stops early
-        (shorter ``resident``) on a hash collision. Emits one BlockStored for the new blocks. Only call once the
-        blocks' KV is written. O(len(block_ids)) plus one hash per new block.
+        queue; epoch bumped, no event: the hash stays resident); when it is in use it stays and the given one is not
+        inserted; when the child is on the host only, it takes the given block as its device copy (epoch bumped). A
+        new block is hashed (once, here), gets a tree reference (its ref count + 1) and becomes a child of the
+        previous one. Stops early (shorter ``resident``) on a hash collision. Emits one BlockStored (device) for the
+        blocks new on the device. Only call once the blocks' KV is written. O(len(block_ids)) plus one hash per new
+        block.
 
         Raises:
             ValueError: a new block id is already cached, or is free.
@@ -201,37 +192,38 @@ class RadixTree:
         if parent is None:
             parent = self._roots.get(salt)
             if parent is None:
-                parent = self._roots[salt] = _Root(salt)
+                parent = self._roots[salt] = Root(salt)
         resident: list[int] = []
         duplicates: list[int] = []
         stored: list[BlockHash] = []
         stored_parent: BlockHash | None = None
-        lru_tick = self._tick() << _ID_BITS
+        lru_tick = self._tick() << ID_BITS
         hash_fn, nodes, by_block, rcs = self.hash_fn, self._nodes, self._by_block, self.pool.ref_counts
         for key, block_id in zip(blocks, block_ids, strict=True):
             children = parent.children
             node = None if children is None else children.get(key)
-            if node is None:
-                h = hash_packed_block(parent.block_hash, key, parent.salt if type(parent) is _Root else None, hash_fn)
-                if h in nodes:
-                    logger.debug("block hash collision at block %d; not cached", block_id)
-                    break
-                rc = rcs[block_id]
-                if rc == 0 or by_block[block_id] is not None:
+            if node is None or node.block_id < 0:
+                if rcs[block_id] == 0 or by_block[block_id] is not None:
                     raise ValueError(f"block {block_id} is free or already cached")
-                rcs[block_id] = rc + 1  # >= 2: the caller's reference and the tree's, so not idle
-                node = Node(block_id, h, key, parent, lru_tick | block_id)
-                nodes[h] = node
-                by_block[block_id] = node
-                if children is None:
-                    if type(parent) is not _Root and rcs[parent.block_id] == 1:
-                        self._lru.remove(parent.lru_key)  # an idle leaf no more
-                    parent.children = {key: node}
+                if node is None:
+                    h = hash_packed_block(parent.block_hash, key, parent.salt if type(parent) is Root else None,
+                                          hash_fn)  # fmt: skip
+                    if h in nodes:
+                        logger.debug("block hash collision at block %d; not cached", block_id)
+                        break
+                    node = Node(NOT_RESIDENT, h, key, parent, 0)
+                    nodes[h] = node
+                    if children is None:
+                        parent.children = {key: node}
+                    else:
+                        children[key] = node
                 else:
-                    children[key] = node
+                    self.epoch += 1  # a match that named it host-only would load it back
+                self._take_device_block(node, block_id, lru_tick | block_id)
                 if not stored:
                     stored_parent = parent.block_hash
-                stored.append(h)
+                assert node.block_hash is not None
+                stored.append(node.block_hash)
             elif node.block_id != block_id:
                 if rcs[node.block_id] == 1:
                     self._replace_idle(node, block_id, lru_tick | block_id)
@@ -240,7 +232,20 @@ class RadixTree:
             resident.append(node.block_id)
             parent = node
         self.events.stored(stored, stored_parent, self.block_size)
-        return InsertResult(resident, duplicates, None if type(parent) is _Root else parent)
+        return InsertResult(resident, duplicates, None if type(parent) is Root else parent)
+
+    def _take_device_block(self, node: Node, block_id: int, lru_key: int) -> None:
+        """node (new, or on the host only) gets block_id (held by the caller, checked: allocated, not cached) as its
+        device copy with the tree's reference (ref count >= 2, so not idle); its parent gains a device child.
+        O(log n)."""
+        rcs, by_block = self.pool.ref_counts, self._by_block
+        rcs[block_id] += 1
+        node.block_id, node.lru_key = block_id, lru_key
+        by_block[block_id] = node
+        self._num_device += 1
+        self._gain_device_child(node.parent)
+        if node.host_block >= 0 and self.host is not None:
+            self.host.refresh(node)  # on both tiers now: its host copy may be dropped
 
     def _replace_idle(self, node: Node, block_id: int, lru_key: int) -> None:
         """node's idle block (ref count 1) leaves for the free queue; block_id (held by the caller, not cached) takes
@@ -248,7 +253,7 @@ class RadixTree:
         rcs, by_block, old = self.pool.ref_counts, self._by_block, node.block_id
         if rcs[block_id] == 0 or by_block[block_id] is not None:
             raise ValueError(f"block {block_id} is free or already cached")
-        if node.children is None:
+        if node.num_device_children == 0:
             self._lru.remove(node.lru_key)
         self._num_evictable -= 1
         by_block[old], by_block[block_id] = None, node
@@ -256,10 +261,6 @@ class RadixTree:
         rcs[block_id] += 1  # >= 2: the caller's reference and the tree's
         self.pool.decref(old)
         self.epoch += 1
-
-    def _tick(self) -> int:
-        self._clock += 1
-        return self._clock
 
     # ----------------------------------------------------------------- references
     def lock(self, block_ids: Sequence[int]) -> None:
@@ -279,7 +280,7 @@ class RadixTree:
                 node = by_block[block_id]
                 if node is not None:
                     self._num_evictable -= 1
-                    if node.children is None:
+                    if node.num_device_children == 0:
                         self._lru.remove(node.lru_key)
 
     def unlock(self, block_ids: Sequence[int]) -> None:
@@ -291,7 +292,7 @@ class RadixTree:
         """
         pool, by_block = self.pool, self._by_block
         rcs = pool.ref_counts
-        tick = self._tick() << _ID_BITS
+        tick = self._tick() << ID_BITS
         for block_id in block_ids:
             rc = rcs[block_id]
             if rc <= 1:
@@ -303,69 +304,15 @@ class RadixTree:
                 if node is not None:
                     self._num_evictable += 1
                     node.lru_key = tick | block_id
-                    if node.children is None:
+                    if node.num_device_children == 0:
                         self._lru.add(node.lru_key)
 
     # ----------------------------------------------------------------- removal
-    def evict(self, n: int) -> list[int]:
-        """Free up to ``n`` evictable blocks, least recently used leaf first; a parent whose last child goes becomes
-        a leaf and competes by its own last access. Returns the freed block ids in eviction order (now on the pool's
-        free queue). Emits one BlockRemoved; bumps epoch if anything went. O(n log N), no scan: a parent that is the
-        next victim anyway (its last access older than every other idle leaf's, e.g. the rest of a chain released
-        at once) is taken directly, without entering the LRU list."""
-        freed: list[int] = []
-        lru, by_block = self._lru, self._by_block
-        node: Node | None = None
-        while len(freed) < n:
-            if node is None:
-                if not lru:
-                    break
-                node = by_block[lru.pop(0) & _ID_MASK]
-                assert node is not None
-            freed.append(node.block_id)
-            node = self._unlink(node, lru)
-        if node is not None:  # a parent taken out of turn but not needed: back to the LRU list
-            lru.add(node.lru_key)
-        if freed:
-            self._num_evictable -= len(freed)
-            self.pool.release_last(freed)
-            self.epoch += 1
-            self.events.removed(self._take_removed())
-        return freed
-
-    def _unlink(self, node: Node, lru: SortedList | None) -> Node | None:
-        """Take a leaf out of the tree (its block keeps the tree's reference; the caller drops it). A parent left an
-        idle leaf joins the LRU list, or, given lru and when it would be its first entry, is returned instead."""
-        h = node.block_hash
-        assert h is not None
-        del self._nodes[h]
-        self._by_block[node.block_id] = None
-        self._removed.append(h)
-        parent = node.parent
-        assert parent is not None and parent.children is not None
-        children = parent.children
-        del children[node.key]
-        if children:
-            return None
-        parent.children = None
-        if type(parent) is _Root:
-            if parent.salt is not None:
-                del self._roots[parent.salt]
-        elif self.pool.ref_counts[parent.block_id] == 1:
-            if lru is not None and (not lru or parent.lru_key < lru[0]):
-                return parent
-            self._lru.add(parent.lru_key)
-        return None
-
-    def _take_removed(self) -> list[BlockHash]:
-        hashes, self._removed = self._removed, []
-        return hashes
-
     def uncache(self, block_ids: Sequence[int]) -> int:
         """Take cached leaves out of the tree, in the given order (children first), stopping at the first block that
-        is not a cached leaf. The tree's reference is dropped; other holders keep the block as a private block. Used
-        so that no block past a stop string stays cached. Returns how many were removed; emits one BlockRemoved and
-        bumps epoch if any. O(len(block_ids) * log n)."""
+        is not a cached leaf (on the device, no child on either tier). The tree's references are dropped (a host copy
+        goes too); other holders keep the block as a private block. Used so that no block past a stop string stays
+        cached. Returns how many were removed; emits BlockRemoved and bumps epoch if any. O(len(block_ids) * log n)."""
         removed = 0
         for block_id in block_ids:
             node = self._by_block[block_id]
@@ -379,21 +326,26 @@ class RadixTree:
             removed += 1
         if removed:
             self.epoch += 1
-            self.events.removed(self._take_removed())
+            self._emit_moves()
         return removed
 
     def clear(self) -> bool:
-        """Drop every cached block at once if all are evictable (emits AllBlocksCleared, bumps epoch); else change
-        nothing and return False. O(num_cached)."""
-        if self._num_evictable != len(self._nodes):
+        """Drop every cached block of both tiers at once if every device block is evictable and no host block is
+        pinned by a pending copy (emits AllBlocksCleared, bumps epoch); else change nothing and return False.
+        O(nodes)."""
+        host = self.host
+        if self._num_evictable != self._num_device or (host is not None and host.num_pinned):
             return False
         for node in self._nodes.values():
-            self._by_block[node.block_id] = None
-            self.pool.decref(node.block_id)
+            if node.block_id >= 0:
+                self._by_block[node.block_id] = None
+                self.pool.decref(node.block_id)
+            if host is not None and node.host_block >= 0:
+                host.detach(node)
         self._nodes.clear()
-        self._roots = {None: _Root(None)}
+        self._roots = {None: Root(None)}
         self._lru.clear()
-        self._num_evictable = 0
+        self._num_evictable = self._num_device = 0
         self.epoch += 1
         self.events.cleared()
         return True

@@ -1,4 +1,5 @@
-"""ReplicaIndex: the set of block hashes resident in one replica's radix tree, kept from its KV events.
+"""ReplicaIndex: the block hashes resident in one replica's radix tree, on its device and on its host tier, kept from
+its KV events (each carries the tier, its medium: radix/events.py).
 
 Events (radix/events.py) carry a sequence number that grows by exactly 1 per event of one replica. The index applies
 them in order; an event past the next expected number means messages were lost (ZeroMQ PUB drops under pressure, a
@@ -11,15 +12,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import NamedTuple
 
-from radix.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvSnapshot
+from radix.events import DEVICE, AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvSnapshot
 from radix.hashing import BlockHash
 
 logger = logging.getLogger(__name__)
 
 
+class TierPrefix(NamedTuple):
+    """A prompt's cached prefix on one replica, in blocks: device (resident on the device), then host (the blocks
+    after those that sit on its host tier, which the replica loads back instead of computing)."""
+
+    device: int
+    host: int
+
+
 class ReplicaIndex:
-    """Resident block hashes of one replica and the seq of the last event applied.
+    """Resident block hashes of one replica (hashes: on the device; host_hashes: on its host tier, a block on both
+    tiers is in both) and the seq of the last event applied.
 
     Mutates only itself. `syncing` is True from `begin_sync()` until `load_snapshot()`; meanwhile `apply()` buffers.
     Lookups are O(1) per block hash (a Python set).
@@ -27,6 +38,7 @@ class ReplicaIndex:
 
     def __init__(self) -> None:
         self.hashes: set[BlockHash] = set()
+        self.host_hashes: set[BlockHash] = set()
         self.last_seq = -1
         self.syncing = True  # nothing is known until the first snapshot
         self._buffer: list[KvEvent] = []
@@ -42,6 +54,7 @@ class ReplicaIndex:
         another snapshot; the index stays syncing). Clears the buffer either way.
         """
         self.hashes = set(snapshot.block_hashes)
+        self.host_hashes = set(snapshot.host_block_hashes)
         self.last_seq = snapshot.last_seq
         self.syncing = False
         buffered, self._buffer = self._buffer, []
@@ -66,16 +79,18 @@ class ReplicaIndex:
             self._buffer = [event]
             return False
         if isinstance(event, BlockStored):
-            self.hashes.update(event.block_hashes)
+            (self.hashes if event.medium == DEVICE else self.host_hashes).update(event.block_hashes)
         elif isinstance(event, BlockRemoved):
-            self.hashes.difference_update(event.block_hashes)
+            (self.hashes if event.medium == DEVICE else self.host_hashes).difference_update(event.block_hashes)
         elif isinstance(event, AllBlocksCleared):
             self.hashes.clear()
+            self.host_hashes.clear()
         self.last_seq = event.seq
         return True
 
     def prefix_blocks(self, block_hashes: Sequence[BlockHash]) -> int:
-        """Leading blocks of a prompt's chained hashes that are resident here (blocks, not tokens). O(result)."""
+        """Leading blocks of a prompt's chained hashes that are resident on the device here (blocks, not tokens).
+        O(result)."""
         n = 0
         for h in block_hashes:
             if h not in self.hashes:
@@ -83,9 +98,21 @@ class ReplicaIndex:
             n += 1
         return n
 
+    def tier_prefix(self, block_hashes: Sequence[BlockHash]) -> TierPrefix:
+        """The leading blocks resident on the device here, then how many of the next ones are on the host tier.
+        O(result)."""
+        device = self.prefix_blocks(block_hashes)
+        host = 0
+        for h in block_hashes[device:]:
+            if h not in self.host_hashes:
+                break
+            host += 1
+        return TierPrefix(device, host)
+
     def clear(self) -> None:
         """Forget everything (the replica went away); syncing until the next snapshot."""
         self.hashes.clear()
+        self.host_hashes.clear()
         self.last_seq = -1
         self.syncing = True
         self._buffer = []

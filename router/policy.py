@@ -1,8 +1,10 @@
 """Routing policies: which replica serves a request.
 
 round_robin: replicas in turn. least_load: the smallest load (in-flight requests, or queued prompt tokens).
-cache_aware (default): the replica with the longest resident prefix of the prompt's block hashes (from its KV
-events), unless its load exceeds the smallest load by more than `balance_threshold`, then the least loaded one.
+cache_aware (default): the replica with the longest cached prefix of the prompt's block hashes (from its KV events),
+on the device and on its host tier together, more of it on the device breaking a tie (a host block costs a copy back,
+a device block nothing; both spare the recompute), unless its load exceeds the smallest load by more than
+`balance_threshold`, then the least loaded one.
 This is the policy of SGLang's cache-aware router and of Preble (Srivatsa et al., "Preble: Efficient Distributed
 Prompt Scheduling for LLM Serving", ICLR 2025, section 4): prefix locality first, load balance as a guard.
 Ties are broken by load, then in turn (a rotating start), so equal replicas share the work.
@@ -20,12 +22,18 @@ POLICIES: tuple[str, ...] = ("round_robin", "least_load", "cache_aware")
 
 # Structs, not NamedTuples: a NamedTuple's `index` field would shadow tuple.index.
 class Candidate(msgspec.Struct, frozen=True):
-    """A replica in rotation: its position in the router's list, its load (requests or tokens) and its resident
-    prefix of the prompt (blocks)."""
+    """A replica in rotation: its position in the router's list, its load (requests or tokens) and its cached
+    prefix of the prompt (blocks): prefix_blocks on the device, then host_prefix_blocks on its host tier."""
 
     index: int
     load: int
     prefix_blocks: int
+    host_prefix_blocks: int = 0
+
+    @property
+    def cached_blocks(self) -> int:
+        """The prompt's blocks this replica need not compute (either tier)."""
+        return self.prefix_blocks + self.host_prefix_blocks
 
 
 class Decision(msgspec.Struct, frozen=True):
@@ -66,7 +74,7 @@ class Policy:
         least = min(candidates, key=lambda c: (c.load, -c.prefix_blocks, turn(c)))
         if self.name == "least_load":
             return Decision(least.index, "load")
-        best = min(candidates, key=lambda c: (-c.prefix_blocks, c.load, turn(c)))
-        if best.prefix_blocks == 0 or best.load - least.load > self.balance_threshold:
+        best = min(candidates, key=lambda c: (-c.cached_blocks, -c.prefix_blocks, c.load, turn(c)))
+        if best.cached_blocks == 0 or best.load - least.load > self.balance_threshold:
             return Decision(least.index, "load")
         return Decision(best.index, "prefix")

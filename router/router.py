@@ -28,6 +28,7 @@ import zmq
 from radix.hashing import BlockHash, hash_block_tokens
 from router.config import RouterArgs
 from router.fanout import StatsFanout
+from router.index import TierPrefix
 from router.policy import Candidate, Policy
 from router.replica import Replica
 from router.stats import RouterStats
@@ -282,7 +283,7 @@ class Router:
         up = [r for r in self.replicas if r.up]
         if not up:
             return False
-        candidates = [Candidate(r.position, self._load(r), self._prefix_blocks(req, r)) for r in up]
+        candidates = [Candidate(r.position, self._load(r), *self._prefix_blocks(req, r)) for r in up]
         decision = self.policy.choose(candidates, len(self.replicas))
         replica = self.replicas[decision.index]
         if not replica.send(req.forward):
@@ -299,15 +300,15 @@ class Router:
     def _load(self, replica: Replica) -> int:
         return len(replica.in_flight) if self.args.load_metric == "requests" else replica.load_tokens
 
-    def _prefix_blocks(self, req: _Request, replica: Replica) -> int:
+    def _prefix_blocks(self, req: _Request, replica: Replica) -> TierPrefix:
         ids = req.forward.input_ids
         if ids is None or not replica.block_size or self.policy.name != "cache_aware":
-            return 0
+            return TierPrefix(0, 0)
         hashes = req.hashes.get(replica.block_size)
         if hashes is None:
             hashes = hash_block_tokens(ids, replica.block_size, req.forward.cache_salt)
             req.hashes[replica.block_size] = hashes
-        return replica.index.prefix_blocks(hashes)
+        return replica.index.tier_prefix(hashes)
 
     # ---- replica side --------------------------------------------------------------------------------------------
 

@@ -152,5 +152,5 @@ class _Collector:
         usages = [c.usage for c in self.choices if c.usage is not None]
         first = usages[0] if usages else p.Usage(0, 0, 0)
         usage = p.Usage(first.prompt_tokens, first.cached_tokens, sum(u.completion_tokens for u in usages),
-                        first.queue_time_s)
+                        first.queue_time_s, first.host_cached_tokens)
         return Completion(rid=self.rid, choices=self.choices, usage=usage, ttft_s=max(self.ttft_s, 0.0))

@@ -40,6 +40,10 @@ class ServerArgs:
     gpu_memory_utilization: float = _opt(0.85, "on CUDA: fraction of free device memory given to the KV cache")
     num_blocks: int | None = _opt(None, "KV blocks (including the null block 0); overrides the memory budget")
     num_host_blocks: int = _opt(0, "host-memory KV blocks for preemption by swapping (0: no swap pool)")
+    host_cache_memory: int = _opt(0, "bytes of host memory for the prefix cache's host tier: blocks evicted from the "
+                                     "KV pool are written there and loaded back on a hit (0: no tier; a pool apart "
+                                     "from the swap pool of num_host_blocks)")
+    num_host_cache_blocks: int | None = _opt(None, "host-tier KV blocks; overrides host_cache_memory (0: no tier)")
     max_model_len: int | None = _opt(None, "context limit in tokens (None: the model's)")
     attention_backend: Literal["auto", "reference", "triton"] = _opt(
         "auto", "paged attention backend: auto (triton on CUDA, reference on CPU), reference or triton"
@@ -81,6 +85,9 @@ class ServerArgs:
             ("num_blocks", self.num_blocks is None or self.num_blocks >= MIN_USABLE_BLOCKS + 1,
              f">= {MIN_USABLE_BLOCKS + 1} (block 0 is reserved; at least {MIN_USABLE_BLOCKS} usable blocks)"),
             ("num_host_blocks", self.num_host_blocks >= 0, ">= 0"),
+            ("host_cache_memory", self.host_cache_memory >= 0, ">= 0"),
+            ("num_host_cache_blocks", self.num_host_cache_blocks is None or self.num_host_cache_blocks >= 0,
+             "None or >= 0"),
             ("max_model_len", self.max_model_len is None or self.max_model_len >= 1, ">= 1"),
             ("max_running_requests", self.max_running_requests >= 1, ">= 1"),
             ("max_prefill_tokens", self.max_prefill_tokens >= 1, ">= 1"),

@@ -114,7 +114,7 @@ class Engine:
         self.runner = ModelRunner(self.args)
         ready = self.runner.ready
         self.manager = KVCacheManager(ready.num_blocks, ready.block_size, self.args.enable_prefix_caching,
-                                      ready.num_host_blocks)  # fmt: skip
+                                      ready.num_host_blocks, num_host_cache_blocks=ready.num_host_cache_blocks)
         self.scheduler = Scheduler(self.manager, self.args, ready.max_model_len, ready.eos_token_ids,
                                    vocab_size=ready.vocab_size)
         try:
@@ -263,8 +263,8 @@ class Engine:
         outs = [CompletionOutput(i, s.text, s.token_ids, s.finish_reason, s.logprobs)
                 for i, s in enumerate(live.streams)]  # fmt: skip
         usages = [s.usage for s in live.streams if s.usage is not None]
-        cached = usages[0].cached_tokens if usages else 0
-        usage = Usage(len(live.prompt_ids), cached, sum(len(o.token_ids) for o in outs))
+        cached, host = (usages[0].cached_tokens, usages[0].host_cached_tokens) if usages else (0, 0)
+        usage = Usage(len(live.prompt_ids), cached, sum(len(o.token_ids) for o in outs), None, host)
         ttft = live.first_token_time - live.submit_time if live.first_token_time is not None else None
         self._done[rid] = RequestOutput(rid, live.prompt_ids, outs, usage, ttft, live.error)
 

@@ -43,8 +43,9 @@ class SeqStatus(enum.Enum):
 
 @dataclass(eq=False)
 class RequestState:
-    """One request: a prompt and n completions. cached_tokens is fixed at the first admission (counted once), and
-    so is admitted_time (the scheduler's clock, seconds, like arrival_time).
+    """One request: a prompt and n completions. cached_tokens (both tiers) and host_cached_tokens (those loaded back
+    from the host tier) are fixed at the first admission (counted once), and so is admitted_time (the scheduler's
+    clock, seconds, like arrival_time).
 
     Each SchedulerSeq points back here (seq.req), so the Scheduler empties ``seqs`` when the last completion finishes:
     left as a reference cycle, every finished request (prompt, token lists, BlockKeys) would wait for a full pass of
@@ -59,6 +60,7 @@ class RequestState:
     arrival_step: int
     block_keys: BlockKeys  # the prompt's per-block keys (radix/keys.py), made once at add_request
     cached_tokens: int | None = None
+    host_cached_tokens: int = 0
     admitted_time: float | None = None
     first_token_time: float | None = None
     seqs: list[SchedulerSeq] = field(default_factory=list)  # emptied when the last one finishes (docstring)
@@ -106,7 +108,9 @@ class SchedulerSeq:
 
     def usage(self) -> Usage:
         """This completion's token counts (cached_tokens is 0 and queue_time_s None until the request's first
-        admission; queue_time_s: seconds from arrival to that admission)."""
+        admission; queue_time_s: seconds from arrival to that admission; host_cached_tokens: the cached tokens
+        loaded back from the host tier)."""
         req = self.req
         queue_s = None if req.admitted_time is None else max(0.0, req.admitted_time - req.arrival_time)
-        return Usage(len(req.prompt_ids), req.cached_tokens or 0, max(0, self.num_output), queue_s)
+        return Usage(len(req.prompt_ids), req.cached_tokens or 0, max(0, self.num_output), queue_s,
+                     req.host_cached_tokens)  # fmt: skip

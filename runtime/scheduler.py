@@ -9,7 +9,9 @@ ZeroMQ messages.
 A step = running sequences (oldest admitted first: decodes and continuing prefill chunks), then swapped-out sequences
 coming back, then admissions from the waiting queue while the prefill token budget (max_prefill_tokens) lasts. A prompt
 longer than chunked_prefill_size is split into chunks (chunked prefill, Agrawal et al. 2023, "SARATHI"). When no block
-can be freed the most recently admitted sequence is preempted (vLLM, Kwon et al. 2023, section 4.5).
+can be freed the most recently admitted sequence is preempted (vLLM, Kwon et al. 2023, section 4.5). Host tier: a
+step's write-backs and load-backs ride in its batch (StepPlan.add_tier_copies); a sequence admitted onto blocks still
+loading waits one step (its loads run in this one), so attention never reads a block before its copy lands.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from radix.block_pool import NoFreeBlocksError
-from radix.manager import KVCacheManager, PrefixMatch
+from radix.manager import KVCacheManager
 from runtime.admission import WaitingQueue, inflight_chain_ids
 from runtime.config import ServerArgs
 from runtime.prompt_check import check_prompt
@@ -47,16 +49,9 @@ class Scheduler:
     Complexity per step: O(running + admitted + waiting under lpm) Python work plus the manager's O(blocks touched).
     """
 
-    def __init__(
-        self,
-        manager: KVCacheManager,
-        args: ServerArgs,
-        max_model_len: int,
-        eos_token_ids: Sequence[int] = (),
-        lpm_starvation_steps: int = 16,
-        clock: Callable[[], float] = time.monotonic,
-        vocab_size: int | None = None,
-    ) -> None:
+    def __init__(self, manager: KVCacheManager, args: ServerArgs, max_model_len: int, eos_token_ids: Sequence[int] = (),
+                 lpm_starvation_steps: int = 16, clock: Callable[[], float] = time.monotonic,
+                 vocab_size: int | None = None) -> None:  # fmt: skip
         self.manager = manager
         self.vocab_size = vocab_size
         self.args = args
@@ -163,6 +158,7 @@ class Scheduler:
                 self._plan(seq, step)
             if not self.swapped:
                 self._admit(step)
+        step.add_tier_copies(self.manager.take_tier_copies())  # after the step's last allocation (its evictions)
         if not (step.seqs or step.swap_out or step.swap_in or step.copies or self._drops):
             self._inflight = []
             return None
@@ -178,6 +174,7 @@ class Scheduler:
         the step when result.error is set) fails its whole request: every completion ends with "abort", nothing of
         this step is committed for it, one RequestFailure goes to drain_failures (logged); the step's other
         sequences proceed exactly as if it had not been there."""
+        self.manager.tier_copies_done()  # the worker applied this step's tier copies before its forward
         failed = dict(zip(result.failed_seq_ids, result.failed_errors, strict=True))
         if result.error is not None:
             failed = {chunk.seq.seq_id: result.error for chunk in self._inflight}
@@ -204,6 +201,10 @@ class Scheduler:
         False) could not get its blocks this step. Preemption is only allowed in the running phase, so a step never
         swaps a sequence out after swapping one in (the worker copies swap_out before swap_in)."""
         computed = self.manager.num_computed_tokens(seq.seq_id)
+        if seq.prefill_only and computed == seq.target:  # its whole prompt[:-1] is cached (or loaded): fork
+            for child in self._fork(seq):
+                self._plan(child, step, may_preempt)
+            return
         remaining = seq.target - computed
         is_decode = remaining == 1 and seq.num_output > 0
         chunk = 1 if is_decode else min(remaining, self.args.chunked_prefill_size, step.prefill_budget)
@@ -227,8 +228,7 @@ class Scheduler:
         sample = not seq.prefill_only and computed + chunk == len(seq.token_ids)
         step.add(seq, computed, chunk, list(new_blocks), sample, first=not seq.in_worker, is_decode=is_decode)
         seq.in_worker, seq.sent_blocks = True, len(table)
-        if not is_decode:
-            self.counters.prefill_tokens_computed += chunk
+        self.counters.prefill_tokens_computed += 0 if is_decode else chunk
 
     def _preempt_for(self, seq: SchedulerSeq, step: StepPlan) -> bool:
         """Free blocks for seq by preempting the most recently admitted running sequence not yet planned this step
@@ -271,8 +271,10 @@ class Scheduler:
 
     # ------------------------------------------------------------------ admission
     def _admit(self, step: StepPlan) -> None:
+        """Admit waiting sequences (fcfs, or lpm with a starvation guard) while blocks, slots and the budget last."""
         inflight = inflight_chain_ids(self.running, self.manager)
-        for seq, match in self._admission_order():
+        lpm = self.args.schedule_policy == "lpm" and self.args.enable_prefix_caching
+        for seq, match in self.waiting.admission_order(self._step_id, lpm, self.lpm_starvation_steps, self.manager):
             if len(self.running) >= self.args.max_running_requests or step.prefill_budget <= 0:
                 return
             req = seq.req
@@ -282,7 +284,7 @@ class Scheduler:
             if inflight and m < len(match.keys) and match.keys.chain_ids[m] in inflight:
                 continue  # another sequence computes this block now: wait a step, then hit it
             first_time = req.cached_tokens is None
-            need = -(-seq.target // self.block_size) - m
+            need = -(-seq.target // self.block_size) - len(match.block_ids)  # host-only blocks need device blocks
             if not self.manager.can_allocate(need):
                 return
             chunk = min(seq.target - match.num_tokens, self.args.chunked_prefill_size, step.prefill_budget)
@@ -294,23 +296,15 @@ class Scheduler:
             self._admit_counter += 1
             self.running.append(seq)
             if first_time:
-                req.cached_tokens, req.admitted_time = cached, self.clock()
-                self.counters.prompt_tokens += len(req.prompt_ids)
-                self.counters.cached_tokens += cached
+                req.cached_tokens, req.host_cached_tokens = cached, match.num_host_tokens
+                req.admitted_time = self.clock()
+                self.counters.admitted(len(req.prompt_ids), cached, match.num_host_tokens)
             elif seq.preempted:
                 self.counters.recomputed_tokens += len(seq.token_ids) - cached
-            if seq.prefill_only and cached == seq.target:
-                for child in self._fork(seq):
-                    self._plan(child, step)
-                continue
-            self._plan(seq, step)
-            if self.args.enable_prefix_caching:
+            if not self.manager.waits_for_loads(seq.seq_id):  # else planned from the next step (module docstring)
+                self._plan(seq, step)  # a prefill-only parent whose prompt is all cached forks there
+            if self.args.enable_prefix_caching and not (seq.prefill_only and cached == seq.target):
                 inflight.update(req.block_keys.chain_ids[m:])
-
-    def _admission_order(self) -> list[tuple[SchedulerSeq, PrefixMatch | None]]:
-        """Waiting sequences in admission order, each with the match lpm sorted it by (None: _admit matches)."""
-        lpm = self.args.schedule_policy == "lpm" and self.args.enable_prefix_caching
-        return self.waiting.admission_order(self._step_id, lpm, self.lpm_starvation_steps, self.manager)
 
     # ------------------------------------------------------------------ tokens, finishing, forking
     def _on_token(self, seq: SchedulerSeq, token: int, logprobs: TokenLogprobs | None) -> None:

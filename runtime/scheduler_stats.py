@@ -17,6 +17,7 @@ class SchedulerCounters:
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    host_cached_tokens: int = 0
     generated_tokens: int = 0
     prefill_tokens_computed: int = 0
     forward_tokens: int = 0
@@ -25,6 +26,12 @@ class SchedulerCounters:
     num_preemptions: int = 0
     num_swaps: int = 0
     num_rejected: int = 0
+
+    def admitted(self, prompt_tokens: int, cached_tokens: int, host_cached_tokens: int) -> None:
+        """Count a request's first admission: its prompt, its cached tokens (both tiers) and those loaded back."""
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += cached_tokens
+        self.host_cached_tokens += host_cached_tokens
 
 
 def scheduler_stats(counters: SchedulerCounters, kv: KVStats, num_running: int, num_waiting: int,
@@ -39,5 +46,9 @@ def scheduler_stats(counters: SchedulerCounters, kv: KVStats, num_running: int, 
         num_used_blocks=kv.in_use_blocks, num_cached_blocks=kv.cached_blocks,
         kv_usage=kv.in_use_blocks / kv.total_blocks if kv.total_blocks else 0.0,
         hit_rate=c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0, num_evicted_blocks=kv.evicted_blocks,
+        num_host_cache_blocks=kv.host_cache_total_blocks, num_host_cache_free_blocks=kv.host_cache_free_blocks,
+        num_host_cache_evictable_blocks=kv.host_cache_evictable_blocks,
+        num_host_cache_used_blocks=kv.host_cache_in_use_blocks, num_host_cached_blocks=kv.host_cached_blocks,
+        num_written_back_blocks=kv.written_back_blocks, num_loaded_back_blocks=kv.loaded_back_blocks,
         **dataclasses.asdict(c),
     )  # fmt: skip

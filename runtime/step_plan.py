@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from radix.host_tier import TierCopies
 from runtime.protocol import ForwardBatch, ScheduledSeq
 from runtime.request import SchedulerSeq
 
@@ -49,6 +50,12 @@ class StepPlan:
         self.inflight.append(InflightChunk(seq, start, num_tokens, sample))
         if not is_decode:
             self.prefill_budget -= num_tokens
+
+    def add_tier_copies(self, copies: TierCopies) -> None:
+        """The host tier's copies of the step: write-backs join swap_out (applied first, so an evicted device block
+        is read before anything of the step overwrites it), load-backs join swap_in (before the forward). O(copies)."""
+        self.swap_out.extend(copies.write_back)
+        self.swap_in.extend(copies.load_back)
 
     def batch(self, step_id: int, drop_seq_ids: list[int]) -> ForwardBatch:
         """The planned step as a ForwardBatch (shares this plan's lists)."""

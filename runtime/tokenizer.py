@@ -197,7 +197,7 @@ class CompletionStream:
         if finish is not None:
             self.finish_reason = finish
             u = self.usage or Usage(0, 0, 0)
-            usage = Usage(u.prompt_tokens, u.cached_tokens, len(self.token_ids), u.queue_time_s)
+            usage = Usage(u.prompt_tokens, u.cached_tokens, len(self.token_ids), u.queue_time_s, u.host_cached_tokens)
         text = detok.text[start : self._end] if detok is not None else ""
         logprobs = self.logprobs[sent : self._sent] if self.logprobs is not None else None
         return CompletionDelta(text, self.token_ids[sent : self._sent], logprobs, finish, usage, keep)

@@ -18,6 +18,7 @@ import torch
 import kernels
 from runtime.config import MIN_USABLE_BLOCKS, InvalidConfig, ServerArgs
 from runtime.model.cpu_features import resolve_dtype, usable_cores
+from runtime.model.host_kv import HostCopies, host_cache_blocks
 from runtime.model.loader import load_config, load_weights, resolve_model
 from runtime.model.models import AttentionMetadata, build_model
 from runtime.model.models.batch import BlockTableRows, step_metadata
@@ -114,7 +115,8 @@ class ModelRunner:
     """Loads the model, allocates the KV cache and executes ForwardBatches.
 
     KV cache: k_cache, v_cache [num_layers, num_blocks, block_size, num_kv_heads, head_dim] on the device (block 0 is
-    the null block), and host_k_cache, host_v_cache with num_host_blocks blocks on the CPU for swapping.
+    the null block), and host_k_cache, host_v_cache on the CPU: num_host_blocks for swapping, then
+    num_host_cache_blocks of the prefix cache's host tier (runtime/model/host_kv.py).
     num_blocks = args.num_blocks, else the budget (kv_cache_memory bytes on CPU; on CUDA gpu_memory_utilization x
     free memory after loading the weights) divided by kv_block_bytes. max_model_len = args.max_model_len capped at the
     model's max_position_embeddings (the rotary tables cover it; a cap logs one warning naming both values).
@@ -154,7 +156,10 @@ class ModelRunner:
         shape = (cfg.num_hidden_layers, self.num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        host_shape = (shape[0], args.num_host_blocks, *shape[2:])
+        self.num_host_cache_blocks = host_cache_blocks(args, kv_block_bytes(
+            cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim, self.dtype))
+        self.host_copies = HostCopies(self.device)
+        host_shape = (shape[0], args.num_host_blocks + self.num_host_cache_blocks, *shape[2:])
         pin = self.device.type == "cuda"
         self.host_k_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
         self.host_v_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
@@ -164,7 +169,7 @@ class ModelRunner:
         self.penalties = PenaltyState(cfg.vocab_size, self.device)
         self.ready = Ready(num_blocks=self.num_blocks, block_size=self.block_size, max_model_len=self.max_model_len,
                            num_host_blocks=args.num_host_blocks, vocab_size=cfg.vocab_size,
-                           eos_token_ids=list(cfg.eos_token_ids))
+                           eos_token_ids=list(cfg.eos_token_ids), num_host_cache_blocks=self.num_host_cache_blocks)
         logger.info("model %s loaded from %s (%s): %d KV blocks of %d tokens, max_model_len %d", args.model, folder,
                     str(self.dtype).removeprefix("torch."), self.num_blocks, self.block_size, self.max_model_len)
 
@@ -275,12 +280,8 @@ class ModelRunner:
         """
         for seq_id in batch.drop_seq_ids:
             self._forget(seq_id)
-        if batch.swap_out:
-            kernels.swap_blocks(self.k_cache, self.host_k_cache, batch.swap_out)
-            kernels.swap_blocks(self.v_cache, self.host_v_cache, batch.swap_out)
-        if batch.swap_in:
-            kernels.swap_blocks(self.host_k_cache, self.k_cache, batch.swap_in)
-            kernels.swap_blocks(self.host_v_cache, self.v_cache, batch.swap_in)
+        self.host_copies.apply((self.k_cache, self.v_cache), (self.host_k_cache, self.host_v_cache), batch.swap_out,
+                               batch.swap_in)  # fmt: skip
         if batch.copies:
             kernels.copy_blocks(self.k_cache, self.v_cache, batch.copies)
         step = StepSeqs([], {})

@@ -97,14 +97,16 @@ class KvSnapshotRequest(msgspec.Struct, tag="kv_snapshot_request", forbid_unknow
 
 class Usage(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     """Token counts of one completion: prompt_tokens, cached_tokens (prompt tokens whose KV came from the radix
-    cache), completion_tokens; queue_time_s: seconds from the request's arrival at the scheduler to its first
-    admission (the scheduler fills it; None where unknown, e.g. the Engine's summed Usage). Trailing and optional: a
+    cache, either tier), completion_tokens; queue_time_s: seconds from the request's arrival at the scheduler to its
+    first admission (the scheduler fills it; None where unknown, e.g. the Engine's summed Usage); host_cached_tokens:
+    the part of cached_tokens loaded back from the host tier (the rest was on the device). Trailing and optional: a
     3-element array from an older peer still decodes."""
 
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
     queue_time_s: float | None = None
+    host_cached_tokens: int = 0
 
 
 class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fields=True):
@@ -175,7 +177,11 @@ class ServerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     counted as cache hits). tokens_per_s: forward_tokens per second over the scheduler process's last stats interval
     (0.0 from Scheduler.stats(), which keeps no interval). num_steps: forward steps; num_preemptions / num_swaps:
     sequences preempted (either mode) / swapped out; num_rejected: requests refused at admission (RequestRejected);
-    num_evicted_blocks: cached blocks evicted from the radix tree (LRU, to make room) since start.
+    num_evicted_blocks: cached blocks evicted from the device pool (LRU, to make room) since start.
+    Host tier (0 without one): host_cached_tokens: the part of cached_tokens loaded back from the host tier;
+    num_host_cache_blocks = num_host_cache_free_blocks + num_host_cache_evictable_blocks + num_host_cache_used_blocks
+    (used: pinned by a copy in flight); num_host_cached_blocks: blocks with a host copy; num_written_back_blocks /
+    num_loaded_back_blocks: blocks copied device -> host on eviction / host -> device on a hit, since start.
     """
 
     num_running: int = 0
@@ -200,6 +206,14 @@ class ServerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     recomputed_tokens: int = 0
     num_rejected: int = 0
     num_evicted_blocks: int = 0
+    host_cached_tokens: int = 0
+    num_host_cache_blocks: int = 0
+    num_host_cache_free_blocks: int = 0
+    num_host_cache_evictable_blocks: int = 0
+    num_host_cache_used_blocks: int = 0
+    num_host_cached_blocks: int = 0
+    num_written_back_blocks: int = 0
+    num_loaded_back_blocks: int = 0
 
 
 class StatsResponse(msgspec.Struct, tag="stats_response", forbid_unknown_fields=True):

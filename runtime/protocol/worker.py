@@ -47,8 +47,11 @@ class ForwardBatch(msgspec.Struct, tag="forward_batch", forbid_unknown_fields=Tr
     """One step for the worker. Applied in this order: drop, swap_out, swap_in, copies, then the forward.
 
     drop_seq_ids: sequences the worker forgets (finished, aborted, preempted by recompute).
-    swap_out: (device block, host block) pairs to copy device -> host (preemption by swapping).
-    swap_in: (host block, device block) pairs to copy host -> device.
+    swap_out: (device block, host block) pairs to copy device -> host (preemption by swapping, and the host tier's
+        write-backs of evicted blocks: a device block listed here may be reused by this same step, so these copies
+        come before anything else of the step writes a device block).
+    swap_in: (host block, device block) pairs to copy host -> device (swapped sequences coming back, and the host
+        tier's load-backs; the forward reads them, so they are done before it).
     copies: copy-on-write (src device block, dst device block) pairs.
     """
 
@@ -95,7 +98,9 @@ class ForwardResult(msgspec.Struct, tag="forward_result", forbid_unknown_fields=
 class Ready(msgspec.Struct, tag="ready", forbid_unknown_fields=True):
     """Worker start-up handshake: the KV cache is allocated and the model loaded.
 
-    num_blocks includes the reserved null block 0; block_size and max_model_len are in tokens.
+    num_blocks includes the reserved null block 0; block_size and max_model_len are in tokens. num_host_blocks: the
+    swap pool; num_host_cache_blocks: the host tier of the prefix cache, held after the swap pool in the worker's
+    host KV tensor (host ids num_host_blocks .. num_host_blocks + num_host_cache_blocks - 1).
     """
 
     num_blocks: int
@@ -104,6 +109,7 @@ class Ready(msgspec.Struct, tag="ready", forbid_unknown_fields=True):
     num_host_blocks: int
     vocab_size: int
     eos_token_ids: list[int]
+    num_host_cache_blocks: int = 0
 
 
 class WorkerProbe(msgspec.Struct, tag="worker_probe", forbid_unknown_fields=True):

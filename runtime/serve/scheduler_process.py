@@ -235,7 +235,8 @@ def _make_server(spec, ready: p.Ready, links: _Links) -> SchedulerServer:
 
     args = spec.server_args
     manager = KVCacheManager(ready.num_blocks, ready.block_size, args.enable_prefix_caching, ready.num_host_blocks,
-                             record_events=True)  # the PUB socket publishes (and so drains) them
+                             record_events=True,  # the PUB socket publishes (and so drains) them
+                             num_host_cache_blocks=ready.num_host_cache_blocks)
     scheduler = Scheduler(manager, args, ready.max_model_len, ready.eos_token_ids, vocab_size=ready.vocab_size)
     return SchedulerServer(scheduler, links.to_worker, links.to_tokenizer, links.pub, args.log_interval_s,
                            links.events_port, args.worker_probe_timeout_s)

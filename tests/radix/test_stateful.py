@@ -1,145 +1,31 @@
-"""Hypothesis stateful test: random allocate / append / fork / cache / match / free / evict / swap sequences against
-an independent reference model.
-
-The model shares no code with radix/: no tree and no hashing. Its cache is a brute-force dict from cached token
-prefixes (salt, tokens of the first k full blocks) to block ids; ref counts are a dict; the free queues are deques;
-LRU eviction picks, by linear scan, the least recently released cached prefix that is idle and has no cached
-extension. It predicts every block id the manager hands out, every ref count and every match, exactly.
+"""Hypothesis stateful test: random allocate / append / fork / cache / match / free / evict / swap / load-back /
+step-boundary sequences against an independent reference model (tests/radix/radix_model.py), with and without a host
+tier: exact block ids, ref counts, free queues, LRU orders and copies per tier, and every invariant after each rule.
 """
 
 from __future__ import annotations
-
-from collections import deque
 
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from radix_model import B, Model, ModelSeq, cdiv
 from radix_testing import admit, match, ref_count, snapshot
 
 from radix.block_pool import NoFreeBlocksError
 from radix.manager import KVCacheManager, PrefixMatch, StaleMatchError
 
-B = 2  # block size: small so that prompts share and split blocks often
 TOKENS = st.lists(st.integers(1, 3), min_size=1, max_size=9)
 SALT = st.sampled_from([None, "s"])
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-class ModelSeq:
-    def __init__(self, tokens: list[int], salt: str | None) -> None:
-        self.tokens = tokens
-        self.salt = salt
-        self.table: list[int] = []
-        self.pins: list[int] = []  # resident duplicates in use that the sequence also holds
-        self.computed = 0
-        self.cached_n = 0  # leading blocks already entered in the cache
-        self.host: list[int] | None = None
-
-
-class Model:
-    """Reference: brute force over a dict of cached prefixes."""
-
-    def __init__(self, num_blocks: int, num_host: int) -> None:
-        self.usable = num_blocks - 1
-        self.refs = dict.fromkeys(range(1, num_blocks), 0)
-        self.free_q = deque(range(1, num_blocks))
-        self.host_q = deque(range(num_host))
-        self.cache: dict[tuple, int] = {}  # (salt, token prefix) -> block
-        self.last: dict[tuple, int] = {}
-        self.clock = 0
-        self.seqs: dict[int, ModelSeq] = {}
-
-    def key(self, salt: str | None, tokens: list[int], nblocks: int) -> tuple:
-        return (salt, tuple(tokens[: nblocks * B]))
-
-    def cached_key_of(self, block: int) -> tuple | None:
-        return next((k for k, b in self.cache.items() if b == block), None)
-
-    def has_child(self, key: tuple) -> bool:
-        n = len(key[1])
-        return any(k[0] == key[0] and len(k[1]) == n + B and k[1][:n] == key[1] for k in self.cache)
-
-    def evictable(self) -> int:
-        return sum(self.refs[b] == 1 for b in self.cache.values())
-
-    def match(self, tokens: list[int], salt: str | None) -> list[int]:
-        blocks = []
-        for k in range(1, (len(tokens) - 1) // B + 1):
-            block = self.cache.get(self.key(salt, tokens, k))
-            if block is None:
-                break
-            blocks.append(block)
-        return blocks
-
-    def evict_one(self) -> bool:
-        leaves = [k for k, b in self.cache.items() if self.refs[b] == 1 and not self.has_child(k)]
-        if not leaves:
-            return False
-        victim = min(leaves, key=lambda k: (self.last[k], self.cache[k]))
-        block = self.cache.pop(victim)
-        del self.last[victim]
-        self.refs[block] = 0
-        self.free_q.append(block)
-        return True
-
-    def take(self, n: int) -> list[int]:
-        for _ in range(n - len(self.free_q)):
-            assert self.evict_one()
-        blocks = [self.free_q.popleft() for _ in range(n)]
-        for b in blocks:
-            self.refs[b] = 1
-        return blocks
-
-    def release(self, blocks: list[int]) -> None:
-        self.clock += 1
-        for b in blocks:
-            self.refs[b] -= 1
-            if self.refs[b] == 0:
-                self.free_q.append(b)
-            elif self.refs[b] == 1:
-                key = self.cached_key_of(b)
-                if key is not None:
-                    self.last[key] = self.clock
-
-    def cache_blocks(self, s: ModelSeq, nfull: int) -> None:
-        for i in range(s.cached_n, min(nfull, len(s.table))):
-            key = self.key(s.salt, s.tokens, i + 1)
-            if key in self.cache:
-                resident = self.cache[key]
-                if resident != s.table[i] and self.refs[resident] == 1:  # idle: the cache takes s's copy instead
-                    self.refs[resident] = 0
-                    self.free_q.append(resident)
-                    self.cache[key] = s.table[i]
-                    self.refs[s.table[i]] += 1
-                elif resident != s.table[i]:
-                    self.refs[resident] += 1
-                    s.pins.append(resident)
-            else:
-                self.cache[key] = s.table[i]
-                self.last[key] = self.clock
-                self.refs[s.table[i]] += 1
-            s.cached_n = i + 1
-
-    def uncache_past(self, s: ModelSeq, keep_blocks: int) -> None:
-        for i in range(s.cached_n - 1, keep_blocks - 1, -1):
-            key = self.key(s.salt, s.tokens, i + 1)
-            if self.cache.get(key) != s.table[i] or self.refs[s.table[i]] != 2 or self.has_child(key):
-                break
-            del self.cache[key], self.last[key]
-            self.refs[s.table[i]] -= 1
-            s.cached_n = i
-
-
 class KVCacheMachine(RuleBasedStateMachine):
-    @initialize(num_blocks=st.integers(2, 16), num_host=st.integers(0, 4))
-    def setup(self, num_blocks: int, num_host: int) -> None:
-        self.m = KVCacheManager(num_blocks, block_size=B, num_host_blocks=num_host)
-        self.model = Model(num_blocks, num_host)
+    @initialize(num_blocks=st.integers(2, 16), num_host=st.integers(0, 4), num_tier=st.sampled_from([0, 1, 2, 3, 6]))
+    def setup(self, num_blocks: int, num_host: int, num_tier: int) -> None:
+        self.m = KVCacheManager(num_blocks, block_size=B, num_host_blocks=num_host, num_host_cache_blocks=num_tier)
+        self.model = Model(num_blocks, num_host, num_tier)
         self.next_id = 0
+        self.seen: list[tuple[list[int], str | None]] = []  # prompts admitted so far
 
     def pick(self, index: int, swapped: bool | None = False) -> int | None:
         ids = sorted(i for i, s in self.model.seqs.items() if swapped is None or (s.host is not None) == swapped)
@@ -148,8 +34,8 @@ class KVCacheMachine(RuleBasedStateMachine):
     @rule(tokens=TOKENS, salt=SALT, chunk=st.sampled_from([None, None, 1, 3]))
     def add(self, tokens: list[int], salt: str | None, chunk: int | None, taken: PrefixMatch | None = None) -> None:
         md = self.model
-        matched = md.match(tokens, salt)
-        cached = len(matched) * B
+        matched, host_keys = md.match(tokens, salt)
+        cached = (len(matched) + len(host_keys)) * B
         n_new = len(tokens) - cached if chunk is None else min(chunk, len(tokens) - cached)
         need = cdiv(cached + n_new, B) - len(matched)
         idle = sum(md.refs[b] == 1 for b in matched)
@@ -161,11 +47,15 @@ class KVCacheMachine(RuleBasedStateMachine):
             assert got is None
             return
         assert got == cached
+        self.seen.append((list(tokens), salt))
         s = ModelSeq(list(tokens), salt)
         for b in matched:
             md.refs[b] += 1
-        s.table = matched + md.take(need)
-        s.cached_n, s.computed = len(matched), cached
+        md.pin(host_keys)
+        new = md.take(need)
+        md.load(host_keys, new[: len(host_keys)], matched)
+        s.table = matched + new
+        s.cached_n, s.computed = len(matched) + len(host_keys), cached
         md.seqs[self.next_id] = s
         if chunk is None:  # the whole prompt is computed in one step
             self.m.commit_computed(self.next_id, len(tokens))
@@ -178,7 +68,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         """The admission contract: a match taken before an eviction is refused (StaleMatchError, no side effect);
         one taken after it, or with no eviction in between, is locked exactly as taken."""
         taken = self.m.match_prefix(self.m.block_keys(tokens, salt))
-        assert (taken.block_ids, taken.num_tokens) == (self.model.match(tokens, salt), len(taken.block_ids) * B)
+        blocks, host_keys = self.model.match(tokens, salt)
+        assert (taken.block_ids, taken.num_tokens) == (blocks, (len(blocks) + len(host_keys)) * B)
         evicted = 0
         for _ in range(n):
             evicted += self.model.evict_one()
@@ -199,6 +90,19 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.add(tokens, salt, None)
         if seq_id in self.model.seqs:
             self.free(seq_id, None, exact=True)
+
+    @rule(index=st.integers(0, 50), extra=st.lists(st.integers(1, 3), max_size=3))
+    def follow_up(self, index: int, extra: list[int]) -> None:
+        """A later turn: an earlier prompt (maybe evicted, maybe on the host tier) plus a few tokens."""
+        if self.seen:
+            tokens, salt = self.seen[index % len(self.seen)]
+            self.finished_request(tokens + extra, salt)
+
+    @rule(index=st.integers(0, 50), n=st.integers(1, 6), extra=st.lists(st.integers(1, 3), max_size=2))
+    def evicted_then_back(self, index: int, n: int, extra: list[int]) -> None:
+        """Pressure pushes cached blocks out (to the host tier when there is one), then a later turn wants them."""
+        self.evict(n)
+        self.follow_up(index, extra)
 
     @rule(index=st.integers(0, 50), chunk=st.integers(1, 3), token=st.integers(1, 3))
     def step(self, index: int, chunk: int, token: int) -> None:
@@ -282,8 +186,18 @@ class KVCacheMachine(RuleBasedStateMachine):
 
     @rule(tokens=TOKENS, salt=SALT)
     def match(self, tokens: list[int], salt: str | None) -> None:
-        blocks = self.model.match(tokens, salt)
-        assert match(self.m, tokens, salt) == (blocks, len(blocks) * B)
+        blocks, host_keys = self.model.match(tokens, salt)
+        assert match(self.m, tokens, salt) == (blocks, (len(blocks) + len(host_keys)) * B)
+        found = self.m.match_prefix(self.m.block_keys(tokens, salt))
+        assert [n.host_block for n in found.host_nodes] == [self.model.cache[k].host for k in host_keys]
+
+    @rule()
+    def step_boundary(self) -> None:
+        """The scheduler's step edge: the step's tier copies go into its batch, then its result comes back."""
+        assert tuple(self.m.take_tier_copies()) == self.model.take_copies()
+        self.m.check_invariants()
+        self.m.tier_copies_done()
+        self.model.copies_done()
 
     @rule(index=st.integers(0, 50))
     def swap_out(self, index: int) -> None:
@@ -322,26 +236,39 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert [ref_count(m, b) for b in md.refs] == list(md.refs.values())
         assert m._pool.free_block_ids() == list(md.free_q)
         assert m._host_pool.free_block_ids() == list(md.host_q)
+        assert m.tree.lru_order() == md.device_lru() and m.tree.host_lru_order() == md.host_lru()
+        tier = m._tier
+        assert (tier is not None) == md.tier
+        if tier is not None:
+            assert tier.pool.free_block_ids() == list(md.tier_q) and tier.pins() == md.pinned
+            assert tier.pool.ref_counts == list(md.tier_refs.values()) and tier.loading == md.loading
+        host_cached = sorted(e.host for e in md.cache.values() if e.host is not None)
+        assert sorted(m.tree.host_block(h) for h in m.kv_snapshot().host_block_hashes) == host_cached
+        assert m.stats().host_cached_blocks == len(host_cached)
+        device = md.device()
         free = {b for b, r in md.refs.items() if r == 0}
-        evictable = {b for b in md.cache.values() if md.refs[b] == 1}
+        evictable = {b for b in device.values() if md.refs[b] == 1}
         in_use = {b for b, r in md.refs.items() if r >= 1} - evictable
         assert len(free) + len(evictable) + len(in_use) == md.usable
         stats = m.stats()
         assert (stats.free_blocks, stats.evictable_blocks, stats.in_use_blocks) == (
             len(free), len(evictable), len(in_use)
         )  # fmt: skip
-        assert stats.cached_blocks == len(md.cache)
-        assert sorted(m.tree.resident_block(h) for h in snapshot(m)) == sorted(md.cache.values())
-        for key in md.cache:  # no cached child without its parent
+        assert stats.cached_blocks == len(device)
+        assert sorted(m.tree.resident_block(h) for h in snapshot(m)) == sorted(device.values())
+        for key in md.cache:  # no cached child without its parent; device residency is prefix-closed
             assert len(key[1]) == B or (key[0], key[1][:-B]) in md.cache
+            assert key not in device or len(key[1]) == B or (key[0], key[1][:-B]) in device
         for seq_id, s in md.seqs.items():
             assert m.block_table(seq_id) == s.table
             assert m.num_computed_tokens(seq_id) == s.computed and m.num_tokens(seq_id) == len(s.tokens)
             for b in s.table:
                 assert ref_count(m, b) >= 1 and b not in free
+            if s.host is None:
+                assert m.waits_for_loads(seq_id) == any(b in md.loading for b in s.table[: s.cached_n])
 
 
 KVCacheMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=250, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_kv_cache_manager_against_model = KVCacheMachine.TestCase

@@ -42,7 +42,7 @@ def test_insert_match_and_duplicates():
     assert tree_match(tree, toks(1, 14), max_blocks=2) == [1, 2]
     found = tree.match(pack_blocks(toks(1, 14), 4), None, 3)
     assert found.block_ids == [1, 2, 3] and found.last_node is not None and found.last_node.block_id == 3
-    assert tree.match(pack_blocks(toks(2, 9), 4), None, 2) == ([], None)
+    assert tree.match(pack_blocks(toks(2, 9), 4), None, 2) == ([], None, [])
     assert tree_match(tree, toks(1, 4) + toks(20, 23)) == [1, 5]
     assert tree_match(tree, toks(2, 9)) == []
     assert tree_match(tree, toks(1, 12), salt="salt") == []

@@ -53,6 +53,31 @@ def test_stale_events_ignored_restart_detected_and_clear():
     assert index.hashes == set() and index.prefix_blocks(H) == 0
 
 
+def test_the_index_keeps_each_tier_from_the_events_medium():
+    index = _synced()
+    assert index.apply(BlockStored(0, H, None, 16))
+    assert index.apply(BlockStored(1, [H[3], H[2]], None, 16, "host"))  # evicted and written back, leaf first
+    assert index.apply(BlockRemoved(2, [H[3], H[2]]))
+    assert (index.hashes, index.host_hashes) == (set(H[:2]), {H[2], H[3]})
+    assert index.prefix_blocks(H) == 2 and index.tier_prefix(H) == (2, 2)
+    assert index.apply(BlockStored(3, [H[2]], H[1], 16))  # loaded back: on both tiers
+    assert index.tier_prefix(H) == (3, 1)
+    assert index.apply(BlockRemoved(4, [H[3]], "host"))
+    assert index.tier_prefix(H) == (3, 0)
+    assert index.load_snapshot(KvSnapshot(9, H[:1], [H[1], H[2]]))
+    assert index.tier_prefix(H) == (1, 2)
+    assert index.apply(AllBlocksCleared(10))
+    assert (index.hashes, index.host_hashes) == (set(), set())
+
+
+def test_cache_aware_counts_both_tiers_and_prefers_the_device():
+    policy = Policy("cache_aware", balance_threshold=4)
+    assert policy.choose([Candidate(0, 0, 2), Candidate(1, 0, 1, 3)], 2) == Decision(1, "prefix")  # 4 blocks > 2
+    assert policy.choose([Candidate(0, 1, 1, 3), Candidate(1, 1, 3, 1)], 2) == Decision(1, "prefix")  # more on device
+    assert policy.choose([Candidate(0, 2, 0, 0), Candidate(1, 1, 0, 0)], 2) == Decision(1, "load")
+    assert policy.choose([Candidate(0, 2, 0, 5), Candidate(1, 1, 0, 0)], 2) == Decision(0, "prefix")  # host only
+
+
 def test_round_robin_takes_turns_over_replicas_in_rotation():
     policy = Policy("round_robin")
     cands = [Candidate(0, 0, 0), Candidate(2, 0, 0)]  # replica 1 is out of rotation

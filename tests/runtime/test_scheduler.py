@@ -105,7 +105,8 @@ class Harness:
     def __init__(self, num_blocks: int = 64, block_size: int = 4, max_model_len: int = 4096, num_host_blocks: int = 0,
                  **kw) -> None:  # fmt: skip
         self.args = ServerArgs(num_blocks=num_blocks, block_size=block_size, num_host_blocks=num_host_blocks, **kw)
-        self.manager = KVCacheManager(num_blocks, block_size, self.args.enable_prefix_caching, num_host_blocks)
+        self.manager = KVCacheManager(num_blocks, block_size, self.args.enable_prefix_caching, num_host_blocks,
+                                      num_host_cache_blocks=self.args.num_host_cache_blocks or 0)
         self.sched = Scheduler(self.manager, self.args, max_model_len, eos_token_ids=[EOS])
         self.runner = FakeRunner(num_blocks, block_size, num_host_blocks)
         self.tokens: dict[tuple[str, int], list[int]] = {}
