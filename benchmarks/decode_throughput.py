@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batches", type=int, nargs="+")
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=["float32", "auto"],
                         help="one runner per dtype, side by side (default: float32 auto)")
-    parser.add_argument("--quantization", choices=["none", "int8"], default="none", help="every runner's")
+    parser.add_argument("--quantization", choices=["none", "int8", "int4"], default="none", help="every runner's")
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--threads", type=int, help="torch threads of every engine (default: set_cpu_threads)")

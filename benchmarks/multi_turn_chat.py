@@ -702,7 +702,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "shortest pass of each target is reported")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="our server targets' dtype (ServerArgs.dtype)")
-    parser.add_argument("--quantization", default="none", choices=["none", "int8"],
+    parser.add_argument("--quantization", default="none", choices=["none", "int8", "int4"],
                         help="our server targets' weight quantization (ServerArgs.quantization)")
     parser.add_argument("--http-client", default="openai", choices=["openai", "stdlib"],
                         help="radixserve-http's client: the openai SDK, or the openai=URL targets' http.client code")
