@@ -12,14 +12,18 @@ from benchmarks.http_load import evaluate, main
 def _result(**over: Any) -> dict[str, Any]:
     result: dict[str, Any] = {"errors": {}, "bad_outputs": {}, "final_stats": {"num_used_blocks": 0}, "requests": 10,
                               "completed": 8, "aborted": 2, "idle": {"requests_each": 4},
-                              "metrics_request_success": {"stop": 3, "length": 10, "abort": 1}}
+                              "metrics_request_success": {"stop": 3, "length": 15, "abort": 1}}
     return {**result, **over}
 
 
 def test_targets_on_a_hand_made_result():
-    ok = evaluate(_result())
+    ok = evaluate(_result())  # 8 completed + 2 x (4 + 1) idle HTTP requests = 18 served, up to 2 more (aborted)
     assert all(t["met"] for t in ok.values()), ok
-    assert ok["completed + idle <= request_success_total{stop, length} <= that + aborted"]["value"] == 13
+    assert ok["completed + idle <= request_success_total{stop, length} <= that + aborted"]["value"] == 18
+    assert not evaluate(_result(metrics_request_success={"stop": 3, "length": 14}))[
+        "completed + idle <= request_success_total{stop, length} <= that + aborted"]["met"]  # one short
+    assert not evaluate(_result(metrics_request_success={"stop": 3, "length": 18}))[
+        "completed + idle <= request_success_total{stop, length} <= that + aborted"]["met"]  # one beyond the aborted
     bad = evaluate(_result(errors={"APIConnectionError": 1}, final_stats={"num_used_blocks": 3}, completed=7,
                            metrics_request_success={"stop": 1, "length": 2}))
     assert {name: t["met"] for name, t in bad.items()} == {
