@@ -57,6 +57,7 @@ class StepPlan:
         self.swap_out.extend(copies.write_back)
         self.swap_in.extend(copies.load_back)
 
-    def batch(self, step_id: int, drop_seq_ids: list[int]) -> ForwardBatch:
-        """The planned step as a ForwardBatch (shares this plan's lists)."""
-        return ForwardBatch(step_id, self.seqs, drop_seq_ids, self.swap_out, self.swap_in, self.copies)
+    def batch(self, step_id: int, drop_seq_ids: list[int], forks: list[tuple[int, int, int]] | None = None
+              ) -> ForwardBatch:  # fmt: skip
+        """The planned step as a ForwardBatch (shares this plan's lists); forks: beam forks (ForwardBatch.forks)."""
+        return ForwardBatch(step_id, self.seqs, drop_seq_ids, self.swap_out, self.swap_in, self.copies, forks or [])

@@ -127,7 +127,7 @@ class ModelRunner:
         pin = self.device.type == "cuda"
         self.host_k_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
         self.host_v_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
-        self.sampler = Sampler(args.seed)
+        self.sampler = Sampler(args.seed, cfg.eos_token_ids)
         self.seqs: dict[int, WorkerSeq] = {}
         self.penalties = PenaltyState(cfg.vocab_size, self.device)
         self.ready = Ready(num_blocks=self.num_blocks, block_size=self.block_size, max_model_len=self.max_model_len,
@@ -224,7 +224,8 @@ class ModelRunner:
         return StepLogits(logits, sample_seqs, int(input_ids.shape[0]))
 
     def apply_structure(self, batch: ForwardBatch) -> StepSeqs:
-        """Apply batch's drops, swaps and copies (in that order), then register / extend each sequence's block table.
+        """Apply batch's forks, drops, swaps and copies (in that order), then register / extend each sequence's block
+        table.
 
         Mutates: the KV caches (swaps, copies), seqs, penalties. Returns the sequences with tokens to run and, apart,
         each sequence whose own delta is invalid: unknown to the worker without sampling_params, a block id outside
@@ -232,6 +233,10 @@ class ModelRunner:
         short for its tokens, or a context beyond max_model_len. O(batch + new block ids + penalty_token_ids).
         Raises: whatever kernels.swap_blocks / copy_blocks raise (e.g. IndexError for a bad block id).
         """
+        for parent_id, child_id, shared in batch.forks:  # before the drops: a dropped parent still lends its table
+            if (parent := self.seqs.get(parent_id)) is not None:
+                self.seqs[child_id] = WorkerSeq(parent.block_table[:shared], parent.params, parent.prompt_len,
+                                                parent.sample_index)  # fmt: skip
         for seq_id in batch.drop_seq_ids:
             self.seqs.pop(seq_id, None)
             self.penalties.remove(seq_id)
