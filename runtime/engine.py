@@ -261,7 +261,8 @@ class Engine:
         if delta.finish_reason is not None and all(s.finish_reason is not None for s in live.streams):
             self._finish_request(o.rid)
         return StreamChunk(rid=o.rid, index=o.index, text=delta.text, token_ids=delta.token_ids,
-                           logprobs=delta.logprobs, finish_reason=delta.finish_reason, usage=delta.usage)
+                           logprobs=delta.logprobs, finish_reason=delta.finish_reason, usage=delta.usage,
+                           score=o.score)
 
     def _finish_request(self, rid: str) -> None:
         live = self._live.pop(rid)

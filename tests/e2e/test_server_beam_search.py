@@ -1,0 +1,34 @@
+"""Beam search through the real processes (tokenizer, scheduler, worker over ZeroMQ): the K completions, best
+first, each with its score, equal the in-process Engine's on the same model and flags; streamed, each completion
+comes as one chunk; afterwards no block is held."""
+
+from __future__ import annotations
+
+from runtime.engine import Engine
+from runtime.sampling_params import SamplingParams
+
+BEAM = {"use_beam_search": True, "n": 3, "temperature": 0.0, "max_tokens": 10, "ignore_eos": True,
+        "length_penalty": 0.5}  # fmt: skip
+
+
+def test_beam_search_over_zeromq_equals_the_engine(tiny_server, tiny_llama_dir, wait_idle):
+    prompts = [list(range(100, 117)), list(range(300, 340))]
+    with tiny_server.client(timeout=300) as c:
+        got = [c.generate(input_ids=p, **BEAM) for p in prompts]
+        chunks = list(c.stream(input_ids=prompts[0], **BEAM))
+        stats = wait_idle(c, 30)
+    engine = Engine(str(tiny_llama_dir), num_blocks=1024, block_size=16, max_prefill_tokens=512,
+                    chunked_prefill_size=256)  # the flags of tiny_server  # fmt: skip
+    refs = engine.generate(input_ids=prompts, sampling_params=SamplingParams(**BEAM))
+    for completion, ref in zip(got, refs, strict=True):
+        assert [ch.index for ch in completion.choices] == [0, 1, 2]
+        assert [ch.token_ids for ch in completion.choices] == [o.token_ids for o in ref.outputs]
+        assert [ch.score for ch in completion.choices] == [o.score for o in ref.outputs]
+        assert [ch.finish_reason for ch in completion.choices] == ["length"] * 3
+        scores = [ch.score for ch in completion.choices]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(ch.token_ids) for ch in completion.choices}) == 3  # distinct beams
+        assert completion.usage.completion_tokens == 30
+    assert sorted((ch.index, ch.token_ids, ch.score) for ch in chunks) == sorted(
+        (ch.index, ch.token_ids, ch.score) for ch in got[0].choices)
+    assert stats.num_used_blocks == 0
