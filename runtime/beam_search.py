@@ -178,13 +178,13 @@ class BeamSearch:
         if len(st.finished) >= st.width or not nxt:
             st.done = True
             self.s._outputs.extend(self._outputs(req, st, None))
-            for i, b in enumerate(beams):  # a beam that ended a hypothesis stays cached; the others do not
-                self.s._finish(b, PRUNED, keep_tokens=None if i in cached_sources else plen)
+            order = sorted(range(len(beams)), key=lambda i: i in cached_sources)  # the uncached ones first, while
+            for i in order:  # the winners still hold (so keep in the tree) the blocks they share with them
+                self.s._finish(beams[i], PRUNED, keep_tokens=None if i in cached_sources else plen)
             return
         chosen = {c.beam for c in nxt}
-        for i, b in enumerate(beams):
-            if i not in chosen:
-                self.s._finish(b, PRUNED, keep_tokens=None if i in cached_sources else plen)
+        for i in sorted(set(range(len(beams))) - chosen, key=lambda i: i in cached_sources):  # as above
+            self.s._finish(beams[i], PRUNED, keep_tokens=None if i in cached_sources else plen)
         running: list[SchedulerSeq] = []
         used: set[int] = set()
         for c in nxt:  # forks before any append: a child copies its parent's tokens as they were

@@ -120,3 +120,17 @@ def test_stress_accounting_preemption_and_abort(tiny_llama_dir, mode):
     assert (stats.in_use_blocks, stats.num_sequences, engine.runner.seqs) == (0, 0, {})
     assert stats.free_blocks + stats.evictable_blocks == 39
     assert engine.manager.reset_prefix_cache() and engine.manager.stats().free_blocks == 39
+
+
+def test_the_winners_full_blocks_are_cached_and_pruned_beams_leave_none(tiny_llama_dir):
+    engine = Engine(str(tiny_llama_dir), dtype="float32", num_blocks=256, block_size=4)
+    prompt = list(range(40, 53))
+    out = engine.generate(input_ids=[prompt], sampling_params=_beam(3, 17, ignore_eos=True))[0]
+    engine.step()
+    winners = [prompt + o.token_ids[:-1] for o in out.outputs]  # the last token of each has no KV
+    prefixes = {tuple(w[: (i + 1) * 4]) for w in winners for i in range(len(w) // 4)}
+    stats = engine.manager.stats()
+    assert stats.cached_blocks == len(prefixes) and stats.evictable_blocks == len(prefixes)  # held by the tree only
+    assert stats.in_use_blocks == 0
+    again = engine.generate(input_ids=[winners[1] + [7]], sampling_params=SamplingParams(max_tokens=1))[0]
+    assert again.usage.cached_tokens == len(winners[1]) // 4 * 4  # a runner-up's blocks are cached too
