@@ -63,7 +63,8 @@ def measure_request(engine, prompt_ids: list[int], width: int, gen_tokens: int) 
             "peak_shared_blocks": peak_shared, "peak_private_blocks": peak_private,
             "saving": round(1 - peak_shared / peak_private, 4),
             "mean_step_saving": round(statistics.mean(savings), 4) if savings else 0.0,
-            "forks": sum(len(b.forks) for b in batches), "cow_copies": sum(len(b.copies) for b in batches),
+            "forks": sum(len(b.forks) for b in batches),
+            "cow_copies": sum(len(b.copies) + len(b.fork_copies) for b in batches),
             "registrations": sum(s.sampling_params is not None for b in batches for s in b.seqs)}
 
 

@@ -40,6 +40,7 @@ from runtime.admission import WaitingQueue
 from runtime.protocol import TokenLogprobs, TokenOutput
 from runtime.request import BeamState, Hypothesis, RequestState, SchedulerSeq, SeqStatus
 from runtime.scheduler_stats import SchedulerCounters
+from runtime.step_plan import ForkDeltas
 
 PRUNED = "pruned"  # the internal finish reason of a beam that leaves (no output of its own)
 
@@ -113,13 +114,11 @@ class BeamSearch:
         req.beam = BeamState(req.params.n, [first], {first.seq_id: 0.0})
         return first
 
-    def take_forks(self, copies: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
-        """The forks made since the last call (the next ForwardBatch.forks); their copy-on-write pairs are appended
-        to copies. Both emptied here."""
-        forks, self.forks = self.forks, []
-        copies.extend(self.copies)
-        self.copies = []
-        return forks
+    def take_forks(self) -> ForkDeltas:
+        """The forks and their copies made since the last call (the next ForwardBatch.forks / fork_copies), emptied."""
+        out = ForkDeltas(self.forks, self.copies)
+        self.forks, self.copies = [], []
+        return out
 
     def offer(self, seq: SchedulerSeq, offered: TokenLogprobs | None) -> None:
         """seq's candidates arrived; once every running beam of its request has offered, run the beam step. A beam
@@ -213,11 +212,11 @@ class BeamSearch:
         child.status, child.admitted_at = SeqStatus.RUNNING, parent.admitted_at
         s.running.append(child)
         computed = s.manager.num_computed_tokens(child.seq_id)
-        if computed % s.block_size:  # the partial last block is shared: the child takes the copy
-            try:
+        if computed % s.block_size and parent.in_worker and s.manager.num_free_blocks() > 0:
+            try:  # the shared partial block: the child takes a free block (no eviction) and the copy, now
                 self.copies.extend(s.manager.prepare_write(child.seq_id, computed, computed + 1))
-            except NoFreeBlocksError:
-                pass  # copied when it is planned (the planner re-registers whichever sequence gets the copy)
+            except NoFreeBlocksError:  # not expected with a free block; copied when planned then
+                pass
         if parent.in_worker:
             shared = min(parent.sent_blocks, computed // s.block_size)
             self.forks.append((parent.seq_id, child.seq_id, shared))

@@ -142,7 +142,7 @@ class Scheduler:
         queues, the in-flight record."""
         self._step_id += 1
         step = StepPlan(self.args.max_prefill_tokens)
-        forks = self.beam.take_forks(step.copies)  # the forks' copies first: from blocks as the last step left them
+        forks = self.beam.take_forks()
         preempted_before = self.counters.num_preemptions
         for seq in sorted(self.running, key=lambda s: s.admitted_at):
             if seq.status == SeqStatus.RUNNING:
@@ -163,7 +163,7 @@ class Scheduler:
             if not self.swapped:
                 self._admit(step)
         step.add_tier_copies(self.manager.take_tier_copies())  # after the step's last allocation (its evictions)
-        if not (step.seqs or step.swap_out or step.swap_in or step.copies or self._drops or forks):
+        if not (step.seqs or step.swap_out or step.swap_in or step.copies or self._drops or forks.forks):
             self._inflight = []
             return None
         self._inflight = step.inflight

@@ -237,6 +237,8 @@ class ModelRunner:
             if (parent := self.seqs.get(parent_id)) is not None:
                 self.seqs[child_id] = WorkerSeq(parent.block_table[:shared], parent.params, parent.prompt_len,
                                                 parent.sample_index)  # fmt: skip
+        if batch.fork_copies:
+            kernels.copy_blocks(self.k_cache, self.v_cache, batch.fork_copies)
         for seq_id in batch.drop_seq_ids:
             self.seqs.pop(seq_id, None)
             self.penalties.remove(seq_id)

@@ -67,6 +67,7 @@ def test_forks_are_deltas_and_beams_share_full_blocks(tiny_llama_dir):
     assert len(registrations) == 1  # only the prompt: every beam after it came as a fork
     forks = [f for b in batches for f in b.forks]
     assert len(forks) >= 3
+    assert sum(len(b.fork_copies) for b in batches) >= 1 and not any(b.copies for b in batches)  # children copy
     fork_children = {child for _, child, _ in forks}
     first_entries = {}
     for b in batches:
