@@ -20,6 +20,9 @@ Three measurements (every figure is a slot count over the 16,000 slots, or a fra
 - parallel sampling: n = 4 samples over one shared 512-token prompt, forked as the scheduler forks them (prefill of
   prompt[:-1], fork, each child writes the last prompt token through prepare_write: copy-on-write of the shared
   partial block), against 4 full copies; blocks in use after the prompt and at the end of generation.
+- beam search (benchmarks/beam_memory.py): the real Engine on a model (default the embedded SmolLM2), K = 2, 4, 8
+  beams, 3 prompts, 64 and 256 generated tokens: peak blocks shared by the forked beams against each beam holding a
+  full private copy, and the saving beside the PagedAttention paper's 37.6-55.2%.
 
     .venv/bin/python -m benchmarks.kv_memory            # 1,000 requests -> results/kv_memory.json + kv_memory.png
     .venv/bin/python -m benchmarks.kv_memory --smoke    # a second; writes nothing unless --out is given
@@ -363,8 +366,9 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run(num_blocks: int, block_size: int, max_len: int, mean_len: int, requests: int, seed: int,
-        gen_tokens: int) -> dict:
-    """All three measurements; returns the JSON-ready result."""
+        gen_tokens: int, beam: dict | None = None) -> dict:
+    """All the measurements (beam: beam_memory.run's model, widths, token counts and prompts; None: no beam rows);
+    returns the JSON-ready result."""
     t0 = time.perf_counter()
     reqs = draw_requests(requests, mean_len, max_len, seed)
     contiguous = ContiguousSim(reqs, num_blocks * block_size, max_len)
@@ -382,6 +386,11 @@ def run(num_blocks: int, block_size: int, max_len: int, mean_len: int, requests:
         "dynamic": {"contiguous": contiguous.summary(), "paged": paged.summary()},
         "parallel_sampling": parallel_sampling(4, 512, gen_tokens, block_size),
     }
+    if beam is not None:
+        from benchmarks import beam_memory
+
+        result["beam_search"] = [beam_memory.run(beam["model"], beam["widths"], n, beam["prompts"], block_size)
+                                 for n in beam["gen_tokens"]]  # fmt: skip
     dyn = result["dynamic"]
     result["paged_vs_contiguous_concurrency"] = round(
         dyn["paged"]["concurrent_sequences_mean"] / dyn["contiguous"]["concurrent_sequences_mean"], 2)
@@ -398,6 +407,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--requests", type=int, default=1000, help="requests of the dynamic replay")
     parser.add_argument("--gen-tokens", type=int, default=300, help="tokens per parallel sample")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--beam-model", default="smollm2", help="model of the beam search rows ('' for none)")
+    parser.add_argument("--beam-tokens", default="64,256", help="generated tokens of the beam search rows")
     parser.add_argument("--quick", action="store_true", help="300 requests")
     parser.add_argument("--smoke", action="store_true", help="100 blocks, 40 requests; writes nothing by default")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {RESULTS}; none in --smoke)")
@@ -406,7 +417,12 @@ def main(argv: list[str] | None = None) -> dict:
         ns.requests = 300
     if ns.smoke:
         ns.num_blocks, ns.max_context, ns.requests, ns.gen_tokens = 100, 512, 40, 40
-    result = run(ns.num_blocks, ns.block_size, ns.max_context, ns.mean_len, ns.requests, ns.seed, ns.gen_tokens)
+    beam = {"model": ns.beam_model, "widths": [2, 4, 8], "prompts": 3,
+            "gen_tokens": [int(n) for n in ns.beam_tokens.split(",")]} if ns.beam_model else None
+    if ns.smoke and beam is not None:
+        beam.update(widths=[2], prompts=1, gen_tokens=[8])
+    result = run(ns.num_blocks, ns.block_size, ns.max_context, ns.mean_len, ns.requests, ns.seed, ns.gen_tokens,
+                 beam)
     print(json.dumps(result, indent=1))
     path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
     if path is not None:

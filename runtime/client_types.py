@@ -16,7 +16,8 @@ from runtime.sampling_params import SamplingParams
 
 
 class Choice(msgspec.Struct, kw_only=True):
-    """One completion: text, token_ids, finish_reason, logprobs (aligned with token_ids when asked for)."""
+    """One completion: text, token_ids, finish_reason, logprobs (aligned with token_ids when asked for); score: a
+    beam search completion's length-penalised cumulative logprob (use_beam_search: choices come best first)."""
 
     index: int
     text: str = ""
@@ -24,6 +25,7 @@ class Choice(msgspec.Struct, kw_only=True):
     finish_reason: str | None = None
     logprobs: list[p.TokenLogprobs | None] | None = None
     usage: p.Usage | None = None
+    score: float | None = None
 
 
 class Completion(msgspec.Struct, kw_only=True):
@@ -145,7 +147,7 @@ class _Collector:
                 c.logprobs = []
             c.logprobs.extend(chunk.logprobs)
         if chunk.finish_reason is not None:
-            c.finish_reason, c.usage = chunk.finish_reason, chunk.usage
+            c.finish_reason, c.usage, c.score = chunk.finish_reason, chunk.usage, chunk.score
         return all(c.finish_reason is not None for c in self.choices)
 
     def result(self) -> Completion:

@@ -50,13 +50,15 @@ class CompletionOutput:
     """One completion of a request: index (0..n-1), text, token_ids, finish_reason ("stop", "length", "abort"),
     logprobs (aligned with token_ids when asked). EOS, stop token ids and stop strings follow CompletionStream's rule
     (runtime/tokenizer.py): an EOS / stop id stays in token_ids but not in text; a stop string cuts text before it and
-    token_ids to the tokens that cover that text."""
+    token_ids to the tokens that cover that text. score: a beam search completion's length-penalised cumulative
+    logprob (SamplingParams.use_beam_search: the outputs come best first), else None."""
 
     index: int
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     logprobs: list[TokenLogprobs | None] | None = None
+    score: float | None = None
 
 
 @dataclass
@@ -94,6 +96,7 @@ class _Live:
         self.submit_time = time.monotonic()
         self.first_token_time: float | None = None
         self.error: str | None = None
+        self.scores: dict[int, float] = {}  # beam search: completion index -> score
 
 
 class Engine:
@@ -248,6 +251,8 @@ class Engine:
             return None
         if o.token_ids and live.first_token_time is None:
             live.first_token_time = time.monotonic()
+        if o.score is not None:
+            live.scores[o.index] = o.score
         delta = live.streams[o.index].feed(o)
         if delta.stop_keep_tokens is not None:
             self.scheduler.stop(o.rid, delta.stop_keep_tokens, o.index)
@@ -256,11 +261,12 @@ class Engine:
         if delta.finish_reason is not None and all(s.finish_reason is not None for s in live.streams):
             self._finish_request(o.rid)
         return StreamChunk(rid=o.rid, index=o.index, text=delta.text, token_ids=delta.token_ids,
-                           logprobs=delta.logprobs, finish_reason=delta.finish_reason, usage=delta.usage)
+                           logprobs=delta.logprobs, finish_reason=delta.finish_reason, usage=delta.usage,
+                           score=o.score)
 
     def _finish_request(self, rid: str) -> None:
         live = self._live.pop(rid)
-        outs = [CompletionOutput(i, s.text, s.token_ids, s.finish_reason, s.logprobs)
+        outs = [CompletionOutput(i, s.text, s.token_ids, s.finish_reason, s.logprobs, live.scores.get(i))
                 for i, s in enumerate(live.streams)]  # fmt: skip
         usages = [s.usage for s in live.streams if s.usage is not None]
         cached, host = (usages[0].cached_tokens, usages[0].host_cached_tokens) if usages else (0, 0)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from radix.keys import BlockKeys
-from runtime.protocol import Usage
+from runtime.protocol import TokenLogprobs, Usage
 from runtime.sampling_params import SamplingParams
 
 
@@ -65,6 +65,7 @@ class RequestState:
     first_token_time: float | None = None
     seqs: list[SchedulerSeq] = field(default_factory=list)  # emptied when the last one finishes (docstring)
     live: int = 0
+    beam: BeamState | None = None  # use_beam_search: the beams and their scores (runtime/beam_search.py)
 
 
 @dataclass(eq=False)
@@ -114,3 +115,25 @@ class SchedulerSeq:
         queue_s = None if req.admitted_time is None else max(0.0, req.admitted_time - req.arrival_time)
         return Usage(len(req.prompt_ids), req.cached_tokens or 0, max(0, self.num_output), queue_s,
                      req.host_cached_tokens)  # fmt: skip
+
+
+class Hypothesis(NamedTuple):
+    """A finished beam: score (length-penalised), its completion token ids, finish reason ("stop": EOS, "length")."""
+
+    score: float
+    token_ids: list[int]
+    reason: str
+
+
+@dataclass(eq=False)
+class BeamState:
+    """One beam search request's beams (runtime/beam_search.py): running (best first), their cumulative logprobs
+    (seq_id -> float32 sum), the candidates offered this step (seq_id -> TokenLogprobs), the finished hypotheses
+    (best first, at most width), and done once its outputs went out."""
+
+    width: int
+    running: list[SchedulerSeq]
+    scores: dict[int, float]
+    offers: dict[int, TokenLogprobs] = field(default_factory=dict)
+    finished: list[Hypothesis] = field(default_factory=list)
+    done: bool = False

@@ -25,6 +25,9 @@ MAX_FREQUENCY_PENALTY = 2.0  # frequency_penalty and presence_penalty in [-2, 2]
 MAX_PRESENCE_PENALTY = 2.0
 MAX_REPETITION_PENALTY = 10.0  # repetition_penalty in [1/10, 10]: scales a logit by at most 10x either way
 MIN_REPETITION_PENALTY = 1.0 / MAX_REPETITION_PENALTY
+MIN_BEAM_WIDTH = 2  # beam search: n beams in [MIN_BEAM_WIDTH, MAX_BEAM_WIDTH]
+MAX_BEAM_WIDTH = 16
+MAX_LENGTH_PENALTY = 10.0  # length_penalty in [-10, 10]: length ** 10 of a 2**31-token length is finite in float64
 
 
 class InvalidSamplingParams(ValueError):
@@ -62,6 +65,13 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             bound keeps the scaled logit finite in float32 (vLLM accepts any value > 0: 1e-40 is 0 in float32 and a
             division by it gives inf).
         The penalties apply per completion, before temperature and the filters (so greedy decoding sees them too).
+        use_beam_search: beam search of width n in [MIN_BEAM_WIDTH, MAX_BEAM_WIDTH] = [2, 16] (runtime/beam_search.py):
+            the n completions come back best first by score = cumulative logprob / completion_length **
+            length_penalty, as transformers' generate(num_beams=n, num_return_sequences=n, do_sample=False,
+            early_stopping=True). Needs temperature 0; stop, stop_token_ids, logprobs and the penalties are not
+            supported with it (InvalidSamplingParams).
+        length_penalty: the exponent above, finite, in [-MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY] (1: the average
+            logprob; 0: the plain sum; only read by beam search).
 
     Raises:
         InvalidSamplingParams: on any value of the wrong type or outside the ranges above, naming the field (msgspec
@@ -82,6 +92,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -106,6 +118,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         _check_float("frequency_penalty", self.frequency_penalty, -MAX_FREQUENCY_PENALTY, MAX_FREQUENCY_PENALTY)
         _check_float("presence_penalty", self.presence_penalty, -MAX_PRESENCE_PENALTY, MAX_PRESENCE_PENALTY)
         _check_float("repetition_penalty", self.repetition_penalty, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)
+        _check_float("length_penalty", self.length_penalty, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY)
+        if not isinstance(self.use_beam_search, bool):
+            raise InvalidSamplingParams(f"use_beam_search must be a bool, got {type(self.use_beam_search).__name__}")
+        if self.use_beam_search:
+            _check_beam_search(self)
 
     @property
     def greedy(self) -> bool:
@@ -117,6 +134,19 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         """True when any of frequency_penalty, presence_penalty, repetition_penalty is on (the worker then keeps the
         completion's token counts)."""
         return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
+
+
+def _check_beam_search(p: SamplingParams) -> None:
+    """The fields beam search needs or does not support (SamplingParams' docstring)."""
+    if not MIN_BEAM_WIDTH <= p.n <= MAX_BEAM_WIDTH:
+        raise InvalidSamplingParams(f"use_beam_search needs n (the beam width) in [{MIN_BEAM_WIDTH}, "
+                                    f"{MAX_BEAM_WIDTH}], got {p.n}")
+    if not p.greedy:
+        raise InvalidSamplingParams(f"use_beam_search needs temperature 0, got {p.temperature}")
+    unsupported = [name for name, on in (("stop", bool(p.stop)), ("stop_token_ids", bool(p.stop_token_ids)),
+                   ("logprobs", p.logprobs is not None), ("penalties", p.has_penalties)) if on]  # fmt: skip
+    if unsupported:
+        raise InvalidSamplingParams(f"use_beam_search does not support {', '.join(unsupported)}")
 
 
 def _show(value: object) -> str:

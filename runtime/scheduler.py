@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from radix.block_pool import NoFreeBlocksError
 from radix.manager import KVCacheManager
 from runtime.admission import WaitingQueue, inflight_chain_ids
+from runtime.beam_search import BeamSearch
 from runtime.config import ServerArgs
 from runtime.prompt_check import check_prompt
 from runtime.protocol import ForwardBatch, ForwardResult, ServerStats, TokenLogprobs, TokenOutput
@@ -72,6 +73,7 @@ class Scheduler:
         self._inflight: list[InflightChunk] = []  # the step in flight, until its ForwardResult
         self._failures: list[RequestFailure] = []
         self.counters = SchedulerCounters()
+        self.beam = BeamSearch(self, self.eos_token_ids)
 
     # ------------------------------------------------------------------ requests in and out
     def add_request(
@@ -89,7 +91,9 @@ class Scheduler:
         keys = self.manager.block_keys(prompt, cache_salt)  # once: every match and the in-flight dedup reuse it
         req = RequestState(rid, prompt, params, cache_salt, self.clock(), self._step_id, keys)
         self.requests[rid] = req
-        if params.n > 1 and len(prompt) >= 2:
+        if params.use_beam_search:  # one sequence prefills the prompt; runtime/beam_search.py forks the beams
+            self.waiting.append(self.beam.start(req, self._new_seq(req, 0)))
+        elif params.n > 1 and len(prompt) >= 2:
             self.waiting.append(self._new_seq(req, 0, prefill_only=True))
         else:
             self.waiting.extend(self._new_seq(req, i) for i in range(params.n))
@@ -138,6 +142,7 @@ class Scheduler:
         queues, the in-flight record."""
         self._step_id += 1
         step = StepPlan(self.args.max_prefill_tokens)
+        forks = self.beam.take_forks()
         preempted_before = self.counters.num_preemptions
         for seq in sorted(self.running, key=lambda s: s.admitted_at):
             if seq.status == SeqStatus.RUNNING:
@@ -148,8 +153,7 @@ class Scheduler:
                 need = -(-self.manager.num_computed_tokens(seq.seq_id) // self.block_size) + 1
                 if not self.manager.can_allocate(need):  # +1 to grow into, else it is swapped straight out again
                     break
-                pairs = self.manager.swap_in(seq.seq_id)
-                if pairs is None:
+                if (pairs := self.manager.swap_in(seq.seq_id)) is None:
                     break
                 self.swapped.popleft()
                 step.swap_in.extend(pairs)
@@ -159,13 +163,13 @@ class Scheduler:
             if not self.swapped:
                 self._admit(step)
         step.add_tier_copies(self.manager.take_tier_copies())  # after the step's last allocation (its evictions)
-        if not (step.seqs or step.swap_out or step.swap_in or step.copies or self._drops):
+        if not (step.seqs or step.swap_out or step.swap_in or step.copies or self._drops or forks.forks):
             self._inflight = []
             return None
         self._inflight = step.inflight
         drops, self._drops = self._drops, []
         self.counters.num_steps += 1 if step.seqs else 0
-        return step.batch(self._step_id, drops)
+        return step.batch(self._step_id, drops, forks)
 
     def process_result(self, result: ForwardResult) -> list[TokenOutput]:
         """Apply a finished step: mark KV as computed (full blocks enter the radix tree now), append sampled tokens,
@@ -187,7 +191,9 @@ class Scheduler:
             if seq.status != SeqStatus.RUNNING:
                 continue  # aborted or stopped while the step ran
             self.manager.commit_computed(seq.seq_id, start + num_tokens)
-            if sample:
+            if sample and seq.req.beam is not None:
+                self.beam.offer(seq, logprobs.get(seq.seq_id))
+            elif sample:
                 self._on_token(seq, sampled[seq.seq_id], logprobs.get(seq.seq_id))
             elif seq.prefill_only and start + num_tokens == seq.target:
                 self._fork(seq)
@@ -314,11 +320,9 @@ class Scheduler:
         self.counters.generated_tokens += 1
         if req.first_token_time is None:
             req.first_token_time = self.clock()
-        reason = None
-        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
-            reason = "stop"
-        elif seq.num_output >= params.max_tokens or len(seq.token_ids) >= self.max_model_len:
-            reason = "length"
+        stop = (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids
+        length = seq.num_output >= params.max_tokens or len(seq.token_ids) >= self.max_model_len
+        reason = "stop" if stop else "length" if length else None
         out = TokenOutput(req.rid, seq.index, [token], logprobs=[logprobs] if params.logprobs is not None else None)
         if not seq.usage_sent:
             out.usage, seq.usage_sent = seq.usage(), True
@@ -338,7 +342,9 @@ class Scheduler:
         seq.status, seq.finish_reason, seq.in_worker = SeqStatus.FINISHED, reason, False
         req = seq.req
         req.live -= 1
-        if not seq.prefill_only:
+        if req.beam is not None:
+            self._outputs.extend(self.beam.on_finish(seq, reason))
+        elif not seq.prefill_only:
             self._outputs.append(TokenOutput(req.rid, seq.index, [], reason, seq.usage()))
         elif reason != "forked":
             for i in range(req.params.n):
@@ -381,8 +387,7 @@ class Scheduler:
         return seq
 
     def _get(self, rid: str) -> RequestState:
-        req = self.requests.get(rid)
-        if req is None:
+        if (req := self.requests.get(rid)) is None:
             raise UnknownRequestError(rid)
         return req
 

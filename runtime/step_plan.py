@@ -11,6 +11,13 @@ from runtime.protocol import ForwardBatch, ScheduledSeq
 from runtime.request import SchedulerSeq
 
 
+class ForkDeltas(NamedTuple):
+    """The beam forks made since the last step: ForwardBatch.forks and their fork_copies."""
+
+    forks: list[tuple[int, int, int]]
+    copies: list[tuple[int, int]]
+
+
 class InflightChunk(NamedTuple):
     """Tokens [start, start + num_tokens) of seq, computed by the step in flight. sample: the chunk reaches the end
     of seq's known tokens, so the step samples its next token."""
@@ -57,6 +64,9 @@ class StepPlan:
         self.swap_out.extend(copies.write_back)
         self.swap_in.extend(copies.load_back)
 
-    def batch(self, step_id: int, drop_seq_ids: list[int]) -> ForwardBatch:
-        """The planned step as a ForwardBatch (shares this plan's lists)."""
-        return ForwardBatch(step_id, self.seqs, drop_seq_ids, self.swap_out, self.swap_in, self.copies)
+    def batch(self, step_id: int, drop_seq_ids: list[int], forks: ForkDeltas | None = None) -> ForwardBatch:
+        """The planned step as a ForwardBatch (shares this plan's lists); forks: the beam forks since the last step
+        (ForwardBatch.forks and fork_copies)."""
+        forks = forks or ForkDeltas([], [])
+        return ForwardBatch(step_id, self.seqs, drop_seq_ids, self.swap_out, self.swap_in, self.copies, forks.forks,
+                            forks.copies)  # fmt: skip

@@ -163,7 +163,7 @@ class ModelRunner:
         pin = self.device.type == "cuda"
         self.host_k_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
         self.host_v_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
-        self.sampler = Sampler(args.seed)
+        self.sampler = Sampler(args.seed, cfg.eos_token_ids)
         self.seqs: dict[int, WorkerSeq] = {}
         self.block_tables = BlockTableRows(-(-self.max_model_len // self.block_size) + 1)
         self.penalties = PenaltyState(cfg.vocab_size, self.device)
@@ -270,7 +270,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def apply_structure(self, batch: ForwardBatch) -> StepSeqs:
-        """Apply batch's drops, swaps and copies (in that order), then register / extend each sequence's block table.
+        """Apply batch's forks, drops, swaps and copies (in that order), then register / extend each sequence's block
+        table.
 
         Mutates: the KV caches (swaps, copies), seqs, penalties. Returns the sequences with tokens to run and, apart,
         each sequence whose own delta is invalid: unknown to the worker without sampling_params, a block id outside
@@ -278,6 +279,14 @@ class ModelRunner:
         short for its tokens, or a context beyond max_model_len. O(batch + new block ids + penalty_token_ids).
         Raises: whatever kernels.swap_blocks / copy_blocks raise (e.g. IndexError for a bad block id).
         """
+        for parent_id, child_id, shared in batch.forks:  # before the drops: a dropped parent still lends its table
+            if (parent := self.seqs.get(parent_id)) is not None:
+                self._forget(child_id)
+                table = parent.block_table[:shared]
+                self.seqs[child_id] = WorkerSeq(table, parent.params, parent.prompt_len, parent.sample_index,
+                                                self.block_tables.add(table))  # fmt: skip
+        if batch.fork_copies:
+            kernels.copy_blocks(self.k_cache, self.v_cache, batch.fork_copies)
         for seq_id in batch.drop_seq_ids:
             self._forget(seq_id)
         self.host_copies.apply((self.k_cache, self.v_cache), (self.host_k_cache, self.host_v_cache), batch.swap_out,

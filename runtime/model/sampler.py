@@ -73,11 +73,19 @@ def row_argmax(scores: torch.Tensor) -> torch.Tensor:
     return best * chunk + chunks[torch.arange(n), best].argmax(dim=-1)
 
 
-class Sampler:
-    """Samples one token per logits row. Holds only the generator of unseeded draws (mutated by each such draw)."""
+def beam_candidates(width: int, num_eos: int) -> int:
+    """Candidates a beam search row returns: max(2, 1 + num_eos) * width, as transformers' _beam_search keeps (so
+    at least width of them do not end in EOS)."""
+    return max(2, 1 + num_eos) * width
 
-    def __init__(self, seed: int = 0) -> None:
+
+class Sampler:
+    """Samples one token per logits row. Holds the generator of unseeded draws (mutated by each such draw) and the
+    model's EOS ids (beam search rows mask them under ignore_eos)."""
+
+    def __init__(self, seed: int = 0, eos_token_ids: list[int] | tuple[int, ...] = ()) -> None:
         self._rng = random.Random(seed)
+        self.eos_token_ids = list(eos_token_ids)
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRequest],
                  penalties: PenaltyRows | None = None) -> SamplerOutput:  # fmt: skip
@@ -105,7 +113,7 @@ class Sampler:
             token_ids[idx] = self._sample_rows(scores.index_select(0, idx), [rows[i].params for i in random_rows],
                                                uniforms)
         ids = token_ids.tolist()
-        return SamplerOutput(ids, _logprobs(logits, rows, ids))
+        return SamplerOutput(ids, _logprobs(logits, rows, ids, self.eos_token_ids))
 
     def _uniform(self, row: SampleRequest) -> float:
         if row.params.seed is None:
@@ -143,14 +151,21 @@ class Sampler:
         return order.gather(1, pick[:, None]).squeeze(1)
 
 
-def _logprobs(logits: torch.Tensor, rows: list[SampleRequest], ids: list[int]) -> list[TokenLogprobs | None] | None:
-    asked = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+def _logprobs(logits: torch.Tensor, rows: list[SampleRequest], ids: list[int],
+              eos: list[int]) -> list[TokenLogprobs | None] | None:  # fmt: skip
+    """Per asked row: the float32 log-softmax of its raw logits at the sampled token and its top `logprobs`; a beam
+    search row's top are its beam_candidates(n, len(eos)) best tokens, EOS masked to -inf after the log-softmax
+    under ignore_eos (as transformers' min_new_tokens does)."""
+    asked = [i for i, r in enumerate(rows) if r.params.logprobs is not None or r.params.use_beam_search]
     if not asked:
         return None
     out: list[TokenLogprobs | None] = [None] * len(rows)
     lp = torch.log_softmax(logits.index_select(0, torch.tensor(asked, device=logits.device)), dim=-1)
     for j, i in enumerate(asked):
-        n = min(rows[i].params.logprobs or 0, lp.shape[-1])
+        p = rows[i].params
+        if p.use_beam_search and p.ignore_eos and eos:
+            lp[j, eos] = float("-inf")
+        n = min(beam_candidates(p.n, len(eos)) if p.use_beam_search else p.logprobs or 0, lp.shape[-1])
         top = torch.topk(lp[j], n) if n else None
         out[i] = TokenLogprobs(
             logprob=float(lp[j, ids[i]]),

@@ -42,7 +42,8 @@ class TokenOutput(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     """New tokens of completion `index` of rid since the previous step.
 
     finish_reason: None while running; "stop", "length" or "abort" when it ended. usage is set with finish_reason
-    (and on the first output, so the tokenizer knows prompt and cached tokens early).
+    (and on the first output, so the tokenizer knows prompt and cached tokens early). score: a beam search
+    completion's length-penalised cumulative logprob (runtime/beam_search.py), set on its one, final output; else None.
     """
 
     rid: str
@@ -51,6 +52,7 @@ class TokenOutput(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     finish_reason: str | None = None
     usage: Usage | None = None
     logprobs: list[TokenLogprobs | None] | None = None
+    score: float | None = None
 
 
 class TokenOutputs(msgspec.Struct, tag="token_outputs", forbid_unknown_fields=True):

@@ -118,6 +118,8 @@ class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fiel
     finish_reason: None while running; "stop" (EOS, stop token or stop string), "length" (max_tokens or context),
         "abort" on the last chunk.
     usage: set on the last chunk.
+    score: a beam search completion's length-penalised cumulative logprob (SamplingParams.use_beam_search), on its
+        last chunk; else None. Beam search completions come in one chunk each, best first by index.
     """
 
     rid: str
@@ -127,6 +129,7 @@ class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fiel
     logprobs: list[TokenLogprobs | None] | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
+    score: float | None = None
 
 
 # ErrorResponse codes. The client maps each to an exception class (runtime/client.py).

@@ -44,7 +44,16 @@ class ScheduledSeq(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
 
 
 class ForwardBatch(msgspec.Struct, tag="forward_batch", forbid_unknown_fields=True):
-    """One step for the worker. Applied in this order: drop, swap_out, swap_in, copies, then the forward.
+    """One step for the worker. Applied in this order: forks and fork_copies, drop, swap_out, swap_in, copies, then
+    the forward.
+
+    forks: (parent seq id, child seq id, shared blocks) per beam fork (runtime/beam_search.py): the worker registers
+        the child with the parent's sampling state and the first `shared` entries of the parent's block table as it
+        stands before this step; the child's own ScheduledSeq then carries only the block ids appended after them (a
+        fork is a delta, never a whole table). Applied first, so a parent dropped in the same step still lends it.
+    fork_copies: (src, dst) copies of the forks' shared partial blocks into the children's own, applied with the
+        forks, before anything of the step can free or overwrite a source (dst blocks came off the free queue, never
+        from an eviction whose write-back this step still reads).
 
     drop_seq_ids: sequences the worker forgets (finished, aborted, preempted by recompute).
     swap_out: (device block, host block) pairs to copy device -> host (preemption by swapping, and the host tier's
@@ -61,10 +70,13 @@ class ForwardBatch(msgspec.Struct, tag="forward_batch", forbid_unknown_fields=Tr
     swap_out: list[tuple[int, int]] = []
     swap_in: list[tuple[int, int]] = []
     copies: list[tuple[int, int]] = []
+    forks: list[tuple[int, int, int]] = []
+    fork_copies: list[tuple[int, int]] = []
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
-    """Logprob (natural log) of the sampled token and the top alternatives, best first."""
+    """Logprob (natural log) of the sampled token and the top alternatives, best first (for a beam search
+    sequence: its beam candidates, SamplingParams.use_beam_search / runtime/model/sampler.py)."""
 
     logprob: float
     top_token_ids: list[int]

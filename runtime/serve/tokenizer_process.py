@@ -244,11 +244,11 @@ class TokenizerServer:
             if not delta.empty:
                 self.clients.send(req.identity, p.StreamChunk(
                     rid=req.rid, index=out.index, text=delta.text, token_ids=delta.token_ids,
-                    logprobs=delta.logprobs, finish_reason=delta.finish_reason, usage=delta.usage))
+                    logprobs=delta.logprobs, finish_reason=delta.finish_reason, usage=delta.usage, score=out.score))
         elif delta.finish_reason is not None:
             self.clients.send(req.identity, p.StreamChunk(
                 rid=req.rid, index=out.index, text=stream.text, token_ids=stream.token_ids, logprobs=stream.logprobs,
-                finish_reason=delta.finish_reason, usage=delta.usage))
+                finish_reason=delta.finish_reason, usage=delta.usage, score=out.score))
         if delta.finish_reason is not None and all(c.finish_reason is not None for c in req.completions):
             self.abort_quietly(out.rid)
 

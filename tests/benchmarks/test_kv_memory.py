@@ -54,3 +54,8 @@ def test_smoke_writes_json_and_png(tmp_path: Path):
         d = dyn[name]
         total = d["live_fraction"] + sum(d["waste_fraction"].values()) + d["free_fraction"]
         assert abs(total - 1.0) < 1e-3
+    (beam,) = result["beam_search"]  # the embedded model, 2 beams, 8 tokens: the real scheduler's forks
+    (row,) = beam["rows"]
+    assert (row["width"], row["generated_tokens"], row["registrations"]) == (2, 8, 1)
+    assert row["forks"] >= 1 and 0 < row["peak_shared_blocks"] < row["peak_private_blocks"]
+    assert beam["by_width"]["2"]["saving"] == round(1 - row["peak_shared_blocks"] / row["peak_private_blocks"], 4)

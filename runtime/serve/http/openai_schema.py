@@ -59,6 +59,8 @@ class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
+    use_beam_search: bool | None = None  # vLLM's extra fields: beam search of width n
+    length_penalty: float | None = None
     cache_salt: str | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -74,8 +76,6 @@ class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     logit_bias: Any = None
     skip_special_tokens: Any = None
     min_tokens: Any = None
-    use_beam_search: Any = None
-    length_penalty: Any = None
     include_stop_str_in_output: Any = None
 
 
@@ -144,8 +144,6 @@ UNSUPPORTED: dict[str, Any] = {
     "logit_bias": _none_or({}),
     "skip_special_tokens": _none_or(True),
     "min_tokens": _none_or(0),
-    "use_beam_search": _none_or(False),
-    "length_penalty": _none_or(1.0),
     "include_stop_str_in_output": _none_or(False),
     "tools": _none_or([]),
     "tool_choice": _none_or("none"),

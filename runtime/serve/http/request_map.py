@@ -5,7 +5,8 @@ Mapping (a field left out or null keeps SamplingParams' default):
     max_tokens / max_completion_tokens (chat; the latter wins) -> max_tokens; not given: 16 for completions (the
         OpenAI default), unbounded for chat (the completion ends at EOS or at the model's context).
     temperature, top_p, top_k, min_p, n, seed, stop_token_ids, ignore_eos, frequency_penalty, presence_penalty,
-        repetition_penalty -> the field of the same name. stop (a string or a list) -> stop (a list).
+        repetition_penalty, use_beam_search, length_penalty (vLLM's extra fields: n beams, choices best first) -> the
+        field of the same name. stop (a string or a list) -> stop (a list).
     chat: logprobs (bool) + top_logprobs -> logprobs = top_logprobs (0 when not given) when logprobs is true;
         top_logprobs without logprobs is a 400. completions: logprobs (int) -> logprobs.
     cache_salt -> the request's cache_salt (requests with different salts share no cached block). user: ignored.
@@ -21,7 +22,7 @@ from runtime.serve.http.openai_schema import ChatCompletionRequest, CompletionRe
 
 COMPLETIONS_MAX_TOKENS = 16  # the OpenAI completions default
 _SAME_NAME = ("temperature", "top_p", "top_k", "min_p", "n", "seed", "stop_token_ids", "ignore_eos",
-              "frequency_penalty", "presence_penalty", "repetition_penalty")
+              "frequency_penalty", "presence_penalty", "repetition_penalty", "use_beam_search", "length_penalty")
 
 
 class BackendRequest(NamedTuple):
@@ -47,6 +48,8 @@ def _sampling(req: ChatCompletionRequest | CompletionRequest) -> tuple[dict[str,
             params[name] = value
     if req.stop is not None:
         params["stop"] = [req.stop] if isinstance(req.stop, str) else req.stop
+    if req.use_beam_search and req.temperature is None:
+        params["temperature"] = 0.0  # beam search is deterministic (vLLM ignores temperature there)
     return params, {}
 
 
