@@ -74,9 +74,11 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def start_server(model: str, log: Path, *flags: str, timeout: float = 300.0) -> Server:
-    """Starts `python -m runtime.launch --model <model> --port 0 <flags>` and waits for its ready line."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def start_server(model: str, log: Path, *flags: str, timeout: float = 300.0, env: dict[str, str] | None = None
+                 ) -> Server:  # fmt: skip
+    """Starts `python -m runtime.launch --model <model> --port 0 <flags>` (environment: ours + env) and waits for its
+    ready line."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     cmd = [sys.executable, "-m", "runtime.launch", "--model", model, "--port", "0", *flags]
     with open(log, "w") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
@@ -93,8 +95,13 @@ def start_server(model: str, log: Path, *flags: str, timeout: float = 300.0) -> 
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """The tiny random Llama of tests/conftest.py (context 1024 tokens, vocab 49152) behind a real server."""
-    server = start_server(str(tiny_llama_dir), tmp_path_factory.mktemp("logs") / "tiny.log", *TINY_FLAGS)
+    """The tiny random Llama of tests/conftest.py (context 1024 tokens, vocab 49152) behind a real server.
+
+    Its worker runs one torch thread: the tiny model decodes 1000 tokens in about a second, and with the worker's
+    threads on every core (the default) the HTTP and tokenizer processes can wait that long for a core, which the
+    tests that abort a running request race against (seen about 1 run in 10 on 2 cores)."""
+    server = start_server(str(tiny_llama_dir), tmp_path_factory.mktemp("logs") / "tiny.log", *TINY_FLAGS,
+                          env={"RADIXSERVE_THREADS": "1"})
     yield server
     server.stop()
 
