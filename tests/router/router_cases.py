@@ -7,7 +7,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,3 +120,24 @@ def conversation(endpoint: str, system: str, users: list[str], salt: str, replic
             texts.append(out.text)
             history.append({"role": "assistant", "content": out.text})
     return cached, served, texts
+
+
+@contextmanager
+def serve_in_thread(r, timeout: float = 30.0) -> Iterator:
+    """Binds router r (router.router.Router or a subclass), serves it on a daemon thread until the block ends, and
+    yields it once every replica is up and its index synced; then stops, joins and closes it."""
+    r.bind()
+    stop = threading.Event()
+    thread = threading.Thread(target=r.serve, args=(lambda: not stop.is_set(),), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while not all(rep.up and not rep.index.syncing for rep in r.replicas):
+            assert time.monotonic() < deadline, "replicas not in rotation"
+            time.sleep(0.05)
+        yield r
+    finally:
+        stop.set()
+        thread.join(10)
+        r.close()
+        r.ctx.term()

@@ -5,11 +5,10 @@ turn loads them back (usage.host_cached_tokens) and the snapshot lists both tier
 from __future__ import annotations
 
 import random
-import threading
 import time
 
 import pytest
-from router_cases import REPLICA_FLAGS, kv_snapshot, start
+from router_cases import REPLICA_FLAGS, kv_snapshot, serve_in_thread, start
 
 from radix.hashing import hash_block_tokens
 from router.config import RouterArgs
@@ -35,19 +34,8 @@ def router(tiered, tiny_llama_dir):
     args = RouterArgs(backends=[tiered.endpoint], model=str(tiny_llama_dir), port=0, health_interval_s=0.2,
                       health_timeout_s=1.5)
     r = Router(args, load_tokenizer(str(tiny_llama_dir)))
-    r.bind()
-    stop = threading.Event()
-    thread = threading.Thread(target=r.serve, args=(lambda: not stop.is_set(),), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not all(rep.up and not rep.index.syncing for rep in r.replicas):
-        assert time.monotonic() < deadline, "replica not in rotation"
-        time.sleep(0.05)
-    yield r
-    stop.set()
-    thread.join(10)
-    r.close()
-    r.ctx.term()
+    with serve_in_thread(r) as served:
+        yield served
 
 
 def _wait(condition, seconds: float = 10.0) -> None:

@@ -3,11 +3,10 @@ the next event, resynchronises from the replica's snapshot, and routes the conve
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
-from router_cases import conversation, kv_snapshot, prompt_tokens, served_by
+from router_cases import conversation, kv_snapshot, prompt_tokens, serve_in_thread, served_by
 
 from radix.hashing import hash_block_tokens
 from router.config import RouterArgs
@@ -41,19 +40,8 @@ def router(replicas, tiny_llama_dir):
     args = RouterArgs(backends=[r.endpoint for r in replicas], model=str(tiny_llama_dir), port=0,
                       health_interval_s=0.2, health_timeout_s=1.5)
     r = DroppingRouter(args, load_tokenizer(str(tiny_llama_dir)))
-    r.bind()
-    stop = threading.Event()
-    thread = threading.Thread(target=r.serve, args=(lambda: not stop.is_set(),), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not all(rep.up and not rep.index.syncing for rep in r.replicas):
-        assert time.monotonic() < deadline, "replicas not in rotation"
-        time.sleep(0.05)
-    yield r
-    stop.set()
-    thread.join(10)
-    r.close()
-    r.ctx.term()
+    with serve_in_thread(r) as served:
+        yield served
 
 
 def _settle(router: Router, seconds: float = 0.5) -> None:

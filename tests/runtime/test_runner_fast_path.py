@@ -100,7 +100,11 @@ def test_drops_failures_and_re_registration_free_or_replace_rows(tiny):
     runner.execute(ForwardBatch(0, [_new(1, [5, 6], 0, [3]), _new(2, [7], 0, [5])]))
     row1 = runner.seqs[1].row
     runner.execute(ForwardBatch(1, [], drop_seq_ids=[1]))
-    assert 1 not in runner.seqs and runner.block_tables.gather([row1], 1).tolist() == [[0]]
+    assert 1 not in runner.seqs
+    assert runner.block_tables.gather([row1], 1).tolist() == [[0]]  # a freed row is zeroed: its padding is block 0
+    runner.execute(ForwardBatch(1, [_new(3, [4], 0, [9])]))
+    assert runner.seqs[3].row == row1  # and the next sequence takes it
+    runner.execute(ForwardBatch(1, [], drop_seq_ids=[3]))
     runner.execute(ForwardBatch(2, [_new(2, [7, 8, 9, 10, 11], 0, [6, 8])]))  # seq 2 again in full: its new table
     assert runner.seqs[2].block_table == [6, 8]
     assert runner.block_tables.gather([runner.seqs[2].row], 3).tolist() == [[6, 8, 0]]
