@@ -9,7 +9,6 @@ separate requests. Tests that kill a server start their own with the `launch` fi
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from processes import stop_process
 
 from runtime.client import Client
 
@@ -50,14 +50,7 @@ class Server:
         return out
 
     def stop(self, timeout: float = 20.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
 
 
 def descendants(pid: int) -> list[int]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from processes import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
@@ -44,14 +44,7 @@ class HttpServer:
         return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=60)
 
     def stop(self, timeout: float = 20.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
 
 
 def start_http(backend: str, log: Path, *flags: str, env: dict | None = None, timeout: float = 120.0) -> HttpServer:
