@@ -23,12 +23,14 @@ install: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 demo: $(STAMP)
 	$(BIN)/python -m runtime.demo
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy radix kernels runtime router
 	$(BIN)/python -m pytest -q tests
 

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from radix.blocks import cdiv
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def _kv_bytes(batch: int, context: int, kvh: int, d: int, elem: int) -> int:
 def _paged_decode_inputs(batch: int, context: int, heads: str, dtype: torch.dtype, device: str, layers: int = 1):
     """Caches [layers, num_blocks, BLOCK_SIZE, kvh, d] with each sequence's blocks at shuffled positions."""
     h, kvh, d = HEADS[heads]
-    blocks_per_seq = -(-context // BLOCK_SIZE)
+    blocks_per_seq = cdiv(context, BLOCK_SIZE)
     num_blocks = batch * blocks_per_seq + 1
     shape = (layers, num_blocks, BLOCK_SIZE, kvh, d)
     k_cache = torch.empty(shape, dtype=dtype, device=device).normal_()
@@ -66,8 +67,10 @@ def _paged_decode_inputs(batch: int, context: int, heads: str, dtype: torch.dtyp
 def _contiguous(batch: int, context: int, heads: str, dtype: torch.dtype, device: str, layers: int = 1):
     _, kvh, d = HEADS[heads]
     shape = (layers, batch, kvh, context, d)
-    return (torch.empty(shape, dtype=dtype, device=device).normal_(), torch.empty(shape, dtype=dtype, device=device)
-            .normal_())  # fmt: skip
+    return (
+        torch.empty(shape, dtype=dtype, device=device).normal_(),
+        torch.empty(shape, dtype=dtype, device=device).normal_(),
+    )
 
 
 def _row(backend, batch, context, heads, phase, seconds, nbytes, copy_gbps, baseline_s, cpu=None) -> dict:
@@ -138,8 +141,13 @@ def cuda_decode_rows(batch: int, context: int, heads: str, copy_gbps: float, swe
 
 def _cuda_device_info(copy_gbps: float) -> dict:
     props = torch.cuda.get_device_properties(0)
-    return {"type": "cuda", "name": props.name, "sm_count": props.multi_processor_count,
-            "copy_gbps": round(copy_gbps, 1), "dtype": "bfloat16"}  # fmt: skip
+    return {
+        "type": "cuda",
+        "name": props.name,
+        "sm_count": props.multi_processor_count,
+        "copy_gbps": round(copy_gbps, 1),
+        "dtype": "bfloat16",
+    }
 
 
 def run_cuda(mode: str, sweep: bool, save: Callable[[dict, list[dict]], None]) -> tuple[dict, list[dict]]:
@@ -233,11 +241,27 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     res = main()
     for r in res["rows"]:
-        logger.info("%-24s %-34s %-9s batch %4d ctx %6d  %10.3f ms  %8.2f GB/s  %5.3f of copy  %5.2fx contiguous",
-                    r["backend"], r["heads"] + " " + r["phase"], r.get("dtype", ""), r["batch"], r["context"],
-                    r["seconds"] * 1e3, r["gbps"], r["fraction_of_copy_bw"], r["vs_contiguous"])  # fmt: skip
+        logger.info(
+            "%-24s %-34s %-9s batch %4d ctx %6d  %10.3f ms  %8.2f GB/s  %5.3f of copy  %5.2fx contiguous",
+            r["backend"],
+            r["heads"] + " " + r["phase"],
+            r.get("dtype", ""),
+            r["batch"],
+            r["context"],
+            r["seconds"] * 1e3,
+            r["gbps"],
+            r["fraction_of_copy_bw"],
+            r["vs_contiguous"],
+        )
     for r in res.get("step_rows", []):
-        logger.info("%-24s %-20s batch %4d ctx %6d  %10.3f ms  %5.3fx fused", r["backend"], r["phase"], r["batch"],
-                    r["context"], r["seconds"] * 1e3, r["vs_fused"])  # fmt: skip
+        logger.info(
+            "%-24s %-20s batch %4d ctx %6d  %10.3f ms  %5.3fx fused",
+            r["backend"],
+            r["phase"],
+            r["batch"],
+            r["context"],
+            r["seconds"] * 1e3,
+            r["vs_fused"],
+        )
     for r in res.get("summary", []):
         logger.info("%s", r)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 import kernels
 from kernels import cpu_decode
+from radix.blocks import cdiv
 
 logger = logging.getLogger(__name__)
 
@@ -77,14 +78,18 @@ class LegacyKernel:
     def build(cls) -> LegacyKernel | None:
         """Compile kernels/cpu_decode.c of LEGACY_COMMIT with cc; None (logged) without git, the commit or cc."""
         try:
-            source = subprocess.run(["git", "show", f"{LEGACY_COMMIT}:kernels/cpu_decode.c"], cwd=ROOT, check=True,
-                                    capture_output=True).stdout  # fmt: skip
+            source = subprocess.run(
+                ["git", "show", f"{LEGACY_COMMIT}:kernels/cpu_decode.c"], cwd=ROOT, check=True, capture_output=True
+            ).stdout
             folder = Path(tempfile.mkdtemp(prefix="legacy_cpu_decode-"))
             (folder / "cpu_decode.c").write_bytes(source)
             lib = folder / "cpu_decode.so"
             cc = os.environ.get("CC", "cc")
-            subprocess.run([cc, *LEGACY_CFLAGS, "-o", str(lib), str(folder / "cpu_decode.c"), "-lm"], check=True,
-                           capture_output=True)  # fmt: skip
+            subprocess.run(
+                [cc, *LEGACY_CFLAGS, "-o", str(lib), str(folder / "cpu_decode.c"), "-lm"],
+                check=True,
+                capture_output=True,
+            )
             return cls(ctypes.CDLL(str(lib)))
         except (OSError, subprocess.CalledProcessError) as exc:
             logger.warning("legacy C kernel not built, its rows are left out: %s", exc)
@@ -95,11 +100,29 @@ class LegacyKernel:
         out = torch.empty(q.shape, dtype=q.dtype)
         num_blocks, block_size, kvh = k_cache.shape[:3]
         bad = self.fn(
-            q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(), num_blocks,
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), tables.data_ptr(), tables.stride(0),
-            lens.data_ptr(), out.data_ptr(), out.stride(0), out.stride(1), q.shape[0], kvh, q.shape[1] // kvh,
-            q.shape[2], block_size, scale, torch.get_num_threads(),
-        )  # fmt: skip
+            q.data_ptr(),
+            q.stride(0),
+            q.stride(1),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            num_blocks,
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            tables.data_ptr(),
+            tables.stride(0),
+            lens.data_ptr(),
+            out.data_ptr(),
+            out.stride(0),
+            out.stride(1),
+            q.shape[0],
+            kvh,
+            q.shape[1] // kvh,
+            q.shape[2],
+            block_size,
+            scale,
+            torch.get_num_threads(),
+        )
         assert bad == 0
         return out
 
@@ -110,7 +133,7 @@ class Stack:
 
     def __init__(self, batch: int, context: int, dtype: torch.dtype, layers: int) -> None:
         h, kvh, d = HEADS
-        per_seq = -(-context // BLOCK_SIZE)
+        per_seq = cdiv(context, BLOCK_SIZE)
         num_blocks = batch * per_seq + 1
         shape = (layers, num_blocks, BLOCK_SIZE, kvh, d)
         self.k = torch.empty(shape, dtype=dtype).normal_()
@@ -125,8 +148,9 @@ class Stack:
     def attend(self, layer: int, q: torch.Tensor | None = None) -> torch.Tensor:
         """kernels.paged_attention on one layer, as the model calls it (decode-only batch)."""
         q = self.q if q is None else q
-        return kernels.paged_attention(q, self.k[layer], self.v[layer], self.tables, self.lens, self.qsl, self.scale,
-                                       1, self.context)  # fmt: skip
+        return kernels.paged_attention(
+            q, self.k[layer], self.v[layer], self.tables, self.lens, self.qsl, self.scale, 1, self.context
+        )
 
     def legacy(self, kernel: LegacyKernel, layer: int, q: torch.Tensor | None = None) -> torch.Tensor:
         q = self.q if q is None else q
@@ -146,8 +170,9 @@ def without_fused(fn: Callable[[], object]) -> Callable[[], None]:
     return run
 
 
-def decode_rows(batch: int, context: int, dtype: torch.dtype, rounds: int, budget: int, copy: float,
-                legacy: LegacyKernel | None) -> list[dict]:  # fmt: skip
+def decode_rows(
+    batch: int, context: int, dtype: torch.dtype, rounds: int, budget: int, copy: float, legacy: LegacyKernel | None
+) -> list[dict]:
     """One shape's rows (see the module docstring); seconds are per layer."""
     h, kvh, d = HEADS
     nbytes = 2 * batch * context * kvh * d * torch.finfo(dtype).bits // 8
@@ -176,11 +201,22 @@ def decode_rows(batch: int, context: int, dtype: torch.dtype, rounds: int, budge
     for name, (wall, cpu) in t.items():
         wall, cpu = wall / layers, cpu / layers
         gbps = nbytes / wall / 1e9
-        rows.append({"backend": name, "phase": "decode", "batch": batch, "context": context,
-                     "heads": "smollm2 9q/3kv/64", "dtype": str(dtype).removeprefix("torch."), "seconds": wall,
-                     "gbps": round(gbps, 2), "fraction_of_copy_bw": round(gbps / copy, 3),
-                     "vs_contiguous": round(wall / base_wall, 3), "cpu_seconds": cpu,
-                     "vs_contiguous_cpu": round(cpu / base_cpu, 3)})  # fmt: skip
+        rows.append(
+            {
+                "backend": name,
+                "phase": "decode",
+                "batch": batch,
+                "context": context,
+                "heads": "smollm2 9q/3kv/64",
+                "dtype": str(dtype).removeprefix("torch."),
+                "seconds": wall,
+                "gbps": round(gbps, 2),
+                "fraction_of_copy_bw": round(gbps / copy, 3),
+                "vs_contiguous": round(wall / base_wall, 3),
+                "cpu_seconds": cpu,
+                "vs_contiguous_cpu": round(cpu / base_cpu, 3),
+            }
+        )
     return rows
 
 
@@ -189,8 +225,15 @@ def step_rows(batch: int, context: int, layers: int, rounds: int, legacy: Legacy
     operator, the legacy kernel (when built) and no attention at all. Seconds per step."""
     h, kvh, d = HEADS
     stack = Stack(batch, context, torch.float32, layers)
-    shapes = [(h * d, HIDDEN), (kvh * d, HIDDEN), (kvh * d, HIDDEN), (HIDDEN, h * d), (INTERMEDIATE, HIDDEN),
-              (INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]  # fmt: skip
+    shapes = [
+        (h * d, HIDDEN),
+        (kvh * d, HIDDEN),
+        (kvh * d, HIDDEN),
+        (HIDDEN, h * d),
+        (INTERMEDIATE, HIDDEN),
+        (INTERMEDIATE, HIDDEN),
+        (HIDDEN, INTERMEDIATE),
+    ]
     weights = [[torch.randn(shape) * 0.02 for shape in shapes] for _ in range(layers)]
     x = torch.randn(batch, HIDDEN)
 
@@ -210,9 +253,19 @@ def step_rows(batch: int, context: int, layers: int, rounds: int, legacy: Legacy
     if legacy is not None:
         fns["legacy_c"] = step(lambda i, q: stack.legacy(legacy, i, q))
     t = timed(fns, rounds)
-    return [{"backend": name, "phase": f"step {layers} layers", "batch": batch, "context": context,
-             "dtype": "float32", "seconds": wall, "cpu_seconds": cpu,
-             "vs_fused": round(wall / t["fused"][0], 3)} for name, (wall, cpu) in t.items()]  # fmt: skip
+    return [
+        {
+            "backend": name,
+            "phase": f"step {layers} layers",
+            "batch": batch,
+            "context": context,
+            "dtype": "float32",
+            "seconds": wall,
+            "cpu_seconds": cpu,
+            "vs_fused": round(wall / t["fused"][0], 3),
+        }
+        for name, (wall, cpu) in t.items()
+    ]
 
 
 def openmp_runtimes() -> list[str]:
@@ -258,5 +311,11 @@ def run(mode: str) -> dict:
             rows += decode_rows(batch, context, dtype, rounds, budget, copy, legacy)
             logger.info("cpu decode %s batch %d context %d: %s", dtype, batch, context, rows[-1])
     step = [r for b, c, n in steps for r in step_rows(b, c, n, rounds, legacy)]
-    return {"rows": rows, "step_rows": step, "summary": summary(rows), "copy_gbps": round(copy, 2),
-            "openmp_runtimes": openmp_runtimes(), "legacy_commit": LEGACY_COMMIT if legacy else None}  # fmt: skip
+    return {
+        "rows": rows,
+        "step_rows": step,
+        "summary": summary(rows),
+        "copy_gbps": round(copy, 2),
+        "openmp_runtimes": openmp_runtimes(),
+        "legacy_commit": LEGACY_COMMIT if legacy else None,
+    }

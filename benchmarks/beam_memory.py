@@ -50,8 +50,7 @@ def measure_request(engine, prompt_ids: list[int], width: int, gen_tokens: int) 
             req = engine.scheduler.requests.get(rid)
             if req is None or req.beam is None:
                 continue
-            tables = [engine.manager.block_table(b.seq_id) for b in req.beam.running
-                      if b.status.value == "running"]  # fmt: skip
+            tables = [engine.manager.block_table(b.seq_id) for b in req.beam.running if b.status.value == "running"]
             shared, private = len({b for t in tables for b in t}), sum(len(t) for t in tables)
             peak_shared, peak_private = max(peak_shared, shared), max(peak_private, private)
             if len(tables) == width:
@@ -59,36 +58,56 @@ def measure_request(engine, prompt_ids: list[int], width: int, gen_tokens: int) 
     finally:
         engine.runner.execute = execute
     out = engine.result(rid)
-    return {"width": width, "prompt_tokens": len(prompt_ids), "generated_tokens": len(out.outputs[0].token_ids),
-            "peak_shared_blocks": peak_shared, "peak_private_blocks": peak_private,
-            "saving": round(1 - peak_shared / peak_private, 4),
-            "mean_step_saving": round(statistics.mean(savings), 4) if savings else 0.0,
-            "forks": sum(len(b.forks) for b in batches),
-            "cow_copies": sum(len(b.copies) + len(b.fork_copies) for b in batches),
-            "registrations": sum(s.sampling_params is not None for b in batches for s in b.seqs)}
+    return {
+        "width": width,
+        "prompt_tokens": len(prompt_ids),
+        "generated_tokens": len(out.outputs[0].token_ids),
+        "peak_shared_blocks": peak_shared,
+        "peak_private_blocks": peak_private,
+        "saving": round(1 - peak_shared / peak_private, 4),
+        "mean_step_saving": round(statistics.mean(savings), 4) if savings else 0.0,
+        "forks": sum(len(b.forks) for b in batches),
+        "cow_copies": sum(len(b.copies) + len(b.fork_copies) for b in batches),
+        "registrations": sum(s.sampling_params is not None for b in batches for s in b.seqs),
+    }
 
 
-def run(model: str, widths: Sequence[int], gen_tokens: int, num_prompts: int, block_size: int = 16,
-        **engine_kw) -> dict:
+def run(
+    model: str, widths: Sequence[int], gen_tokens: int, num_prompts: int, block_size: int = 16, **engine_kw
+) -> dict:
     """Rows per (width, prompt) and a total per width (peaks summed over the prompts); JSON-ready."""
     from runtime.engine import Engine
 
     t0 = time.perf_counter()
     engine = Engine(model, block_size=block_size, num_blocks=2048, enable_prefix_caching=False, **engine_kw)
     tok = engine.tokenizer
-    prompts = [list(tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True)["input_ids"])
-               if tok is not None else list(range(10, 40 + 7 * i)) for i, c in enumerate(PROMPTS[:num_prompts])]
+    prompts = [
+        list(tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True)["input_ids"])
+        if tok is not None
+        else list(range(10, 40 + 7 * i))
+        for i, c in enumerate(PROMPTS[:num_prompts])
+    ]
     rows = [measure_request(engine, p, k, gen_tokens) for k in widths for p in prompts]
     totals = {}
     for k in widths:
         mine = [r for r in rows if r["width"] == k]
         shared, private = sum(r["peak_shared_blocks"] for r in mine), sum(r["peak_private_blocks"] for r in mine)
-        totals[str(k)] = {"peak_shared_blocks": shared, "peak_private_blocks": private,
-                          "saving": round(1 - shared / private, 4)}
+        totals[str(k)] = {
+            "peak_shared_blocks": shared,
+            "peak_private_blocks": private,
+            "saving": round(1 - shared / private, 4),
+        }
     engine.shutdown()
-    return {"model": model, "dtype": engine_kw.get("dtype", "auto"), "block_size": block_size,
-            "gen_tokens": gen_tokens, "paper_saving": list(PAPER_SAVING), "rows": rows, "by_width": totals,
-            "elapsed_s": round(time.perf_counter() - t0, 1)}
+    return {
+        "model": model,
+        "dtype": engine_kw.get("dtype", "auto"),
+        "block_size": block_size,
+        "gen_tokens": gen_tokens,
+        "paper_saving": list(PAPER_SAVING),
+        "rows": rows,
+        "by_width": totals,
+        "elapsed_s": round(time.perf_counter() - t0, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:

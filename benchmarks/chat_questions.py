@@ -119,15 +119,18 @@ def fit_text(tokenizer: Any, sentences: list[str], n_tokens: int, rng: random.Ra
     return f"{head} {tail}".strip() if tail else head
 
 
-def build_workload(tokenizer: Any, conversations: int, turns: int, system_tokens: int, user_lo: int, user_hi: int,
-                   seed: int) -> ChatWorkload:
+def build_workload(
+    tokenizer: Any, conversations: int, turns: int, system_tokens: int, user_lo: int, user_hi: int, seed: int
+) -> ChatWorkload:
     """The seeded workload: one system prompt of system_tokens tokens, conversations x turns user messages of
     uniform [user_lo, user_hi] tokens, each ending with a question (the question list is used in a shuffled cycle).
 
     Raises ValueError for sizes out of order or below 1."""
     if conversations < 1 or turns < 1 or system_tokens < 1 or not 1 <= user_lo <= user_hi:
-        raise ValueError(f"bad workload sizes: conversations={conversations} turns={turns} "
-                         f"system_tokens={system_tokens} user_tokens={user_lo}:{user_hi}")
+        raise ValueError(
+            f"bad workload sizes: conversations={conversations} turns={turns} "
+            f"system_tokens={system_tokens} user_tokens={user_lo}:{user_hi}"
+        )
     rng = random.Random(seed)
     system = fit_text(tokenizer, SYSTEM_BRIEF, system_tokens, None)
     questions: list[str] = []

@@ -36,6 +36,7 @@ from typing import Any, cast
 
 import torch
 
+from radix.blocks import cdiv
 from runtime.config import MIN_USABLE_BLOCKS, ServerArgs
 from runtime.model.loader import resolve_model
 from runtime.model.runner import ModelRunner
@@ -53,19 +54,22 @@ def make_prompts(batch: int, context: int, vocab: int, seed: int = 0) -> list[li
     return torch.randint(3, vocab, (batch, context), generator=g).tolist()
 
 
-def run_runner(runner: ModelRunner, prompts: list[list[int]], decode_steps: int, max_prefill_tokens: int,
-               first_seq_id: int) -> tuple[Times, Times]:
+def run_runner(
+    runner: ModelRunner, prompts: list[list[int]], decode_steps: int, max_prefill_tokens: int, first_seq_id: int
+) -> tuple[Times, Times]:
     """Prefill then decode prompts through runner.execute; returns (prefill, decode) (wall, cpu) seconds."""
     bs, context = runner.block_size, len(prompts[0])
-    blocks_per_seq = -(-(context + decode_steps) // bs)
+    blocks_per_seq = cdiv(context + decode_steps, bs)
     ids = list(range(first_seq_id, first_seq_id + len(prompts)))
     tables = [list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)) for i in range(len(prompts))]
     per_step = max(1, max_prefill_tokens // context)
     last: dict[int, int] = {}
     start = _now()
     for lo in range(0, len(prompts), per_step):
-        seqs = [ScheduledSeq(ids[i], prompts[i], 0, tables[i], True, GREEDY, context)
-                for i in range(lo, min(len(prompts), lo + per_step))]
+        seqs = [
+            ScheduledSeq(ids[i], prompts[i], 0, tables[i], True, GREEDY, context)
+            for i in range(lo, min(len(prompts), lo + per_step))
+        ]
         result = runner.execute(ForwardBatch(step_id=lo, seqs=seqs))
         last.update(zip(result.seq_ids, result.token_ids, strict=True))
     prefill = _elapsed(start, _now())
@@ -106,9 +110,15 @@ def run_transformers(model, prompts: list[list[int]], decode_steps: int) -> tupl
     inputs = torch.tensor(prompts)
     clock = _StepClock()
     start = _now()
-    out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=decode_steps + 1,
-                         min_new_tokens=0, do_sample=False, pad_token_id=0,
-                         logits_processor=LogitsProcessorList([clock]))
+    out = model.generate(
+        inputs,
+        attention_mask=torch.ones_like(inputs),
+        max_new_tokens=decode_steps + 1,
+        min_new_tokens=0,
+        do_sample=False,
+        pad_token_id=0,
+        logits_processor=LogitsProcessorList([clock]),
+    )
     assert out.shape[1] == inputs.shape[1] + decode_steps + 1 and len(clock.times) == decode_steps + 1
     return _elapsed(start, clock.times[0]), _elapsed(clock.times[0], clock.times[-1])
 
@@ -116,8 +126,15 @@ def run_transformers(model, prompts: list[list[int]], decode_steps: int) -> tupl
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-def measure_batch(runners: dict[str, ModelRunner], hf, batch: int, context: int, decode_steps: int, repeats: int,
-                  max_prefill_tokens: int) -> list[dict]:
+def measure_batch(
+    runners: dict[str, ModelRunner],
+    hf,
+    batch: int,
+    context: int,
+    decode_steps: int,
+    repeats: int,
+    max_prefill_tokens: int,
+) -> list[dict]:
     """One row per runner (dtype order) then transformers' row: tokens/s of the best of repeats (wall clock and CPU
     time of this process)."""
     first = next(iter(runners.values()))
@@ -125,8 +142,9 @@ def measure_batch(runners: dict[str, ModelRunner], hf, batch: int, context: int,
     timed: list[tuple[dict, list[tuple[Times, Times]]]] = []
     for dtype, runner in runners.items():
         mine = [run_runner(runner, prompts, decode_steps, max_prefill_tokens, 1000 * (r + 1)) for r in range(repeats)]
-        timed.append(({"engine": "radixserve", "dtype": dtype,
-                       "resolved_dtype": str(runner.dtype).removeprefix("torch.")}, mine))
+        timed.append(
+            ({"engine": "radixserve", "dtype": dtype, "resolved_dtype": str(runner.dtype).removeprefix("torch.")}, mine)
+        )
     with torch.inference_mode():
         ref = [run_transformers(hf, prompts, decode_steps) for _ in range(repeats)]
     timed.append(({"engine": "transformers", "dtype": "float32", "resolved_dtype": "float32"}, ref))
@@ -134,11 +152,16 @@ def measure_batch(runners: dict[str, ModelRunner], hf, batch: int, context: int,
     for head, times in timed:
         best_prefill = min(times, key=lambda t: t[0][0])[0]
         best_decode = min(times, key=lambda t: t[1][0])[1]
-        rows.append({**head, "batch": batch,
-                     "prefill_tok_s": round(batch * context / best_prefill[0], 1),
-                     "decode_tok_s": round(batch * decode_steps / best_decode[0], 1),
-                     "prefill_tok_per_cpu_s": round(batch * context / best_prefill[1], 1),
-                     "decode_tok_per_cpu_s": round(batch * decode_steps / best_decode[1], 1)})
+        rows.append(
+            {
+                **head,
+                "batch": batch,
+                "prefill_tok_s": round(batch * context / best_prefill[0], 1),
+                "decode_tok_s": round(batch * decode_steps / best_decode[0], 1),
+                "prefill_tok_per_cpu_s": round(batch * context / best_prefill[1], 1),
+                "decode_tok_per_cpu_s": round(batch * decode_steps / best_decode[1], 1),
+            }
+        )
     return rows
 
 
@@ -150,14 +173,20 @@ def dtype_ratios(rows: list[dict], dtypes: list[str]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for dtype in dtypes:
         mine = [r for r in rows if r["engine"] == "radixserve" and r["dtype"] == dtype]
-        entry: dict = {"resolved_dtype": mine[0]["resolved_dtype"],
-                       "vs_transformers": {str(r["batch"]): round(r["decode_tok_s"] / ref[r["batch"]]["decode_tok_s"],
-                                                                  3) for r in mine},
-                       "vs_transformers_cpu_time": {str(r["batch"]): round(
-                           r["decode_tok_per_cpu_s"] / ref[r["batch"]]["decode_tok_per_cpu_s"], 3) for r in mine}}
+        entry: dict = {
+            "resolved_dtype": mine[0]["resolved_dtype"],
+            "vs_transformers": {
+                str(r["batch"]): round(r["decode_tok_s"] / ref[r["batch"]]["decode_tok_s"], 3) for r in mine
+            },
+            "vs_transformers_cpu_time": {
+                str(r["batch"]): round(r["decode_tok_per_cpu_s"] / ref[r["batch"]]["decode_tok_per_cpu_s"], 3)
+                for r in mine
+            },
+        }
         if f32:
-            entry["vs_float32"] = {str(r["batch"]): round(r["decode_tok_s"] / f32[r["batch"]]["decode_tok_s"], 3)
-                                   for r in mine}
+            entry["vs_float32"] = {
+                str(r["batch"]): round(r["decode_tok_s"] / f32[r["batch"]]["decode_tok_s"], 3) for r in mine
+            }
         out[dtype] = entry
     return out
 
@@ -167,8 +196,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--batches", type=int, nargs="+")
-    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=["float32", "auto"],
-                        help="one runner per dtype, side by side (default: float32 auto)")
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        choices=DTYPES,
+        default=["float32", "auto"],
+        help="one runner per dtype, side by side (default: float32 auto)",
+    )
     parser.add_argument("--quantization", choices=["none", "int8", "int4"], default="none", help="every runner's")
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--out", type=Path)
@@ -190,9 +224,15 @@ def main(argv: list[str] | None = None) -> dict:
     from runtime.model.cpu_features import machine_facts
 
     max_prefill_tokens = ServerArgs().max_prefill_tokens
-    blocks = max(MIN_USABLE_BLOCKS + 1, 1 + max(batches) * -(-(context + decode_steps) // 16))
-    runners = {dtype: ModelRunner(ServerArgs(model=args.model, num_blocks=blocks, dtype=cast(Any, dtype),
-                                             quantization=cast(Any, args.quantization))) for dtype in dtypes}
+    blocks = max(MIN_USABLE_BLOCKS + 1, 1 + max(batches) * cdiv(context + decode_steps, 16))
+    runners = {
+        dtype: ModelRunner(
+            ServerArgs(
+                model=args.model, num_blocks=blocks, dtype=cast(Any, dtype), quantization=cast(Any, args.quantization)
+            )
+        )
+        for dtype in dtypes
+    }
     hf = AutoModelForCausalLM.from_pretrained(str(resolve_model(args.model)), dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
     if args.threads:  # after the runners, which set their own default (runtime.model.runner.set_cpu_threads)
@@ -200,16 +240,25 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for batch in batches:
         rows += measure_batch(runners, hf, batch, context, decode_steps, repeats, max_prefill_tokens)
-        logging.getLogger(__name__).warning("batch %d: %s", batch, rows[-len(runners) - 1:])
+        logging.getLogger(__name__).warning("batch %d: %s", batch, rows[-len(runners) - 1 :])
     ratios = dtype_ratios(rows, dtypes)
     main_dtype = "auto" if "auto" in dtypes else dtypes[0]
     result = {
-        "model": args.model, "dtypes": dtypes, "quantization": args.quantization, "device": "cpu",
-        "threads": torch.get_num_threads(), "machine": machine_facts(), "context": context,
-        "decode_steps": decode_steps, "rows": rows, "ratios": ratios,
+        "model": args.model,
+        "dtypes": dtypes,
+        "quantization": args.quantization,
+        "device": "cpu",
+        "threads": torch.get_num_threads(),
+        "machine": machine_facts(),
+        "context": context,
+        "decode_steps": decode_steps,
+        "rows": rows,
+        "ratios": ratios,
         "ratio_vs_transformers": ratios[main_dtype]["vs_transformers"][str(batches[-1])],
         "ratio_vs_transformers_cpu_time": ratios[main_dtype]["vs_transformers_cpu_time"][str(batches[-1])],
-        "ratio_dtype": main_dtype, "ratio_batch": batches[-1], "target_ratio": 1.5,
+        "ratio_dtype": main_dtype,
+        "ratio_batch": batches[-1],
+        "target_ratio": 1.5,
     }
     text = json.dumps(result, indent=2)
     if out_path is not None:

@@ -41,13 +41,21 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.chat_questions import BACKGROUND, QUESTIONS, SYSTEM_BRIEF, fit_text
+from radix.blocks import cdiv
 
 logger = logging.getLogger(__name__)
 
 RESULTS = Path(__file__).parent / "results" / "hicache.json"
 CONFIGS = ("device_only", "with_host_tier", "unlimited")
-SMOKE = {"conversations": 3, "turns": 3, "system_tokens": 12, "first_user_tokens": 24, "user_tokens": 6,
-         "max_tokens": 3, "block_size": 4}
+SMOKE = {
+    "conversations": 3,
+    "turns": 3,
+    "system_tokens": 12,
+    "first_user_tokens": 24,
+    "user_tokens": 6,
+    "max_tokens": 3,
+    "block_size": 4,
+}
 USER_OPEN, USER_CLOSE = "<|im_end|>\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -70,7 +78,7 @@ class Config:
 def build_turns(tokenizer: Any, cfg: Config) -> list[list[list[int]]]:
     """turns[c][t]: the token ids that turn t of chat c adds after the history (the whole templated prompt for t = 0:
     system + first user message + the assistant header; later: end of reply, user message, assistant header)."""
-    from runtime.tokenizer import apply_chat_template
+    from runtime.text.prompt import apply_chat_template
 
     rng = random.Random(cfg.seed)
     system = fit_text(tokenizer, SYSTEM_BRIEF, cfg.system_tokens, None)
@@ -81,8 +89,11 @@ def build_turns(tokenizer: Any, cfg: Config) -> list[list[list[int]]]:
             size = cfg.first_user_tokens if t == 0 else cfg.user_tokens
             text = fit_text(tokenizer, BACKGROUND, size, rng, tail=rng.choice(QUESTIONS))
             if t == 0:
-                row.append(apply_chat_template(tokenizer, [{"role": "system", "content": system},
-                                                           {"role": "user", "content": text}]))
+                row.append(
+                    apply_chat_template(
+                        tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": text}]
+                    )
+                )
             else:
                 row.append(tokenizer.encode(USER_OPEN + text + USER_CLOSE, add_special_tokens=False))
         out.append(row)
@@ -95,11 +106,16 @@ def pool_sizes(turns: list[list[list[int]]], cfg: Config) -> dict[str, int]:
     bs = cfg.block_size
     finals = [sum(len(ids) for ids in row) + cfg.turns * cfg.max_tokens for row in turns]
     working_set = sum(n // bs for n in finals)
-    largest = max(-(-n // bs) for n in finals)  # the longest request's blocks (prompt + reply)
+    largest = max(cdiv(n, bs) for n in finals)  # the longest request's blocks (prompt + reply)
     small = max(int(working_set * cfg.pool_fraction) + 1, largest + 2)
-    return {"working_set_blocks": working_set, "largest_request_blocks": largest, "device_only": small,
-            "with_host_tier": small, "unlimited": working_set + 2 * largest + 1,
-            "host_cache_blocks": working_set + largest}
+    return {
+        "working_set_blocks": working_set,
+        "largest_request_blocks": largest,
+        "device_only": small,
+        "with_host_tier": small,
+        "unlimited": working_set + 2 * largest + 1,
+        "host_cache_blocks": working_set + largest,
+    }
 
 
 def run(cfg: Config) -> dict[str, Any]:
@@ -113,8 +129,14 @@ def run(cfg: Config) -> dict[str, Any]:
     turns = build_turns(tokenizer, cfg)
     sizes = pool_sizes(turns, cfg)
     common = {"model": cfg.model, "dtype": "float32", "block_size": cfg.block_size}
-    engines = {name: Engine(num_blocks=sizes[name], num_host_cache_blocks=sizes["host_cache_blocks"]
-                            if name == "with_host_tier" else 0, **common) for name in CONFIGS}  # fmt: skip
+    engines = {
+        name: Engine(
+            num_blocks=sizes[name],
+            num_host_cache_blocks=sizes["host_cache_blocks"] if name == "with_host_tier" else 0,
+            **common,
+        )
+        for name in CONFIGS
+    }
     greedy = SamplingParams(max_tokens=cfg.max_tokens, temperature=0.0, ignore_eos=True)
     history = {name: [[] for _ in range(cfg.conversations)] for name in CONFIGS}
     trace: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIGS}
@@ -124,19 +146,30 @@ def run(cfg: Config) -> dict[str, Any]:
             for name, engine in engines.items():
                 prompt = history[name][c] + turns[c][t]
                 res = engine.generate(input_ids=[prompt], sampling_params=greedy)[0]
-                trace[name].append({"conv": c, "turn": t + 1, "prompt_tokens": len(prompt), "ttft_s": res.ttft_s,
-                                    "cached_tokens": res.usage.cached_tokens,
-                                    "host_cached_tokens": res.usage.host_cached_tokens, "output": res.token_ids})
+                trace[name].append(
+                    {
+                        "conv": c,
+                        "turn": t + 1,
+                        "prompt_tokens": len(prompt),
+                        "ttft_s": res.ttft_s,
+                        "cached_tokens": res.usage.cached_tokens,
+                        "host_cached_tokens": res.usage.host_cached_tokens,
+                        "output": res.token_ids,
+                    }
+                )
                 history[name][c] = prompt + res.token_ids
         logger.info("turn %d of %d done after %.0f s", t + 1, cfg.turns, time.perf_counter() - start)
     result: dict[str, Any] = {name: summarize(engines[name], trace[name], sizes[name]) for name in CONFIGS}
-    result["outputs_equal"] = [r["output"] for r in trace["with_host_tier"]] == [r["output"] for r in
-                                                                                 trace["unlimited"]]
-    result["device_only_outputs_equal"] = [r["output"] for r in trace["device_only"]] == [r["output"] for r in
-                                                                                          trace["unlimited"]]
+    result["outputs_equal"] = [r["output"] for r in trace["with_host_tier"]] == [
+        r["output"] for r in trace["unlimited"]
+    ]
+    result["device_only_outputs_equal"] = [r["output"] for r in trace["device_only"]] == [
+        r["output"] for r in trace["unlimited"]
+    ]
     result["targets"] = targets(result)
     result["pressure"] = {
-        "working_set_blocks": sizes["working_set_blocks"], "device_pool_blocks": sizes["device_only"] - 1,
+        "working_set_blocks": sizes["working_set_blocks"],
+        "device_pool_blocks": sizes["device_only"] - 1,
         "working_set_over_pool": round(sizes["working_set_blocks"] / (sizes["device_only"] - 1), 2),
         "host_cache_blocks": sizes["host_cache_blocks"],
         "device_only_hit_rate_over_unlimited": result["targets"]["device_only_pressured"]["value"],
@@ -154,12 +187,17 @@ def summarize(engine: Any, trace: list[dict[str, Any]], num_blocks: int) -> dict
     late = [r["ttft_s"] for r in trace if r["turn"] >= 2]
     first = [r["ttft_s"] for r in trace if r["turn"] == 1]
     return {
-        "num_blocks": num_blocks, "num_host_cache_blocks": stats.num_host_cache_blocks,
-        "hit_rate": round(stats.hit_rate, 4), "ttft_p50_late_s": round(statistics.median(late), 4),
+        "num_blocks": num_blocks,
+        "num_host_cache_blocks": stats.num_host_cache_blocks,
+        "hit_rate": round(stats.hit_rate, 4),
+        "ttft_p50_late_s": round(statistics.median(late), 4),
         "ttft_p50_first_s": round(statistics.median(first), 4),
-        "prefill_tokens_computed": stats.prefill_tokens_computed, "loaded_back_blocks": stats.num_loaded_back_blocks,
-        "written_back_blocks": stats.num_written_back_blocks, "evicted_blocks": stats.num_evicted_blocks,
-        "host_cached_tokens": stats.host_cached_tokens, "prompt_tokens": stats.prompt_tokens,
+        "prefill_tokens_computed": stats.prefill_tokens_computed,
+        "loaded_back_blocks": stats.num_loaded_back_blocks,
+        "written_back_blocks": stats.num_written_back_blocks,
+        "evicted_blocks": stats.num_evicted_blocks,
+        "host_cached_tokens": stats.host_cached_tokens,
+        "prompt_tokens": stats.prompt_tokens,
         "cached_tokens": stats.cached_tokens,
     }
 
@@ -173,10 +211,16 @@ def targets(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
     checks = {
         "hit_rate_vs_unlimited": (ratio(tier["hit_rate"], unl["hit_rate"]), ">= 0.95", lambda v: v >= 0.95),
-        "late_ttft_p50_device_only_over_tier": (ratio(dev["ttft_p50_late_s"], tier["ttft_p50_late_s"]), ">= 2",
-                                                lambda v: v >= 2),
-        "prefill_tokens_vs_unlimited": (ratio(tier["prefill_tokens_computed"], unl["prefill_tokens_computed"]),
-                                        "<= 1.1", lambda v: v <= 1.1),
+        "late_ttft_p50_device_only_over_tier": (
+            ratio(dev["ttft_p50_late_s"], tier["ttft_p50_late_s"]),
+            ">= 2",
+            lambda v: v >= 2,
+        ),
+        "prefill_tokens_vs_unlimited": (
+            ratio(tier["prefill_tokens_computed"], unl["prefill_tokens_computed"]),
+            "<= 1.1",
+            lambda v: v <= 1.1,
+        ),
         "loaded_back_blocks": (tier["loaded_back_blocks"], "> 0", lambda v: v > 0),
         "device_only_pressured": (ratio(dev["hit_rate"], unl["hit_rate"]), "<= 0.6", lambda v: v <= 0.6),
         "outputs_equal": (r["outputs_equal"], "true", bool),
@@ -188,8 +232,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = Config()
     for name, value in asdict(defaults).items():
-        parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=None,
-                            help=f"default {value} (--smoke: {SMOKE.get(name, value)})")
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=type(value),
+            default=None,
+            help=f"default {value} (--smoke: {SMOKE.get(name, value)})",
+        )
     parser.add_argument("--smoke", action="store_true", help="a few seconds on a small workload; writes only --out")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {RESULTS}; none in --smoke)")
     ns = parser.parse_args(argv)

@@ -50,8 +50,15 @@ from benchmarks.soak import _pct, check_output, machine_facts, token_range, wait
 logger = logging.getLogger(__name__)
 
 RESULTS = Path(__file__).parent / "results" / "http_load.json"
-SMOKE = {"clients": 4, "minutes": 0.1, "turns": 2, "system_prompt_tokens": 32, "user_tokens": "8:16",
-         "max_tokens": "4:12", "idle_requests": 4}
+SMOKE = {
+    "clients": 4,
+    "minutes": 0.1,
+    "turns": 2,
+    "system_prompt_tokens": 32,
+    "user_tokens": "8:16",
+    "max_tokens": "4:12",
+    "idle_requests": 4,
+}
 
 
 @dataclass
@@ -79,11 +86,18 @@ class Tally(soak.Tally):
     finish_reasons: collections.Counter = field(default_factory=collections.Counter)
 
 
-async def http_turn(client: Any, model: str, messages: list[dict[str, str]], cfg: Config, rng: random.Random,
-                    tokenizer: Any, tally: Tally) -> str | None:
+async def http_turn(
+    client: Any,
+    model: str,
+    messages: list[dict[str, str]],
+    cfg: Config,
+    rng: random.Random,
+    tokenizer: Any,
+    tally: Tally,
+) -> str | None:
     """Streams one chat request through the openai SDK and tallies it. Returns the reply text to append to the
     history (None: end the conversation: an error, or nothing to append)."""
-    from runtime.tokenizer import apply_chat_template
+    from runtime.text.prompt import apply_chat_template
 
     max_tokens = rng.randint(*token_range(cfg.max_tokens))
     params: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0}
@@ -93,8 +107,9 @@ async def http_turn(client: Any, model: str, messages: list[dict[str, str]], cfg
     tally.requests += 1
     t0, first, text, finish, usage, chunks, cancelled = time.perf_counter(), None, "", None, None, 0, False
     try:
-        stream = await client.chat.completions.create(model=model, messages=messages, stream=True,
-                                                      stream_options={"include_usage": True}, **params)
+        stream = await client.chat.completions.create(
+            model=model, messages=messages, stream=True, stream_options={"include_usage": True}, **params
+        )
         async with stream:  # leaving early closes the connection: the server aborts the request
             async for chunk in stream:
                 for choice in chunk.choices:
@@ -123,8 +138,14 @@ async def http_turn(client: Any, model: str, messages: list[dict[str, str]], cfg
     counts = _Usage.of(usage)
     for problem in check_output(finish, counts, n_out, max_tokens, prompt_len, cfg.max_model_len):
         tally.bad_outputs[problem] += 1
-        logger.warning("bad output (%s): finish %s usage %s, max_tokens %d, prompt %d", problem, finish, usage,
-                       max_tokens, prompt_len)
+        logger.warning(
+            "bad output (%s): finish %s usage %s, max_tokens %d, prompt %d",
+            problem,
+            finish,
+            usage,
+            max_tokens,
+            prompt_len,
+        )
     return text or None
 
 
@@ -145,8 +166,9 @@ class _Usage:
         return _Usage(usage.prompt_tokens, cached, usage.completion_tokens)
 
 
-async def client_loop(cid: int, url: str, model: str, cfg: Config, wl: ChatWorkload, tokenizer: Any, tally: Tally,
-                      deadline: float) -> None:
+async def client_loop(
+    cid: int, url: str, model: str, cfg: Config, wl: ChatWorkload, tokenizer: Any, tally: Tally, deadline: float
+) -> None:
     """One client (its own AsyncOpenAI): conversations of cfg.turns turns until the deadline (the turn in flight
     then finishes)."""
     from openai import AsyncOpenAI
@@ -182,8 +204,10 @@ async def idle_ttft(endpoint: str, url: str, model: str, n: int) -> dict[str, An
     http_s: list[float] = []
     raw_s: list[float] = []
     loop = asyncio.get_running_loop()
-    async with AsyncClient(endpoint, timeout=300.0) as zc, \
-            AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=300.0, max_retries=0) as hc:
+    async with (
+        AsyncClient(endpoint, timeout=300.0) as zc,
+        AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=300.0, max_retries=0) as hc,
+    ):
         for i in range(n + 1):  # the first round warms both paths up and is not counted
             t0, first = time.perf_counter(), None
             async for chunk in zc.stream(messages=messages, max_tokens=2, temperature=0.0):
@@ -192,8 +216,9 @@ async def idle_ttft(endpoint: str, url: str, model: str, n: int) -> dict[str, An
             if i and first is not None:
                 zmq_s.append(first)
             t0, first = time.perf_counter(), None
-            stream = await hc.chat.completions.create(model=model, messages=messages, max_tokens=2,
-                                                      temperature=0.0, stream=True)
+            stream = await hc.chat.completions.create(
+                model=model, messages=messages, max_tokens=2, temperature=0.0, stream=True
+            )
             async for hchunk in stream:
                 if first is None and any(c.delta.content or c.finish_reason for c in hchunk.choices):
                     first = time.perf_counter() - t0
@@ -207,8 +232,14 @@ async def idle_ttft(endpoint: str, url: str, model: str, n: int) -> dict[str, An
     def diff_ms(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else round((a - b) * 1e3, 2)
 
-    return {"requests_each": n, "zmq_ttft_p50_s": z50, "http_ttft_p50_s": h50, "raw_http_ttft_p50_s": r50,
-            "http_minus_zmq_p50_ms": diff_ms(h50, z50), "raw_http_minus_zmq_p50_ms": diff_ms(r50, z50)}
+    return {
+        "requests_each": n,
+        "zmq_ttft_p50_s": z50,
+        "http_ttft_p50_s": h50,
+        "raw_http_ttft_p50_s": r50,
+        "http_minus_zmq_p50_ms": diff_ms(h50, z50),
+        "raw_http_minus_zmq_p50_ms": diff_ms(r50, z50),
+    }
 
 
 def raw_ttft(url: str, model: str, messages: list[Any]) -> float | None:
@@ -253,12 +284,18 @@ def evaluate(result: dict[str, Any]) -> dict[str, Any]:
     return {
         "errors == 0": {"value": sum(result["errors"].values()), "met": not result["errors"]},
         "bad_outputs == 0": {"value": sum(result["bad_outputs"].values()), "met": not result["bad_outputs"]},
-        "num_used_blocks == 0 at the end": {"value": result["final_stats"]["num_used_blocks"],
-                                            "met": result["final_stats"]["num_used_blocks"] == 0},
-        "completed + aborted == requests": {"value": result["completed"] + result["aborted"],
-                                            "met": result["completed"] + result["aborted"] == result["requests"]},
+        "num_used_blocks == 0 at the end": {
+            "value": result["final_stats"]["num_used_blocks"],
+            "met": result["final_stats"]["num_used_blocks"] == 0,
+        },
+        "completed + aborted == requests": {
+            "value": result["completed"] + result["aborted"],
+            "met": result["completed"] + result["aborted"] == result["requests"],
+        },
         "completed + idle <= request_success_total{stop, length} <= that + aborted": {
-            "value": served, "met": expected <= served <= expected + result["aborted"]},
+            "value": served,
+            "met": expected <= served <= expected + result["aborted"],
+        },
     }
 
 
@@ -271,8 +308,15 @@ def run(cfg: Config) -> dict[str, Any]:
     tokenizer = load_tokenizer(cfg.model)
     lo, hi = token_range(cfg.user_tokens)
     wl = build_workload(tokenizer, max(cfg.clients, 8), cfg.turns, cfg.system_prompt_tokens, lo, hi, cfg.seed)
-    args = ServerArgs(model=cfg.model, port=0, http_port=0, num_blocks=cfg.num_blocks, max_model_len=cfg.max_model_len,
-                      seed=cfg.seed, log_interval_s=3600.0)
+    args = ServerArgs(
+        model=cfg.model,
+        port=0,
+        http_port=0,
+        num_blocks=cfg.num_blocks,
+        max_model_len=cfg.max_model_len,
+        seed=cfg.seed,
+        log_interval_s=3600.0,
+    )
     launcher = Launcher(args)
     load = [os.getloadavg()]
     tally = Tally()
@@ -283,8 +327,12 @@ def run(cfg: Config) -> dict[str, Any]:
         async def main() -> tuple[dict[str, Any], dict[str, Any], float]:
             idle = await idle_ttft(endpoint, url, model, cfg.idle_requests)
             t0 = time.monotonic()
-            await asyncio.gather(*(client_loop(c, url, model, cfg, wl, tokenizer, tally, t0 + cfg.minutes * 60)
-                                   for c in range(cfg.clients)))
+            await asyncio.gather(
+                *(
+                    client_loop(c, url, model, cfg, wl, tokenizer, tally, t0 + cfg.minutes * 60)
+                    for c in range(cfg.clients)
+                )
+            )
             wall = time.monotonic() - t0
             return idle, await wait_idle(endpoint), wall
 
@@ -294,11 +342,16 @@ def run(cfg: Config) -> dict[str, Any]:
         load.append(os.getloadavg())
         launcher.shutdown("http load finished")
     result: dict[str, Any] = {
-        **tally.summary(), "finish_reasons": dict(tally.finish_reasons), "wall_s": round(wall_s, 1),
-        "ttft_p90_s": _pct(tally.ttft_s, 90), "idle": idle, "final_stats": final_stats,
+        **tally.summary(),
+        "finish_reasons": dict(tally.finish_reasons),
+        "wall_s": round(wall_s, 1),
+        "ttft_p90_s": _pct(tally.ttft_s, 90),
+        "idle": idle,
+        "final_stats": final_stats,
         "metrics_request_success": success,
-        "config": asdict(cfg), "machine": {**machine_facts(), "load_avg_start": load[0], "load_avg_end": load[1]},
-    }  # fmt: skip
+        "config": asdict(cfg),
+        "machine": {**machine_facts(), "load_avg_start": load[0], "load_avg_end": load[1]},
+    }
     result["targets"] = evaluate(result)
     return result
 
@@ -330,8 +383,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for text in (cfg.user_tokens, cfg.max_tokens):
         token_range(text)  # a bad range fails before a server starts
     result = run(cfg)
-    print(json.dumps({k: result[k] for k in ("requests", "completed", "aborted", "errors", "bad_outputs",
-                                             "ttft_p50_s", "ttft_p99_s", "latency_p50_s", "idle")}))
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "requests",
+                    "completed",
+                    "aborted",
+                    "errors",
+                    "bad_outputs",
+                    "ttft_p50_s",
+                    "ttft_p99_s",
+                    "latency_p50_s",
+                    "idle",
+                )
+            }
+        )
+    )
     print(json.dumps(result["targets"], indent=1))
     path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
     if path is not None:

@@ -40,8 +40,9 @@ TARGET_MS = 3.0
 def _start(cmd: list[str], ready: str, log: Path, timeout: float = 300.0) -> tuple[subprocess.Popen, str]:
     """Starts cmd, waits for the stdout line starting with ready; returns (process, the line's last word)."""
     with open(log, "w") as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
     while time.monotonic() < deadline:
@@ -102,18 +103,33 @@ def ttft_openai(client: Any, model: str) -> float:
 
 def summary(values_s: list[float]) -> dict[str, float]:
     ms = sorted(v * 1000 for v in values_s)
-    return {"p50_ms": statistics.median(ms), "p90_ms": ms[int(0.9 * (len(ms) - 1))], "mean_ms": statistics.fmean(ms),
-            "n": len(ms)}
+    return {
+        "p50_ms": statistics.median(ms),
+        "p90_ms": ms[int(0.9 * (len(ms) - 1))],
+        "mean_ms": statistics.fmean(ms),
+        "n": len(ms),
+    }
 
 
 def machine() -> dict[str, Any]:
     """CPU model, torch's CPU capability, cores, load average (torch is imported here only)."""
     import torch
 
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
-    return {"cpu_model": model, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cores": os.cpu_count(),
-            "python": platform.python_version(), "platform": platform.platform()}
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpu_model": model,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 def measure(endpoint: str, url: str, model: str, rounds: int, warmup: int) -> dict[str, list[float]]:
@@ -125,8 +141,7 @@ def measure(endpoint: str, url: str, model: str, rounds: int, warmup: int) -> di
     u = urllib.parse.urlsplit(url)
     out: dict[str, list[float]] = {"zmq": [], "http": [], "openai": []}
     conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=60)
-    with Client(endpoint, timeout=60) as zmq, openai.OpenAI(base_url=url + "/v1", api_key="none",
-                                                           max_retries=0) as oai:
+    with Client(endpoint, timeout=60) as zmq, openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0) as oai:
         for i in range(warmup + rounds):
             got = {"zmq": ttft_zmq(zmq), "http": ttft_http(conn, model), "openai": ttft_openai(oai, model)}
             if i >= warmup:
@@ -139,12 +154,29 @@ def measure(endpoint: str, url: str, model: str, rounds: int, warmup: int) -> di
 def run(model: str, rounds: int, warmup: int, logs: Path) -> dict[str, Any]:
     logs.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
-    server, endpoint = _start([sys.executable, "-m", "runtime.launch", "--model", model, "--port", "0"],
-                              "radixserve ready at ", logs / "server.log")
+    server, endpoint = _start(
+        [sys.executable, "-m", "runtime.launch", "--model", model, "--port", "0"],
+        "radixserve ready at ",
+        logs / "server.log",
+    )
     try:
-        front, url = _start([sys.executable, "-m", "runtime.serve.http", "--backend", endpoint, "--port", "0",
-                             "--model", model, "--served-model-name", "bench"], "radixserve http ready at ",
-                            logs / "http.log")
+        front, url = _start(
+            [
+                sys.executable,
+                "-m",
+                "runtime.serve.http",
+                "--backend",
+                endpoint,
+                "--port",
+                "0",
+                "--model",
+                model,
+                "--served-model-name",
+                "bench",
+            ],
+            "radixserve http ready at ",
+            logs / "http.log",
+        )
         try:
             samples = measure(endpoint, url, "bench", rounds, warmup)
         finally:
@@ -154,7 +186,11 @@ def run(model: str, rounds: int, warmup: int, logs: Path) -> dict[str, Any]:
     stats = {name: summary(values) for name, values in samples.items()}
     overhead = stats["http"]["p50_ms"] - stats["zmq"]["p50_ms"]
     return {
-        "model": model, "prompt": PROMPT, "rounds": rounds, "warmup": warmup, "ttft": stats,
+        "model": model,
+        "prompt": PROMPT,
+        "rounds": rounds,
+        "warmup": warmup,
+        "ttft": stats,
         "overhead_ms": {"http": overhead, "openai": stats["openai"]["p50_ms"] - stats["zmq"]["p50_ms"]},
         "target": {"http_p50_le_zmq_p50_plus_ms": TARGET_MS, "met": overhead <= TARGET_MS},
         "machine": {**machine(), "load_before": list(load_before), "load_after": list(os.getloadavg())},
@@ -177,9 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     if path is not None:
         path.write_text(json.dumps(result, indent=2) + "\n")
     ttft = result["ttft"]
-    print(f"TTFT p50: zmq {ttft['zmq']['p50_ms']:.2f} ms, http {ttft['http']['p50_ms']:.2f} ms, openai SDK "
-          f"{ttft['openai']['p50_ms']:.2f} ms; overhead {result['overhead_ms']['http']:+.2f} ms "
-          f"(target <= +{TARGET_MS} ms: {'met' if result['target']['met'] else 'MISSED'})")
+    print(
+        f"TTFT p50: zmq {ttft['zmq']['p50_ms']:.2f} ms, http {ttft['http']['p50_ms']:.2f} ms, openai SDK "
+        f"{ttft['openai']['p50_ms']:.2f} ms; overhead {result['overhead_ms']['http']:+.2f} ms "
+        f"(target <= +{TARGET_MS} ms: {'met' if result['target']['met'] else 'MISSED'})"
+    )
     return 0
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
+from radix.blocks import cdiv
 from runtime import protocol as p
 from runtime.sampling_params import SamplingParams
 
@@ -46,8 +47,14 @@ class NoOpRunner:
     def __init__(self, block_size: int = BLOCK_SIZE) -> None:
         self.block_size = block_size
         self.tables: dict[int, list[int]] = {}
-        self.ready = p.Ready(num_blocks=1 << 20, block_size=block_size, max_model_len=1 << 20, num_host_blocks=0,
-                             vocab_size=32000, eos_token_ids=[0])
+        self.ready = p.Ready(
+            num_blocks=1 << 20,
+            block_size=block_size,
+            max_model_len=1 << 20,
+            num_host_blocks=0,
+            vocab_size=32000,
+            eos_token_ids=[0],
+        )
 
     def execute(self, batch: p.ForwardBatch) -> p.ForwardResult:
         for seq_id in batch.drop_seq_ids:
@@ -82,11 +89,17 @@ def worker_main(endpoint_in: str, endpoint_out: str) -> None:
 def measure(push: zmq.Socket, pull: zmq.Socket, batch: int, context: int, steps: int) -> dict:
     """Registers `batch` sequences at `context` tokens, then times `steps` decode steps; returns one result row."""
     enc, dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(p.ForwardResult)
-    blocks_per_seq = -(-context // BLOCK_SIZE)
+    blocks_per_seq = cdiv(context, BLOCK_SIZE)
     sp = SamplingParams(max_tokens=steps + 1, temperature=0.0)
-    first = p.ForwardBatch(0, [p.ScheduledSeq(i, [1], context - 1, list(range(1 + i * 4096, 1 + i * 4096 +
-                                                                               blocks_per_seq)),
-                                              True, sp, context - 1, 0) for i in range(batch)])
+    first = p.ForwardBatch(
+        0,
+        [
+            p.ScheduledSeq(
+                i, [1], context - 1, list(range(1 + i * 4096, 1 + i * 4096 + blocks_per_seq)), True, sp, context - 1, 0
+            )
+            for i in range(batch)
+        ],
+    )
     push.send(enc.encode(first))
     dec.decode(pull.recv())
     times, sizes, next_block = [], [], 1 << 24
@@ -107,8 +120,12 @@ def measure(push: zmq.Socket, pull: zmq.Socket, batch: int, context: int, steps:
         assert len(result.seq_ids) == batch and result.error is None
     push.send(enc.encode(p.ForwardBatch(steps + 1, [], drop_seq_ids=list(range(batch)))))
     dec.decode(pull.recv())
-    return {"batch": batch, "context": context, "us_per_step": round(statistics.median(times) * 1e6, 1),
-            "bytes_per_step": round(statistics.mean(sizes), 1)}
+    return {
+        "batch": batch,
+        "context": context,
+        "us_per_step": round(statistics.median(times) * 1e6, 1),
+        "bytes_per_step": round(statistics.mean(sizes), 1),
+    }
 
 
 def decode_step_ms(batch: int, prompt_len: int = 15, steps: int = 5) -> float | None:
@@ -119,17 +136,22 @@ def decode_step_ms(batch: int, prompt_len: int = 15, steps: int = 5) -> float | 
         from runtime.model.runner import ModelRunner
     except ImportError:
         return None
-    blocks = -(-(prompt_len + steps + 1) // BLOCK_SIZE)
+    blocks = cdiv(prompt_len + steps + 1, BLOCK_SIZE)
     runner = ModelRunner(ServerArgs(model="smollm2", num_blocks=batch * blocks + 1))
     sp = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
-    seqs = [p.ScheduledSeq(i, [1] * prompt_len, 0, list(range(1 + i * blocks, 1 + (i + 1) * blocks)), True, sp,
-                           prompt_len, 0) for i in range(batch)]
+    seqs = [
+        p.ScheduledSeq(
+            i, [1] * prompt_len, 0, list(range(1 + i * blocks, 1 + (i + 1) * blocks)), True, sp, prompt_len, 0
+        )
+        for i in range(batch)
+    ]
     runner.execute(p.ForwardBatch(0, seqs))
     times = []
     for step in range(1, steps + 1):
         t0 = time.perf_counter()
-        batch_msg = p.ForwardBatch(step, [p.ScheduledSeq(i, [1], prompt_len + step - 1, [], True)
-                                          for i in range(batch)])
+        batch_msg = p.ForwardBatch(
+            step, [p.ScheduledSeq(i, [1], prompt_len + step - 1, [], True) for i in range(batch)]
+        )
         runner.execute(batch_msg)
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
@@ -157,8 +179,10 @@ def main(argv: list[str] | None = None) -> dict:
         pull.bind(ep_out)
         push = ctx.socket(zmq.PUSH)
         push.connect(ep_in)
-        worker = subprocess.Popen([sys.executable, "-m", "benchmarks.ipc_overhead", "--worker", ep_in, ep_out],
-                                  cwd=Path(__file__).resolve().parents[1])
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.ipc_overhead", "--worker", ep_in, ep_out],
+            cwd=Path(__file__).resolve().parents[1],
+        )
         try:
             rows = [measure(push, pull, ns.batch, c, ns.steps) for c in ns.contexts]
         finally:
@@ -167,8 +191,12 @@ def main(argv: list[str] | None = None) -> dict:
             ctx.destroy(linger=0)
     step_ms = ns.decode_step_ms if ns.decode_step_ms is not None or ns.smoke else decode_step_ms(ns.batch)
     worst = max(r["us_per_step"] for r in rows)
-    out = {"rows": rows, "decode_step_ms": step_ms,
-           "overhead_fraction": None if not step_ms else float(f"{worst / 1e3 / step_ms:.3g}"), "target_fraction": 0.05}
+    out = {
+        "rows": rows,
+        "decode_step_ms": step_ms,
+        "overhead_fraction": None if not step_ms else float(f"{worst / 1e3 / step_ms:.3g}"),
+        "target_fraction": 0.05,
+    }
     print(json.dumps(out, indent=1))
     path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
     if path is not None:

@@ -4,8 +4,8 @@ Replays the worked estimate of the design notes ("PagedAttention and the KV memo
 blocks of 16 tokens (16,000 token slots), a 2,048-token maximum context, request lengths drawn with mean 300 tokens.
 The contiguous allocator reserves 2,048 contiguous slots per admitted request (first fit over the slot address
 space); the paged side is radix.manager.KVCacheManager (num_blocks = 1,001: block 0 is the reserved null block, so
-both sides hold 16,000 slots), driven with the operations the scheduler performs (runtime/scheduler.py): admit with
-add_sequence once the whole prompt's blocks fit, commit_computed after each step, allocate + prepare_write one slot
+both sides hold 16,000 slots), driven with the operations the scheduler performs (runtime/scheduler/scheduler.py): admit
+with add_sequence once the whole prompt's blocks fit, commit_computed after each step, allocate + prepare_write one slot
 per decode step, preempt the most recently admitted sequence by recompute when a block cannot be had, free at the end.
 
 Three measurements (every figure is a slot count over the 16,000 slots, or a fraction of them):
@@ -40,6 +40,7 @@ import statistics
 import time
 from pathlib import Path
 
+from radix.blocks import cdiv
 from radix.manager import KVCacheManager
 
 logger = logging.getLogger(__name__)
@@ -102,8 +103,9 @@ def _tokens(i: int, n: int) -> list[int]:
     return [(i * 7919 + j * 31) % VOCAB for j in range(n)]
 
 
-def static_replay(requests: list[tuple[int, int]], num_blocks: int, block_size: int, max_len: int,
-                  trials: int = 50, seed: int = 0) -> dict:
+def static_replay(
+    requests: list[tuple[int, int]], num_blocks: int, block_size: int, max_len: int, trials: int = 50, seed: int = 0
+) -> dict:
     """The design notes' arithmetic: admit requests at their final length, in order, until one does not fit; the mean
     over `trials` shuffled orders of the requests."""
     capacity, rng = num_blocks * block_size, random.Random(seed)
@@ -128,9 +130,11 @@ def static_replay(requests: list[tuple[int, int]], num_blocks: int, block_size: 
         rows["paged"].append((len(lens), sum(lens), mgr.stats().waste_slots / len(lens)))
     out = {}
     for name, rs in rows.items():
-        out[name] = {"concurrent_sequences": round(statistics.mean(r[0] for r in rs), 2),
-                     "live_fraction": round(statistics.mean(r[1] for r in rs) / capacity, 4),
-                     "mean_len": round(sum(r[1] for r in rs) / sum(r[0] for r in rs), 1)}
+        out[name] = {
+            "concurrent_sequences": round(statistics.mean(r[0] for r in rs), 2),
+            "live_fraction": round(statistics.mean(r[1] for r in rs) / capacity, 4),
+            "mean_len": round(sum(r[1] for r in rs) / sum(r[0] for r in rs), 1),
+        }
     out["paged"]["waste_per_seq_tokens"] = round(statistics.mean(r[2] for r in rows["paged"]), 2)
     out["trials"] = trials
     return out
@@ -182,14 +186,18 @@ class _Sim:
     def summary(self) -> dict:
         mean = {k: statistics.mean(s[k] for s in self.samples) for k in self.samples[0]}
         frac = {k: round(mean[k] / self.capacity, 4) for k in ("live", "reservation", "internal", "external", "free")}
-        return {"concurrent_sequences_mean": round(mean["running"], 2),
-                "concurrent_sequences_max": max(int(s["running"]) for s in self.samples),
-                "live_fraction": frac["live"],
-                "waste_fraction": {k: frac[k] for k in ("reservation", "internal", "external")},
-                "free_fraction": frac["free"],
-                "steps": self.steps, "decode_tokens_per_step": round(self.decode_tokens / self.steps, 2),
-                "preemptions": self.preemptions, "recomputed_tokens": self.recomputed_tokens,
-                "measured_steps": len(self.samples)}
+        return {
+            "concurrent_sequences_mean": round(mean["running"], 2),
+            "concurrent_sequences_max": max(int(s["running"]) for s in self.samples),
+            "live_fraction": frac["live"],
+            "waste_fraction": {k: frac[k] for k in ("reservation", "internal", "external")},
+            "free_fraction": frac["free"],
+            "steps": self.steps,
+            "decode_tokens_per_step": round(self.decode_tokens / self.steps, 2),
+            "preemptions": self.preemptions,
+            "recomputed_tokens": self.recomputed_tokens,
+            "measured_steps": len(self.samples),
+        }
 
 
 class ContiguousSim(_Sim):
@@ -213,13 +221,19 @@ class ContiguousSim(_Sim):
         live = sum(self.computed[i] for i in self.running)
         final = sum(self.requests[i][1] for i in self.running)
         small_holes = self.alloc.free_slots() - self.alloc.free_slots(self.max_len)
-        return {"running": len(self.running), "live": live, "reservation": final - live,
-                "internal": self.max_len * len(self.running) - final, "external": small_holes,
-                "free": self.alloc.free_slots(self.max_len)}
+        return {
+            "running": len(self.running),
+            "live": live,
+            "reservation": final - live,
+            "internal": self.max_len * len(self.running) - final,
+            "external": small_holes,
+            "free": self.alloc.free_slots(self.max_len),
+        }
 
 
 class PagedSim(_Sim):
-    """The real KVCacheManager (prefix caching off: the requests share nothing), driven like runtime/scheduler.py."""
+    """The real KVCacheManager (prefix caching off: the requests share nothing), driven like
+    runtime/scheduler/scheduler.py."""
 
     def __init__(self, requests: list[tuple[int, int]], num_blocks: int, block_size: int) -> None:
         super().__init__(requests, num_blocks * block_size)
@@ -231,7 +245,7 @@ class PagedSim(_Sim):
 
     def try_admit(self, i: int) -> bool:
         n = self.resume[i]
-        if not self.mgr.can_allocate(-(-n // self.block_size)):
+        if not self.mgr.can_allocate(cdiv(n, self.block_size)):
             return False
         if self.mgr.add_sequence(i, self.mgr.match_prefix(self.mgr.block_keys(_tokens(i, n)))) is None:
             return False
@@ -264,17 +278,28 @@ class PagedSim(_Sim):
         if self.running:
             self.tail.append(stats.waste_slots / len(self.running))
             bs = self.block_size
-            self.tail_max = max(self.tail_max, max(len(self.mgr.block_table(i)) * bs - self.computed[i]
-                                                   for i in self.running))
-        return {"running": len(self.running), "live": live, "reservation": 0, "internal": stats.waste_slots,
-                "external": 0, "free": free}
+            self.tail_max = max(
+                self.tail_max, max(len(self.mgr.block_table(i)) * bs - self.computed[i] for i in self.running)
+            )
+        return {
+            "running": len(self.running),
+            "live": live,
+            "reservation": 0,
+            "internal": stats.waste_slots,
+            "external": 0,
+            "free": free,
+        }
 
     def summary(self) -> dict:
         out = super().summary()
         bs = self.block_size
-        out["waste_per_seq_tokens"] = {"mean": round(statistics.mean(self.tail), 2), "max": self.tail_max,
-                                       "max_step_mean": round(max(self.tail), 2),
-                                       "expected_bound": (bs - 1) / 2, "max_bound": bs - 1}
+        out["waste_per_seq_tokens"] = {
+            "mean": round(statistics.mean(self.tail), 2),
+            "max": self.tail_max,
+            "max_step_mean": round(max(self.tail), 2),
+            "expected_bound": (bs - 1) / 2,
+            "max_bound": bs - 1,
+        }
         return out
 
 
@@ -286,7 +311,7 @@ def parallel_sampling(n: int, prompt_len: int, gen_tokens: int, block_size: int)
     gen_tokens tokens. Full copies: n independent sequences of the same prompt.
     """
     prompt = _tokens(10**6, prompt_len)
-    num_blocks = n * -(-(prompt_len + gen_tokens) // block_size)  # room for the full copies
+    num_blocks = n * cdiv(prompt_len + gen_tokens, block_size)  # room for the full copies
     shared = KVCacheManager(num_blocks + 1, block_size, enable_prefix_caching=False)
     shared.add_sequence(0, shared.match_prefix(shared.block_keys(prompt)), num_new_tokens=prompt_len - 1)
     shared.commit_computed(0, prompt_len - 1)
@@ -316,12 +341,22 @@ def parallel_sampling(n: int, prompt_len: int, gen_tokens: int, block_size: int)
                 mgr.commit_computed(c, pos + 1)
         mgr.check_invariants()
     end, full_end = shared.stats().in_use_blocks, full.stats().in_use_blocks
-    return {"n": n, "prompt_tokens": prompt_len, "generated_tokens_per_sample": gen_tokens,
-            "cow_block_copies": copies,
-            "after_prompt": {"shared_blocks": after_prompt, "full_copy_blocks": full_after_prompt,
-                             "saved_fraction": round(1 - after_prompt / full_after_prompt, 4)},
-            "end_of_generation": {"shared_blocks": end, "full_copy_blocks": full_end,
-                                  "saved_fraction": round(1 - end / full_end, 4)}}
+    return {
+        "n": n,
+        "prompt_tokens": prompt_len,
+        "generated_tokens_per_sample": gen_tokens,
+        "cow_block_copies": copies,
+        "after_prompt": {
+            "shared_blocks": after_prompt,
+            "full_copy_blocks": full_after_prompt,
+            "saved_fraction": round(1 - after_prompt / full_after_prompt, 4),
+        },
+        "end_of_generation": {
+            "shared_blocks": end,
+            "full_copy_blocks": full_end,
+            "saved_fraction": round(1 - end / full_end, 4),
+        },
+    }
 
 
 def plot(result: dict, path: Path) -> None:
@@ -334,12 +369,23 @@ def plot(result: dict, path: Path) -> None:
     dyn, static, par = result["dynamic"], result["static"], result["parallel_sampling"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     names = ["contiguous", "paged"]
-    parts = [("live", "tab:green"), ("reservation", "tab:orange"), ("internal", "tab:red"),
-             ("external", "tab:purple"), ("free", "lightgray")]
+    parts = [
+        ("live", "tab:green"),
+        ("reservation", "tab:orange"),
+        ("internal", "tab:red"),
+        ("external", "tab:purple"),
+        ("free", "lightgray"),
+    ]
     bottom = [0.0, 0.0]
     for part, color in parts:
-        vals = [dyn[k]["live_fraction"] if part == "live" else dyn[k]["free_fraction"] if part == "free"
-                else dyn[k]["waste_fraction"][part] for k in names]
+        vals = [
+            dyn[k]["live_fraction"]
+            if part == "live"
+            else dyn[k]["free_fraction"]
+            if part == "free"
+            else dyn[k]["waste_fraction"][part]
+            for k in names
+        ]
         axes[0].bar(names, vals, bottom=bottom, color=color, label=part)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     axes[0].set_ylabel("fraction of KV slots (steady state)")
@@ -365,8 +411,16 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def run(num_blocks: int, block_size: int, max_len: int, mean_len: int, requests: int, seed: int,
-        gen_tokens: int, beam: dict | None = None) -> dict:
+def run(
+    num_blocks: int,
+    block_size: int,
+    max_len: int,
+    mean_len: int,
+    requests: int,
+    seed: int,
+    gen_tokens: int,
+    beam: dict | None = None,
+) -> dict:
     """All the measurements (beam: beam_memory.run's model, widths, token counts and prompts; None: no beam rows);
     returns the JSON-ready result."""
     t0 = time.perf_counter()
@@ -377,11 +431,17 @@ def run(num_blocks: int, block_size: int, max_len: int, mean_len: int, requests:
     paged.run()
     paged.mgr.check_invariants()
     result = {
-        "config": {"num_blocks": num_blocks, "block_size": block_size, "max_context": max_len,
-                   "mean_len_target": mean_len, "requests": requests, "seed": seed,
-                   "mean_len_drawn": round(statistics.mean(length for _, length in reqs), 1),
-                   "length_distribution": "final_len ~ Gamma(2) rescaled to the mean, clipped to [2, max_context]; "
-                                          "prompt_len = final_len // 4"},
+        "config": {
+            "num_blocks": num_blocks,
+            "block_size": block_size,
+            "max_context": max_len,
+            "mean_len_target": mean_len,
+            "requests": requests,
+            "seed": seed,
+            "mean_len_drawn": round(statistics.mean(length for _, length in reqs), 1),
+            "length_distribution": "final_len ~ Gamma(2) rescaled to the mean, clipped to [2, max_context]; "
+            "prompt_len = final_len // 4",
+        },
         "static": static_replay(reqs, num_blocks, block_size, max_len, seed=seed),
         "dynamic": {"contiguous": contiguous.summary(), "paged": paged.summary()},
         "parallel_sampling": parallel_sampling(4, 512, gen_tokens, block_size),
@@ -389,11 +449,13 @@ def run(num_blocks: int, block_size: int, max_len: int, mean_len: int, requests:
     if beam is not None:
         from benchmarks import beam_memory
 
-        result["beam_search"] = [beam_memory.run(beam["model"], beam["widths"], n, beam["prompts"], block_size)
-                                 for n in beam["gen_tokens"]]  # fmt: skip
+        result["beam_search"] = [
+            beam_memory.run(beam["model"], beam["widths"], n, beam["prompts"], block_size) for n in beam["gen_tokens"]
+        ]
     dyn = result["dynamic"]
     result["paged_vs_contiguous_concurrency"] = round(
-        dyn["paged"]["concurrent_sequences_mean"] / dyn["contiguous"]["concurrent_sequences_mean"], 2)
+        dyn["paged"]["concurrent_sequences_mean"] / dyn["contiguous"]["concurrent_sequences_mean"], 2
+    )
     result["elapsed_s"] = round(time.perf_counter() - t0, 2)
     return result
 
@@ -417,12 +479,19 @@ def main(argv: list[str] | None = None) -> dict:
         ns.requests = 300
     if ns.smoke:
         ns.num_blocks, ns.max_context, ns.requests, ns.gen_tokens = 100, 512, 40, 40
-    beam = {"model": ns.beam_model, "widths": [2, 4, 8], "prompts": 3,
-            "gen_tokens": [int(n) for n in ns.beam_tokens.split(",")]} if ns.beam_model else None
+    beam = (
+        {
+            "model": ns.beam_model,
+            "widths": [2, 4, 8],
+            "prompts": 3,
+            "gen_tokens": [int(n) for n in ns.beam_tokens.split(",")],
+        }
+        if ns.beam_model
+        else None
+    )
     if ns.smoke and beam is not None:
         beam.update(widths=[2], prompts=1, gen_tokens=[8])
-    result = run(ns.num_blocks, ns.block_size, ns.max_context, ns.mean_len, ns.requests, ns.seed, ns.gen_tokens,
-                 beam)
+    result = run(ns.num_blocks, ns.block_size, ns.max_context, ns.mean_len, ns.requests, ns.seed, ns.gen_tokens, beam)
     print(json.dumps(result, indent=1))
     path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
     if path is not None:

@@ -23,9 +23,24 @@ logger = logging.getLogger(__name__)
 
 BUILD = "11434"
 SCRIPT = Path(__file__).with_name("build_llama_server.sh")
-REPORTED_OPTIONS = ("GGML_NATIVE", "GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_BMI2", "GGML_AVX_VNNI",
-                    "GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16", "GGML_AMX_TILE",
-                    "GGML_AMX_INT8", "GGML_AMX_BF16", "LLAMA_BUILD_NUMBER", "CMAKE_BUILD_TYPE")
+REPORTED_OPTIONS = (
+    "GGML_NATIVE",
+    "GGML_AVX",
+    "GGML_AVX2",
+    "GGML_FMA",
+    "GGML_F16C",
+    "GGML_BMI2",
+    "GGML_AVX_VNNI",
+    "GGML_AVX512",
+    "GGML_AVX512_VBMI",
+    "GGML_AVX512_VNNI",
+    "GGML_AVX512_BF16",
+    "GGML_AMX_TILE",
+    "GGML_AMX_INT8",
+    "GGML_AMX_BF16",
+    "LLAMA_BUILD_NUMBER",
+    "CMAKE_BUILD_TYPE",
+)
 
 
 class LlamaServerError(RuntimeError):
@@ -47,8 +62,12 @@ def ensure_built(out: Path | None = None) -> Path:
     log = out / "build.log"
     t0 = time.perf_counter()
     with log.open("a") as f:
-        code = subprocess.call(["bash", str(SCRIPT), str(out)], stdout=f, stderr=subprocess.STDOUT,
-                               env={**os.environ, "PYTHON": sys.executable})
+        code = subprocess.call(
+            ["bash", str(SCRIPT), str(out)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHON": sys.executable},
+        )
     if code != 0:
         raise LlamaServerError(f"building llama-server failed (exit {code}); {log}:\n{tail(log)}")
     logger.warning("llama-server ready in %.0f s: %s", time.perf_counter() - t0, out / "build/bin/llama-server")
@@ -70,12 +89,28 @@ def build_options(out: Path | None = None) -> dict[str, str]:
     return {k: found[k] for k in REPORTED_OPTIONS if k in found}
 
 
-def server_command(binary: Path | str, gguf: Path | str, concurrency: int, threads: int, port: int,
-                   ctx_per_slot: int = 2048) -> list[str]:
+def server_command(
+    binary: Path | str, gguf: Path | str, concurrency: int, threads: int, port: int, ctx_per_slot: int = 2048
+) -> list[str]:
     """`llama-server -m GGUF -np C -c (C x ctx_per_slot) -t N -tb N --host 127.0.0.1 --port P` (continuous batching
     and the prompt cache are llama-server's defaults)."""
-    return [str(binary), "-m", str(gguf), "-np", str(concurrency), "-c", str(concurrency * ctx_per_slot),
-            "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1", "--port", str(port)]
+    return [
+        str(binary),
+        "-m",
+        str(gguf),
+        "-np",
+        str(concurrency),
+        "-c",
+        str(concurrency * ctx_per_slot),
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
 
 
 def free_port() -> int:
@@ -100,8 +135,15 @@ class ServerProcess:
     Raises LlamaServerError from __enter__ when the process exits, or /health is not 200 within timeout_s (the
     process is stopped first)."""
 
-    def __init__(self, cmd: list[str], port: int, log: Path, timeout_s: float = 300.0, grace_s: float = 10.0,
-                 cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        cmd: list[str],
+        port: int,
+        log: Path,
+        timeout_s: float = 300.0,
+        grace_s: float = 10.0,
+        cwd: Path | None = None,
+    ) -> None:
         self.cmd, self.log, self.timeout_s, self.grace_s, self.cwd = cmd, log, timeout_s, grace_s, cwd
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
@@ -111,8 +153,14 @@ class ServerProcess:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         with self.log.open("w") as f:
-            self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, cwd=self.cwd)
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.cwd,
+            )
         try:
             self._wait_healthy(t0 + self.timeout_s)
         except BaseException:

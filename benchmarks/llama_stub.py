@@ -39,7 +39,7 @@ class Stub:
 
     def prompt_ids(self, path: str, body: dict[str, Any]) -> list[int]:
         """The prompt's token ids: the chat template of body["messages"], or body["prompt"] (text or ids)."""
-        from runtime.tokenizer import apply_chat_template
+        from runtime.text.prompt import apply_chat_template
 
         if path.endswith("/chat/completions"):
             return apply_chat_template(self.tokenizer, body["messages"])
@@ -60,25 +60,39 @@ class Stub:
         prompt = self.prompt_ids(path, body)
         n = int(body.get("n_predict", body.get("max_tokens", 16)))
         reply, cached = self.answer(prompt, n)
-        head = {"id": "chatcmpl-stub", "model": body.get("model", "stub"), "created": int(time.time()),
-                "object": "chat.completion.chunk" if chat else "text_completion"}
+        head = {
+            "id": "chatcmpl-stub",
+            "model": body.get("model", "stub"),
+            "created": int(time.time()),
+            "object": "chat.completion.chunk" if chat else "text_completion",
+        }
         if chat:
-            yield {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None},
-                                        "finish_reason": None}]}
+            yield {
+                **head,
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}],
+            }
         for token in reply:
             time.sleep(self.token_delay_s)
             text = self.tokenizer.decode([token])
             part = {"delta": {"content": text}} if chat else {"text": text}
             yield {**head, "choices": [{"index": 0, **part, "finish_reason": None}]}
-        usage = {"completion_tokens": len(reply), "prompt_tokens": len(prompt), "total_tokens": len(prompt) + n,
-                 "prompt_tokens_details": {"cached_tokens": cached}}
+        usage = {
+            "completion_tokens": len(reply),
+            "prompt_tokens": len(prompt),
+            "total_tokens": len(prompt) + n,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
         timings = {"cache_n": cached, "prompt_n": len(prompt) - cached, "predicted_n": len(reply)}
         if chat:
             yield {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
             yield {**head, "choices": [], "usage": usage, "timings": timings}
         else:
-            yield {**head, "choices": [{"index": 0, "text": "", "finish_reason": "length"}], "usage": usage,
-                   "timings": timings}
+            yield {
+                **head,
+                "choices": [{"index": 0, "text": "", "finish_reason": "length"}],
+                "usage": usage,
+                "timings": timings,
+            }
         yield "[DONE]"
 
 

@@ -60,17 +60,30 @@ from typing import Any, cast
 import numpy as np
 
 from benchmarks.chat_questions import ChatWorkload, build_workload
-from runtime.tokenizer import apply_chat_template
+from radix.blocks import cdiv
+from runtime.text.prompt import apply_chat_template
 
 logger = logging.getLogger(__name__)
 
 RESULTS = Path(__file__).parent / "results" / "multi_turn_chat.json"
 DEFAULT_TARGETS = ["radixserve", "radixserve-nocache"]
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
-QUICK = {"conversations": 4, "turns": 3, "system_prompt_tokens": 384, "user_tokens": "32:64", "max_tokens": 16,
-         "concurrency": 4}
-SMOKE = {"conversations": 2, "turns": 2, "system_prompt_tokens": 40, "user_tokens": "8:16", "max_tokens": 4,
-         "concurrency": 1}
+QUICK = {
+    "conversations": 4,
+    "turns": 3,
+    "system_prompt_tokens": 384,
+    "user_tokens": "32:64",
+    "max_tokens": 16,
+    "concurrency": 4,
+}
+SMOKE = {
+    "conversations": 2,
+    "turns": 2,
+    "system_prompt_tokens": 40,
+    "user_tokens": "8:16",
+    "max_tokens": 4,
+    "concurrency": 1,
+}
 
 
 class BenchmarkError(RuntimeError):
@@ -101,9 +114,17 @@ class Config:
         """The ServerArgs of our server targets (port 0, the HTTP server on a free port when http)."""
         from runtime.config import ServerArgs
 
-        return ServerArgs(model=self.model, block_size=self.block_size, num_blocks=self.num_blocks, port=0,
-                          enable_prefix_caching=caching, log_interval_s=3600.0, http_port=0 if http else None,
-                          dtype=cast(Any, self.dtype), quantization=cast(Any, self.quantization))
+        return ServerArgs(
+            model=self.model,
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            port=0,
+            enable_prefix_caching=caching,
+            log_interval_s=3600.0,
+            http_port=0 if http else None,
+            dtype=cast(Any, self.dtype),
+            quantization=cast(Any, self.quantization),
+        )
 
     @property
     def user_range(self) -> tuple[int, int]:
@@ -171,8 +192,9 @@ async def drive_async(wl: ChatWorkload, cfg: Config, send, bar) -> list[Record]:
 
 
 @contextlib.contextmanager
-def launch_radixserve(cfg: Config, caching: bool = True, http: bool = False,
-                      router: tuple[str, int] | None = None) -> Iterator[Any]:
+def launch_radixserve(
+    cfg: Config, caching: bool = True, http: bool = False, router: tuple[str, int] | None = None
+) -> Iterator[Any]:
     """Our server (worker, scheduler, tokenizer processes; the HTTP server too when http), or `router` = (policy,
     replicas) replicas behind router/, started for the with block and shut down after it, error or not. Yields the
     launcher (.endpoint, .http_url). Raises BenchmarkError when it does not start."""
@@ -192,8 +214,15 @@ def launch_radixserve(cfg: Config, caching: bool = True, http: bool = False,
         launcher.shutdown("benchmark finished")
 
 
-def run_radixserve(cfg: Config, wl: ChatWorkload, caching: bool, bar, router: tuple[str, int] | None = None,
-                   http: bool = False, tokenizer: Any = None) -> list[Record]:
+def run_radixserve(
+    cfg: Config,
+    wl: ChatWorkload,
+    caching: bool,
+    bar,
+    router: tuple[str, int] | None = None,
+    http: bool = False,
+    tokenizer: Any = None,
+) -> list[Record]:
     """Launches our server (launch_radixserve) and drives it through runtime.client.AsyncClient; http: through its
     HTTP server instead, with the openai SDK or (cfg.http_client == "stdlib") run_openai's client (tokenizer
     re-encodes the replies' text into output_ids)."""
@@ -210,6 +239,7 @@ async def _drive_zmq(cfg: Config, wl: ChatWorkload, endpoint: str, bar) -> list[
     from runtime.client import AsyncClient
 
     async with AsyncClient(endpoint, timeout=600.0) as client:
+
         async def send(messages: list[dict[str, str]]) -> Reply:
             first, ids, text, usage, reason = None, [], "", None, None
             async for chunk in client.stream(messages=messages, max_tokens=cfg.max_tokens, temperature=0.0):
@@ -219,8 +249,15 @@ async def _drive_zmq(cfg: Config, wl: ChatWorkload, endpoint: str, bar) -> list[
                 text += chunk.text
                 if chunk.finish_reason is not None:
                     usage, reason = chunk.usage, chunk.finish_reason
-            return Reply(first, time.perf_counter(), ids, text, reason, usage and usage.prompt_tokens,
-                         usage and usage.cached_tokens)
+            return Reply(
+                first,
+                time.perf_counter(),
+                ids,
+                text,
+                reason,
+                usage and usage.prompt_tokens,
+                usage and usage.cached_tokens,
+            )
 
         await client.generate(messages=[{"role": "user", "content": "Say hello."}], max_tokens=2)  # warm-up
         return await drive_async(wl, cfg, send, bar)
@@ -232,11 +269,17 @@ async def _drive_http(cfg: Config, wl: ChatWorkload, url: str, tokenizer: Any, b
     from openai import AsyncOpenAI
 
     async with AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=600.0, max_retries=0) as client:
+
         async def send(messages: list[dict[str, str]]) -> Reply:
             first, text, usage, reason = None, "", None, None
             stream = await client.chat.completions.create(
-                model=cfg.model, messages=cast(Any, messages), max_tokens=cfg.max_tokens, temperature=0.0,
-                stream=True, stream_options={"include_usage": True})
+                model=cfg.model,
+                messages=cast(Any, messages),
+                max_tokens=cfg.max_tokens,
+                temperature=0.0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
             async for chunk in stream:
                 for choice in chunk.choices:
                     if choice.delta.content:
@@ -251,8 +294,11 @@ async def _drive_http(cfg: Config, wl: ChatWorkload, url: str, tokenizer: Any, b
             cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else None
             return Reply(first, t_end, ids, text, reason, usage.prompt_tokens, cached, usage.completion_tokens)
 
-        await client.chat.completions.create(model=cfg.model, max_tokens=2,  # warm-up
-                                             messages=[{"role": "user", "content": "Say hello."}])
+        await client.chat.completions.create(
+            model=cfg.model,
+            max_tokens=2,  # warm-up
+            messages=[{"role": "user", "content": "Say hello."}],
+        )
         return await drive_async(wl, cfg, send, bar)
 
 
@@ -261,11 +307,19 @@ def run_engine(cfg: Config, wl: ChatWorkload, bar) -> list[Record]:
     from runtime.engine import Engine
     from runtime.sampling_params import SamplingParams
 
-    engine = Engine(model=cfg.model, block_size=cfg.block_size, num_blocks=cfg.num_blocks, log_interval_s=3600.0,
-                    dtype=cfg.dtype, quantization=cfg.quantization)
+    engine = Engine(
+        model=cfg.model,
+        block_size=cfg.block_size,
+        num_blocks=cfg.num_blocks,
+        log_interval_s=3600.0,
+        dtype=cfg.dtype,
+        quantization=cfg.quantization,
+    )
     params = SamplingParams(max_tokens=cfg.max_tokens, temperature=0.0)
-    engine.generate(messages=[[{"role": "user", "content": "Say hello."}]],
-                    sampling_params=SamplingParams(max_tokens=2, temperature=0.0))  # warm-up
+    engine.generate(
+        messages=[[{"role": "user", "content": "Say hello."}]],
+        sampling_params=SamplingParams(max_tokens=2, temperature=0.0),
+    )  # warm-up
     todo, records = collections.deque(range(cfg.conversations)), []
     live: dict[str, list[Any]] = {}  # rid -> [conv, turn, t_submit, t_first, messages]
 
@@ -291,9 +345,23 @@ def run_engine(cfg: Config, wl: ChatWorkload, bar) -> list[Record]:
             del live[chunk.rid]
             out = engine.result(chunk.rid)
             conv, turn, t0, first, messages = state
-            records.append(Record(conv, turn, t0, messages, Reply(first, now, list(out.token_ids), out.text,
-                                                                  out.finish_reason, out.usage.prompt_tokens,
-                                                                  out.usage.cached_tokens)))
+            records.append(
+                Record(
+                    conv,
+                    turn,
+                    t0,
+                    messages,
+                    Reply(
+                        first,
+                        now,
+                        list(out.token_ids),
+                        out.text,
+                        out.finish_reason,
+                        out.usage.prompt_tokens,
+                        out.usage.cached_tokens,
+                    ),
+                )
+            )
             bar.update()
             histories[conv].append({"role": "assistant", "content": out.text})
             if turn < cfg.turns:
@@ -333,10 +401,15 @@ def run_transformers(cfg: Config, wl: ChatWorkload, tokenizer: Any, bar) -> list
             streamer = FirstToken()
             t0 = time.perf_counter()
             with torch.no_grad():
-                out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                     max_new_tokens=cfg.max_tokens, do_sample=False, streamer=streamer,
-                                     pad_token_id=tokenizer.eos_token_id)
-            new = out[0, len(ids):].tolist()
+                out = model.generate(
+                    torch.tensor([ids]),
+                    attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                    max_new_tokens=cfg.max_tokens,
+                    do_sample=False,
+                    streamer=streamer,
+                    pad_token_id=tokenizer.eos_token_id,
+                )
+            new = out[0, len(ids) :].tolist()
             text = tokenizer.decode(new, skip_special_tokens=True)
             reason = "length" if len(new) >= cfg.max_tokens else "stop"
             reply = Reply(streamer.t_first, time.perf_counter(), new, text, reason, len(ids), 0)
@@ -346,8 +419,9 @@ def run_transformers(cfg: Config, wl: ChatWorkload, tokenizer: Any, bar) -> list
     return records
 
 
-def openai_request(url: str, model: str, messages: list[dict[str, str]], max_tokens: int,
-                   timeout_s: float = 600.0) -> Reply:
+def openai_request(
+    url: str, model: str, messages: list[dict[str, str]], max_tokens: int, timeout_s: float = 600.0
+) -> Reply:
     """One streaming POST to an OpenAI-compatible chat completions URL; reads text deltas, usage and llama.cpp
     timings (completion_tokens: usage's, else timings.predicted_n). output_ids are left empty (the caller
     re-tokenizes the text). The body has OpenAI fields only, so our server takes it too; llama-server's prompt cache
@@ -356,8 +430,16 @@ def openai_request(url: str, model: str, messages: list[dict[str, str]], max_tok
     parts = urllib.parse.urlsplit(url)
     path = parts.path.rstrip("/")
     path = path if path.endswith("/chat/completions") else f"{path or ''}/v1/chat/completions"
-    body = json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
-                       "stream": True, "stream_options": {"include_usage": True}})
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
     first, text, usage, timings, reason = None, "", None, None, None
     try:
@@ -424,14 +506,16 @@ def oracle_cached(records: list[Record], block_size: int, include_inflight: bool
     shares in-flight prefixes can reach, e.g. simultaneous first turns sharing the system prompt).
 
     Block-level chained hashes of every finished sequence go in a set; a query walks its own chain. O(total tokens)."""
+
     def chain(ids: list[int], n_blocks: int):
         h = 0
         for k in range(n_blocks):
-            h = hash((h, tuple(ids[k * block_size:(k + 1) * block_size])))
+            h = hash((h, tuple(ids[k * block_size : (k + 1) * block_size])))
             yield h
 
-    events = sorted([(r.reply.t_end, 0, i) for i, r in enumerate(records)]
-                    + [(r.t_submit, 1, i) for i, r in enumerate(records)])
+    events = sorted(
+        [(r.reply.t_end, 0, i) for i, r in enumerate(records)] + [(r.t_submit, 1, i) for i, r in enumerate(records)]
+    )
     seen: set[int] = set()
     out = [0] * len(records)
     for _, kind, i in events:
@@ -476,8 +560,11 @@ def summarize(records: list[Record], wall_s: float, block_size: int) -> dict[str
     oracle_inflight = oracle_cached(records, block_size, include_inflight=True)
     mismatch = first_mismatches(records)
     ttft = [r.reply.t_first - r.t_submit for r in records if r.reply.t_first is not None]
-    tpot = [(r.reply.t_end - r.reply.t_first) / (r.reply.num_output - 1) for r in records
-            if r.reply.t_first is not None and r.reply.num_output > 1]
+    tpot = [
+        (r.reply.t_end - r.reply.t_first) / (r.reply.num_output - 1)
+        for r in records
+        if r.reply.t_first is not None and r.reply.num_output > 1
+    ]
     prompt = [r.reply.prompt_tokens if r.reply.prompt_tokens is not None else len(r.prompt_ids) for r in records]
     cached = [r.reply.cached_tokens or 0 for r in records]
     out_tokens = sum(r.reply.num_output for r in records)
@@ -486,30 +573,46 @@ def summarize(records: list[Record], wall_s: float, block_size: int) -> dict[str
         idx = [i for i, r in enumerate(records) if r.turn == turn]
         t_ttft = [records[i].reply.t_first - records[i].t_submit for i in idx if records[i].reply.t_first is not None]
         found = [mismatch[(records[i].conv, turn)] for i in idx if mismatch.get((records[i].conv, turn)) is not None]
-        per_turn.append({
-            "turn": turn, "requests": len(idx), "ttft_p50_s": _pct(t_ttft, 50),
-            "hit_rate": round(sum(cached[i] for i in idx) / max(1, sum(prompt[i] for i in idx)), 4),
-            "oracle_hit_rate": round(sum(oracle[i] for i in idx) / max(1, sum(len(records[i].prompt_ids)
-                                                                                for i in idx)), 4),
-            "oracle_inflight_hit_rate": round(sum(oracle_inflight[i] for i in idx) / max(1, sum(
-                len(records[i].prompt_ids) for i in idx)), 4),
-            "first_mismatch": min(found) if found else None, "mismatched_conversations": len(found),
-        })
+        per_turn.append(
+            {
+                "turn": turn,
+                "requests": len(idx),
+                "ttft_p50_s": _pct(t_ttft, 50),
+                "hit_rate": round(sum(cached[i] for i in idx) / max(1, sum(prompt[i] for i in idx)), 4),
+                "oracle_hit_rate": round(
+                    sum(oracle[i] for i in idx) / max(1, sum(len(records[i].prompt_ids) for i in idx)), 4
+                ),
+                "oracle_inflight_hit_rate": round(
+                    sum(oracle_inflight[i] for i in idx) / max(1, sum(len(records[i].prompt_ids) for i in idx)), 4
+                ),
+                "first_mismatch": min(found) if found else None,
+                "mismatched_conversations": len(found),
+            }
+        )
     return {
-        "requests": len(records), "wall_s": round(wall_s, 2),
-        "ttft_p50_s": _pct(ttft, 50), "ttft_p90_s": _pct(ttft, 90), "ttft_p99_s": _pct(ttft, 99),
-        "ttft_turn2plus_p50_s": _pct([r.reply.t_first - r.t_submit for r in records
-                                      if r.turn >= 2 and r.reply.t_first is not None], 50),
-        "tpot_s": _pct(tpot, 50), "e2e_p50_s": _pct([r.reply.t_end - r.t_submit for r in records], 50),
-        "req_per_s": round(len(records) / wall_s, 4), "output_tok_per_s": round(out_tokens / wall_s, 2),
-        "prompt_tokens": sum(prompt), "cached_tokens": sum(cached),
+        "requests": len(records),
+        "wall_s": round(wall_s, 2),
+        "ttft_p50_s": _pct(ttft, 50),
+        "ttft_p90_s": _pct(ttft, 90),
+        "ttft_p99_s": _pct(ttft, 99),
+        "ttft_turn2plus_p50_s": _pct(
+            [r.reply.t_first - r.t_submit for r in records if r.turn >= 2 and r.reply.t_first is not None], 50
+        ),
+        "tpot_s": _pct(tpot, 50),
+        "e2e_p50_s": _pct([r.reply.t_end - r.t_submit for r in records], 50),
+        "req_per_s": round(len(records) / wall_s, 4),
+        "output_tok_per_s": round(out_tokens / wall_s, 2),
+        "prompt_tokens": sum(prompt),
+        "cached_tokens": sum(cached),
         "hit_rate": round(sum(cached) / max(1, sum(prompt)), 4),
         "oracle_hit_rate": round(sum(oracle) / max(1, sum(len(r.prompt_ids) for r in records)), 4),
         "oracle_inflight_hit_rate": round(sum(oracle_inflight) / max(1, sum(len(r.prompt_ids) for r in records)), 4),
         "prompt_tokens_agree": sum(r.reply.prompt_tokens in (None, len(r.prompt_ids)) for r in records),
         "per_turn": per_turn,
-        "trace": [[r.conv, r.turn, len(r.prompt_ids), c, o, r.reply.num_output, r.reply.finish_reason]
-                  for r, c, o in zip(records, cached, oracle, strict=True)],
+        "trace": [
+            [r.conv, r.turn, len(r.prompt_ids), c, o, r.reply.num_output, r.reply.finish_reason]
+            for r, c, o in zip(records, cached, oracle, strict=True)
+        ],
     }
 
 
@@ -548,17 +651,25 @@ def targets_met(targets: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def print_table(targets: dict[str, dict[str, Any]]) -> None:
     """One row per target on stdout, then TTFT p50 and hit rate / oracle per turn."""
-    print(f"\n{'target':<20}{'TTFT p50':>10}{'p90':>9}{'p99':>9}{'TPOT':>8}{'e2e p50':>9}{'req/s':>8}"
-          f"{'out tok/s':>10}{'hit':>7}{'oracle':>8}{'+inflight':>10}")
+    print(
+        f"\n{'target':<20}{'TTFT p50':>10}{'p90':>9}{'p99':>9}{'TPOT':>8}{'e2e p50':>9}{'req/s':>8}"
+        f"{'out tok/s':>10}{'hit':>7}{'oracle':>8}{'+inflight':>10}"
+    )
     for name, t in targets.items():
+
         def ms(v: float | None) -> str:
             return "-" if v is None else f"{v * 1e3:.0f}ms"
-        print(f"{name:<20}{ms(t['ttft_p50_s']):>10}{ms(t['ttft_p90_s']):>9}{ms(t['ttft_p99_s']):>9}"
-              f"{ms(t['tpot_s']):>8}{t['e2e_p50_s'] or 0:>8.2f}s{t['req_per_s']:>8.2f}{t['output_tok_per_s']:>10.1f}"
-              f"{t['hit_rate']:>7.3f}{t['oracle_hit_rate']:>8.3f}{t['oracle_inflight_hit_rate']:>10.3f}")
+
+        print(
+            f"{name:<20}{ms(t['ttft_p50_s']):>10}{ms(t['ttft_p90_s']):>9}{ms(t['ttft_p99_s']):>9}"
+            f"{ms(t['tpot_s']):>8}{t['e2e_p50_s'] or 0:>8.2f}s{t['req_per_s']:>8.2f}{t['output_tok_per_s']:>10.1f}"
+            f"{t['hit_rate']:>7.3f}{t['oracle_hit_rate']:>8.3f}{t['oracle_inflight_hit_rate']:>10.3f}"
+        )
     for name, t in targets.items():
-        cells = "  ".join(f"t{p['turn']}: {(p['ttft_p50_s'] or 0) * 1e3:.0f}ms {p['hit_rate']:.2f}/"
-                          f"{p['oracle_hit_rate']:.2f}" for p in t["per_turn"])
+        cells = "  ".join(
+            f"t{p['turn']}: {(p['ttft_p50_s'] or 0) * 1e3:.0f}ms {p['hit_rate']:.2f}/{p['oracle_hit_rate']:.2f}"
+            for p in t["per_turn"]
+        )
         print(f"{name:<20}{cells}")
 
 
@@ -579,8 +690,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
             oracles.setdefault((key, tuple(turns), tuple(p[key] for p in t["per_turn"])), []).append(name)
     for j, ((key, turns, values), names) in enumerate(oracles.items()):
         kind = "oracle" if key == "oracle_hit_rate" else "oracle incl. in-flight prompts"
-        ax2.plot(turns, values, "x--" if key == "oracle_hit_rate" else ":", color="black", alpha=1 - 0.15 * j,
-                 label=f"{kind} ({', '.join(names)})")
+        ax2.plot(
+            turns,
+            values,
+            "x--" if key == "oracle_hit_rate" else ":",
+            color="black",
+            alpha=1 - 0.15 * j,
+            label=f"{kind} ({', '.join(names)})",
+        )
     for ax in (ax1, ax2):
         ax.set_xticks(sorted({p["turn"] for t in result["targets"].values() for p in t["per_turn"]}))
     ax1.set_xlabel("turn")
@@ -594,8 +711,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax2.set_title("prefix-cache hit rate per turn vs the trace's oracle")
     ax2.legend(fontsize=7)
     c = result["config"]
-    fig.suptitle(f"{c['model']}: {c['conversations']} conversations x {c['turns']} turns, system "
-                 f"{c['system_prompt_tokens']} tokens, concurrency {c['concurrency']}", fontsize=10)
+    fig.suptitle(
+        f"{c['model']}: {c['conversations']} conversations x {c['turns']} turns, system "
+        f"{c['system_prompt_tokens']} tokens, concurrency {c['concurrency']}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -611,17 +731,24 @@ def parse_targets(values: list[str] | None) -> list[str]:
                 parse_router_target(name)
             except ValueError as e:
                 raise BenchmarkError(str(e)) from None
-        elif name not in ("radixserve", "radixserve-nocache", "radixserve-http", "engine", "transformers") and \
-                not name.startswith("openai="):
-            raise BenchmarkError(f"unknown target {name!r}: radixserve, radixserve-nocache, radixserve-http, engine, "
-                                 "transformers, router=POLICY:N, openai=URL")
+        elif name not in (
+            "radixserve",
+            "radixserve-nocache",
+            "radixserve-http",
+            "engine",
+            "transformers",
+        ) and not name.startswith("openai="):
+            raise BenchmarkError(
+                f"unknown target {name!r}: radixserve, radixserve-nocache, radixserve-http, engine, "
+                "transformers, router=POLICY:N, openai=URL"
+            )
         if name.startswith("openai=") and urllib.parse.urlsplit(name[7:]).hostname not in LOCAL_HOSTS:
             raise BenchmarkError(f"target {name!r}: only servers on 127.0.0.1 are benchmarked")
     return names
 
 
 def parse_router_target(name: str) -> tuple[str, int]:
-    """"router=POLICY:N" -> (POLICY, N). Raises ValueError for an unknown policy or a bad replica count."""
+    """ "router=POLICY:N" -> (POLICY, N). Raises ValueError for an unknown policy or a bad replica count."""
     from router.policy import POLICIES
 
     policy, _, n = name.removeprefix("router=").partition(":")
@@ -633,7 +760,7 @@ def parse_router_target(name: str) -> tuple[str, int]:
 def default_num_blocks(cfg: Config) -> int:
     """KV blocks that hold the whole trace (every conversation's final history, no eviction) with a margin."""
     per_conv = cfg.system_prompt_tokens + cfg.turns * (cfg.user_range[1] + cfg.max_tokens + 16) + 16
-    return max(64, -(-cfg.conversations * per_conv // cfg.block_size) * 5 // 4 + 16)
+    return max(64, cdiv(cfg.conversations * per_conv, cfg.block_size) * 5 // 4 + 16)
 
 
 def run_target(name: str, cfg: Config, wl: ChatWorkload, tokenizer: Any) -> list[Record]:
@@ -676,8 +803,21 @@ def run(cfg: Config, wl: ChatWorkload, tokenizer: Any) -> dict[str, Any]:
     targets = {}
     for name, runs in passes.items():
         targets[name] = dict(min(runs, key=lambda r: r["wall_s"]))
-        targets[name]["runs"] = [{k: r[k] for k in ("wall_s", "ttft_p50_s", "ttft_turn2plus_p50_s", "tpot_s",
-                                                    "output_tok_per_s", "hit_rate", "load_avg_1m")} for r in runs]
+        targets[name]["runs"] = [
+            {
+                k: r[k]
+                for k in (
+                    "wall_s",
+                    "ttft_p50_s",
+                    "ttft_turn2plus_p50_s",
+                    "tpot_s",
+                    "output_tok_per_s",
+                    "hit_rate",
+                    "load_avg_1m",
+                )
+            }
+            for r in runs
+        ]
     machine = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
     config = {**asdict(cfg), "machine": machine, "workload": wl.to_json()}
     return {"config": config, "targets": targets, "targets_met": targets_met(targets)}
@@ -686,9 +826,13 @@ def run(cfg: Config, wl: ChatWorkload, tokenizer: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2", help="embedded name, Hugging Face folder or .gguf file")
-    parser.add_argument("--target", action="append", help="radixserve, radixserve-nocache, radixserve-http, engine, "
-                        "transformers, "
-                        f"openai=URL (repeatable or comma-separated; default {','.join(DEFAULT_TARGETS)})")
+    parser.add_argument(
+        "--target",
+        action="append",
+        help="radixserve, radixserve-nocache, radixserve-http, engine, "
+        "transformers, "
+        f"openai=URL (repeatable or comma-separated; default {','.join(DEFAULT_TARGETS)})",
+    )
     parser.add_argument("--conversations", type=int, default=32)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--system-prompt-tokens", type=int, default=512)
@@ -698,14 +842,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: the whole trace fits)")
-    parser.add_argument("--repeats", type=int, default=1, help="passes over the targets (interleaved); the "
-                        "shortest pass of each target is reported")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="our server targets' dtype (ServerArgs.dtype)")
-    parser.add_argument("--quantization", default="none", choices=["none", "int8", "int4"],
-                        help="our server targets' weight quantization (ServerArgs.quantization)")
-    parser.add_argument("--http-client", default="openai", choices=["openai", "stdlib"],
-                        help="radixserve-http's client: the openai SDK, or the openai=URL targets' http.client code")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="passes over the targets (interleaved); the shortest pass of each target is reported",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="our server targets' dtype (ServerArgs.dtype)",
+    )
+    parser.add_argument(
+        "--quantization",
+        default="none",
+        choices=["none", "int8", "int4"],
+        help="our server targets' weight quantization (ServerArgs.quantization)",
+    )
+    parser.add_argument(
+        "--http-client",
+        default="openai",
+        choices=["openai", "stdlib"],
+        help="radixserve-http's client: the openai SDK, or the openai=URL targets' http.client code",
+    )
     parser.add_argument("--quick", action="store_true", help=f"{QUICK}")
     parser.add_argument("--smoke", action="store_true", help=f"{SMOKE}; writes nothing unless --out is given")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {RESULTS}; PNG beside it)")
@@ -716,9 +876,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from runtime.model.loader import load_tokenizer
 
-    cfg = Config(ns.model, ns.conversations, ns.turns, ns.system_prompt_tokens, ns.user_tokens, ns.max_tokens,
-                 ns.concurrency, ns.seed, ns.block_size, 0, parse_targets(ns.target), max(1, ns.repeats), ns.dtype,
-                 ns.quantization, ns.http_client)
+    cfg = Config(
+        ns.model,
+        ns.conversations,
+        ns.turns,
+        ns.system_prompt_tokens,
+        ns.user_tokens,
+        ns.max_tokens,
+        ns.concurrency,
+        ns.seed,
+        ns.block_size,
+        0,
+        parse_targets(ns.target),
+        max(1, ns.repeats),
+        ns.dtype,
+        ns.quantization,
+        ns.http_client,
+    )
     cfg.num_blocks = ns.num_blocks or default_num_blocks(cfg)
     tokenizer = load_tokenizer(cfg.model)
     lo, hi = cfg.user_range

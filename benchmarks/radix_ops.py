@@ -2,10 +2,10 @@
 
 Trace: `conversations` chats x `turns` turns sharing a 512-token system prompt; each turn's prompt is the whole
 conversation so far plus 128 new user tokens, and the turn generates 128 tokens (block_size 16). Each turn drives the
-manager exactly as runtime/scheduler.py does (one request, one sequence): block_keys once, match_prefix (timed:
-match), add_sequence with that match (lock + allocate, no second match; timed: add), commit_computed of the prompt and,
-after append_tokens and allocate for the generated tokens, of the whole sequence (timed: insert / commit), free
-(timed: free).
+manager exactly as runtime/scheduler/scheduler.py does (one request, one sequence): block_keys once, match_prefix
+(timed: match), add_sequence with that match (lock + allocate, no second match; timed: add), commit_computed of the
+prompt and, after append_tokens and allocate for the generated tokens, of the whole sequence (timed: insert / commit),
+free (timed: free).
 The trace runs against a KVCacheManager whose tree is pre-filled with 10^4, 10^5 and 10^6 idle cached blocks (chains
 of 64 blocks); each repeat uses its own cache_salt, so every repeat is cold for the trace while the pool holds the
 whole trace. After each repeat, tree.evict of a batch of blocks is timed (evict: the pre-filled LRU leaves go).
@@ -42,6 +42,7 @@ import tracemalloc
 from array import array
 from pathlib import Path
 
+from radix.blocks import cdiv
 from radix.events import BlockRemoved
 from radix.keys import pack_blocks
 from radix.manager import KVCacheManager
@@ -98,7 +99,7 @@ def oracle_hit_rate(trace: list[list[tuple[list[int], list[int]]]]) -> float:
 
 def trace_blocks(trace: list[list[tuple[list[int], list[int]]]]) -> int:
     """Blocks the trace can occupy at most (every turn's blocks, no sharing)."""
-    return sum(-(-(len(p) + len(g)) // BLOCK_SIZE) for chat in trace for p, g in chat)
+    return sum(cdiv(len(p) + len(g), BLOCK_SIZE) for chat in trace for p, g in chat)
 
 
 def prefill(m: KVCacheManager, num_blocks: int, seed: int = 1) -> None:
@@ -198,8 +199,9 @@ def run_trace(trace, page_size: int = 16, pool_tokens: int = 200_000) -> dict:
             if type(event) is BlockRemoved:
                 evicted_blocks += len(event.block_hashes)
         t9 = pc()
-        for op, a, b in zip(ops, (t0, t1, t2, t3, t4, t5, t6, t7, t8), (t1, t2, t3, t4, t5, t6, t7, t8, t9),
-                            strict=True):  # fmt: skip
+        for op, a, b in zip(
+            ops, (t0, t1, t2, t3, t4, t5, t6, t7, t8), (t1, t2, t3, t4, t5, t6, t7, t8, t9), strict=True
+        ):
             spent[op] += b - a
         hit_tokens += hit
         checksum += step_id * hit

@@ -36,7 +36,7 @@ from benchmarks.multi_turn_chat import (
     parse_router_target,
     summarize,
 )
-from runtime.tokenizer import apply_chat_template
+from runtime.text.prompt import apply_chat_template
 
 logger = logging.getLogger(__name__)
 
@@ -44,40 +44,57 @@ RESULTS = Path(__file__).parent / "results" / "router.json"
 DEFAULT_TARGETS = ["single", "router=cache_aware:2", "router=round_robin:2"]
 # More conversations than multi_turn_chat's --quick (4): N replicas each prefill the shared system prompt once, a
 # fixed cost that 4 conversations cannot amortise (384 of 6219 prompt tokens there, 6%).
-QUICK = {"conversations": 12, "turns": 3, "system_prompt_tokens": 384, "user_tokens": "32:64", "max_tokens": 8,
-         "concurrency": 4}
+QUICK = {
+    "conversations": 12,
+    "turns": 3,
+    "system_prompt_tokens": 384,
+    "user_tokens": "32:64",
+    "max_tokens": 8,
+    "concurrency": 4,
+}
 
 
 def parse_target(name: str) -> tuple[str, int]:
-    """"single" -> ("single", 1); "router=POLICY:N" -> (POLICY, N). Raises ValueError for anything else."""
+    """ "single" -> ("single", 1); "router=POLICY:N" -> (POLICY, N). Raises ValueError for anything else."""
     if name == "single":
         return "single", 1
     return parse_router_target(name)
 
 
-def drive_endpoint(endpoint: str, cfg: Config, wl: ChatWorkload, salt: str,
-                   replicas: list[str]) -> tuple[list[Record], list[int]]:
+def drive_endpoint(
+    endpoint: str, cfg: Config, wl: ChatWorkload, salt: str, replicas: list[str]
+) -> tuple[list[Record], list[int]]:
     """Runs the workload against a public endpoint (a replica or a router) through runtime.client.AsyncClient, after
     one warm-up request. Returns the records and the prompt tokens each of `replicas` served for them."""
     from runtime.client import AsyncClient
 
     async def main() -> tuple[list[Record], list[int]]:
         async with AsyncClient(endpoint, timeout=600.0) as client:
+
             async def send(messages: list[dict[str, str]]) -> Reply:
                 first, ids, text, usage, reason = None, [], "", None, None
-                async for chunk in client.stream(messages=messages, max_tokens=cfg.max_tokens, temperature=0.0,
-                                                 cache_salt=salt):
+                async for chunk in client.stream(
+                    messages=messages, max_tokens=cfg.max_tokens, temperature=0.0, cache_salt=salt
+                ):
                     if first is None and chunk.token_ids:
                         first = time.perf_counter()
                     ids.extend(chunk.token_ids)
                     text += chunk.text
                     if chunk.finish_reason is not None:
                         usage, reason = chunk.usage, chunk.finish_reason
-                return Reply(first, time.perf_counter(), ids, text, reason, usage and usage.prompt_tokens,
-                             usage and usage.cached_tokens)
+                return Reply(
+                    first,
+                    time.perf_counter(),
+                    ids,
+                    text,
+                    reason,
+                    usage and usage.prompt_tokens,
+                    usage and usage.cached_tokens,
+                )
 
-            await client.generate(messages=[{"role": "user", "content": "Say hello."}], max_tokens=2,
-                                  cache_salt="warm-up")
+            await client.generate(
+                messages=[{"role": "user", "content": "Say hello."}], max_tokens=2, cache_salt="warm-up"
+            )
             before = replica_prompt_tokens(replicas)
             records = await drive_async(wl, cfg, send, _NoBar())
             split = [a - b for a, b in zip(replica_prompt_tokens(replicas), before, strict=True)]
@@ -109,8 +126,9 @@ def run_target(name: str, cfg: Config, wl: ChatWorkload, backends: list[str]) ->
     from runtime.serve.launch import Launcher
 
     policy, n = parse_target(name)
-    args = ServerArgs(model=cfg.model, block_size=cfg.block_size, num_blocks=cfg.num_blocks, port=0,
-                      log_interval_s=3600.0)
+    args = ServerArgs(
+        model=cfg.model, block_size=cfg.block_size, num_blocks=cfg.num_blocks, port=0, log_interval_s=3600.0
+    )
     if policy == "single":
         launcher = None if backends else Launcher(args)
         endpoint = backends[0] if backends else launcher.start()
@@ -136,8 +154,10 @@ def targets_met(targets: dict[str, dict[str, Any]]) -> dict[str, Any]:
             out[f"{name}_hit_rate_over_single"] = {"value": round(ratio, 4), "target": 0.95, "met": ratio >= 0.95}
         rr = targets.get(name.replace("cache_aware", "round_robin"))
         if rr is not None:
-            out[f"{name}_hit_rate_over_round_robin"] = {"value": [t["hit_rate"], rr["hit_rate"]],
-                                                       "met": t["hit_rate"] > rr["hit_rate"]}
+            out[f"{name}_hit_rate_over_round_robin"] = {
+                "value": [t["hit_rate"], rr["hit_rate"]],
+                "met": t["hit_rate"] > rr["hit_rate"],
+            }
     return out
 
 
@@ -168,8 +188,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     names = [v.strip() for value in (ns.target or [",".join(DEFAULT_TARGETS)]) for v in value.split(",") if v.strip()]
     for name in names:
         parse_target(name)
-    cfg = Config(ns.model, ns.conversations, ns.turns, ns.system_prompt_tokens, ns.user_tokens, ns.max_tokens,
-                 ns.concurrency, ns.seed, ns.block_size, 0, names)
+    cfg = Config(
+        ns.model,
+        ns.conversations,
+        ns.turns,
+        ns.system_prompt_tokens,
+        ns.user_tokens,
+        ns.max_tokens,
+        ns.concurrency,
+        ns.seed,
+        ns.block_size,
+        0,
+        names,
+    )
     cfg.num_blocks = ns.num_blocks or default_num_blocks(cfg)
     backends = [b.strip() for b in ns.backends.split(",") if b.strip()]
     tokenizer = load_tokenizer(cfg.model)
@@ -182,16 +213,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for r in records:
             r.prompt_ids = apply_chat_template(tokenizer, r.messages)
         wall = max(r.reply.t_end for r in records) - min(r.t_submit for r in records)
-        targets[name] = {**summarize(records, wall, cfg.block_size), "replica_prompt_tokens": split,
-                         "target_s": round(time.perf_counter() - t0, 1)}
+        targets[name] = {
+            **summarize(records, wall, cfg.block_size),
+            "replica_prompt_tokens": split,
+            "target_s": round(time.perf_counter() - t0, 1),
+        }
         t = targets[name]
-        print(f"{name:<24} hit rate {t['hit_rate']:.4f} (oracle {t['oracle_hit_rate']:.4f})  TTFT p50 "
-              f"{t['ttft_p50_s']}s  turn>=2 p50 {t['ttft_turn2plus_p50_s']}s  replica prompt tokens {split}",
-              file=sys.stderr)
-    machine = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-               "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
-    result = {"config": {**asdict(cfg), "backends": backends, "machine": machine}, "targets": targets,
-              "targets_met": targets_met(targets)}
+        print(
+            f"{name:<24} hit rate {t['hit_rate']:.4f} (oracle {t['oracle_hit_rate']:.4f})  TTFT p50 "
+            f"{t['ttft_p50_s']}s  turn>=2 p50 {t['ttft_turn2plus_p50_s']}s  replica prompt tokens {split}",
+            file=sys.stderr,
+        )
+    machine = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+    }
+    result = {
+        "config": {**asdict(cfg), "backends": backends, "machine": machine},
+        "targets": targets,
+        "targets_met": targets_met(targets),
+    }
     print(json.dumps(result["targets_met"], indent=1))
     path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
     if path is not None:

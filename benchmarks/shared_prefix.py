@@ -87,24 +87,39 @@ def main(argv: list[str] | None = None) -> dict:
     if args.smoke:
         args.requests, args.system, args.question, args.output = 4, 32, 8, 2
     prompts = make_prompts(args.requests, args.system, args.question)
-    kw = {"num_blocks": args.num_blocks, "block_size": 16, "max_prefill_tokens": args.max_prefill_tokens,
-          "chunked_prefill_size": 512, "max_running_requests": max(64, args.requests),
-          "device": args.device}  # fmt: skip
+    kw = {
+        "num_blocks": args.num_blocks,
+        "block_size": 16,
+        "max_prefill_tokens": args.max_prefill_tokens,
+        "chunked_prefill_size": 512,
+        "max_running_requests": max(64, args.requests),
+        "device": args.device,
+    }
     off = run_mode(args.model, False, prompts, args.output, kw)
     on = run_mode(args.model, True, prompts, args.output, kw)
     ideal = args.system + args.requests * args.question
     report = {
-        "config": {"model": args.model, "requests": args.requests, "system_tokens": args.system,
-                   "question_tokens": args.question, "output_tokens": args.output, "block_size": 16,
-                   "max_prefill_tokens": args.max_prefill_tokens, "device": args.device,
-                   "machine": f"{platform.machine()} {platform.processor() or ''}".strip()},  # fmt: skip
+        "config": {
+            "model": args.model,
+            "requests": args.requests,
+            "system_tokens": args.system,
+            "question_tokens": args.question,
+            "output_tokens": args.output,
+            "block_size": 16,
+            "max_prefill_tokens": args.max_prefill_tokens,
+            "device": args.device,
+            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        },
         "on": on,
         "off": off,
         "speedup": round(off["wall_s"] / on["wall_s"], 3),
         "speedup_cpu_time": round(off["cpu_s"] / on["cpu_s"], 3),
-        "targets": {"prefill_on_max": round(1.1 * ideal, 1),
-                    "prefill_on_ok": on["prefill_tokens_computed"] <= 1.1 * ideal,
-                    "speedup_min": 3.0, "speedup_ok": off["wall_s"] / on["wall_s"] >= 3.0},  # fmt: skip
+        "targets": {
+            "prefill_on_max": round(1.1 * ideal, 1),
+            "prefill_on_ok": on["prefill_tokens_computed"] <= 1.1 * ideal,
+            "speedup_min": 3.0,
+            "speedup_ok": off["wall_s"] / on["wall_s"] >= 3.0,
+        },
         "same_outputs": on["output_token_ids_head"] == off["output_token_ids_head"],
     }
     out = args.out if args.out is not None else (None if args.smoke else RESULTS)

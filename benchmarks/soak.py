@@ -48,8 +48,15 @@ logger = logging.getLogger(__name__)
 
 RESULTS = Path(__file__).parent / "results" / "soak.json"
 QUICK = {"clients": 32, "minutes": 2.0, "max_tokens": "16:64"}
-SMOKE = {"clients": 4, "minutes": 0.1, "turns": 2, "system_prompt_tokens": 32, "user_tokens": "8:16",
-         "max_tokens": "4:12", "sample_interval_s": 1.0}
+SMOKE = {
+    "clients": 4,
+    "minutes": 0.1,
+    "turns": 2,
+    "system_prompt_tokens": 32,
+    "user_tokens": "8:16",
+    "max_tokens": "4:12",
+    "sample_interval_s": 1.0,
+}
 RSS_ROLES = ("worker", "scheduler", "tokenizer")
 RSS_JUDGED_S = 300.0  # the RSS targets apply to runs of at least 5 minutes, measured from minute 2
 RSS_FROM_S = 120.0
@@ -91,15 +98,20 @@ class Tally:
     def summary(self) -> dict[str, Any]:
         """The result keys every load benchmark reports: counts, errors, bad outputs, TTFT and latency p50 / p99."""
         return {
-            "requests": self.requests, "completed": self.completed, "aborted": self.aborted,
-            "errors": dict(self.errors), "bad_outputs": dict(self.bad_outputs),
-            "ttft_p50_s": _pct(self.ttft_s, 50), "ttft_p99_s": _pct(self.ttft_s, 99),
-            "latency_p50_s": _pct(self.latency_s, 50), "latency_p99_s": _pct(self.latency_s, 99),
-        }  # fmt: skip
+            "requests": self.requests,
+            "completed": self.completed,
+            "aborted": self.aborted,
+            "errors": dict(self.errors),
+            "bad_outputs": dict(self.bad_outputs),
+            "ttft_p50_s": _pct(self.ttft_s, 50),
+            "ttft_p99_s": _pct(self.ttft_s, 99),
+            "latency_p50_s": _pct(self.latency_s, 50),
+            "latency_p99_s": _pct(self.latency_s, 99),
+        }
 
 
 def token_range(text: str) -> tuple[int, int]:
-    """"LO:HI" (or "N") -> (LO, HI). Raises ValueError unless 1 <= LO <= HI."""
+    """ "LO:HI" (or "N") -> (LO, HI). Raises ValueError unless 1 <= LO <= HI."""
     lo, _, hi = text.partition(":")
     a, b = int(lo), int(hi or lo)
     if not 1 <= a <= b:
@@ -107,8 +119,9 @@ def token_range(text: str) -> tuple[int, int]:
     return a, b
 
 
-def check_output(finish_reason: str | None, usage: Any, num_token_ids: int, max_tokens: int, prompt_len: int,
-                 max_model_len: int) -> list[str]:
+def check_output(
+    finish_reason: str | None, usage: Any, num_token_ids: int, max_tokens: int, prompt_len: int, max_model_len: int
+) -> list[str]:
     """The ways a finished stream's finish reason and usage contradict its tokens ([]: consistent).
 
     usage: a protocol Usage or None; num_token_ids: token ids received; prompt_len: the chat template's token count.
@@ -132,11 +145,12 @@ def check_output(finish_reason: str | None, usage: Any, num_token_ids: int, max_
     return problems
 
 
-async def one_turn(client: Any, messages: list[dict[str, str]], cfg: Config, rng: random.Random, tokenizer: Any,
-                   tally: Tally) -> str | None:
+async def one_turn(
+    client: Any, messages: list[dict[str, str]], cfg: Config, rng: random.Random, tokenizer: Any, tally: Tally
+) -> str | None:
     """Streams one request and tallies it. Returns the reply text to append to the history (None: end the
     conversation: an error, or nothing to append)."""
-    from runtime.tokenizer import apply_chat_template
+    from runtime.text.prompt import apply_chat_template
 
     max_tokens = rng.randint(*token_range(cfg.max_tokens))
     params: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0}
@@ -169,13 +183,21 @@ async def one_turn(client: Any, messages: list[dict[str, str]], cfg: Config, rng
     prompt_len = len(apply_chat_template(tokenizer, messages))
     for problem in check_output(last.finish_reason, last.usage, ids, max_tokens, prompt_len, cfg.max_model_len):
         tally.bad_outputs[problem] += 1
-        logger.warning("bad output (%s): finish %s usage %s, %d token ids, max_tokens %d, prompt %d", problem,
-                       last.finish_reason, last.usage, ids, max_tokens, prompt_len)
+        logger.warning(
+            "bad output (%s): finish %s usage %s, %d token ids, max_tokens %d, prompt %d",
+            problem,
+            last.finish_reason,
+            last.usage,
+            ids,
+            max_tokens,
+            prompt_len,
+        )
     return text or None
 
 
-async def client_loop(cid: int, endpoint: str, cfg: Config, wl: ChatWorkload, tokenizer: Any, tally: Tally,
-                      deadline: float) -> None:
+async def client_loop(
+    cid: int, endpoint: str, cfg: Config, wl: ChatWorkload, tokenizer: Any, tally: Tally, deadline: float
+) -> None:
     """One client: conversations of cfg.turns turns until the deadline (the turn in flight then finishes)."""
     from runtime.client import AsyncClient
 
@@ -209,8 +231,15 @@ def read_rss_kb(pid: int) -> int | None:
     return None
 
 
-async def sample(endpoint: str, pids: dict[str, int], t_start: float, rss: dict[str, list], stats: list,
-                 interval_s: float, stop: asyncio.Event) -> None:
+async def sample(
+    endpoint: str,
+    pids: dict[str, int],
+    t_start: float,
+    rss: dict[str, list],
+    stats: list,
+    interval_s: float,
+    stop: asyncio.Event,
+) -> None:
     """Every interval_s until stop: [t_s, kB] per role into rss, and {t_s, ServerStats fields} into stats."""
     from runtime.client import AsyncClient
 
@@ -255,16 +284,22 @@ def evaluate(result: dict[str, Any], duration_s: float) -> dict[str, Any]:
     targets: dict[str, Any] = {
         "errors == 0": {"value": sum(result["errors"].values()), "met": not result["errors"]},
         "bad_outputs == 0": {"value": sum(result["bad_outputs"].values()), "met": not result["bad_outputs"]},
-        "num_used_blocks == 0 at the end": {"value": result["final_stats"]["num_used_blocks"],
-                                            "met": result["final_stats"]["num_used_blocks"] == 0},
-        "completed + aborted == requests": {"value": result["completed"] + result["aborted"],
-                                            "met": result["completed"] + result["aborted"] == result["requests"]},
+        "num_used_blocks == 0 at the end": {
+            "value": result["final_stats"]["num_used_blocks"],
+            "met": result["final_stats"]["num_used_blocks"] == 0,
+        },
+        "completed + aborted == requests": {
+            "value": result["completed"] + result["aborted"],
+            "met": result["completed"] + result["aborted"] == result["requests"],
+        },
     }
     for role in RSS_ROLES:
         growth = rss_growth(result["rss_kb"][role], from_s)
         ok = None if not judged or growth is None else growth <= RSS_TOLERANCE
         targets[f"{role} RSS growth from {from_s:.0f} s <= +5%"] = {
-            "value": None if growth is None else round(growth, 4), "met": ok}
+            "value": None if growth is None else round(growth, 4),
+            "met": ok,
+        }
     return targets
 
 
@@ -272,10 +307,21 @@ def machine_facts() -> dict[str, Any]:
     """CPU model, torch's CPU capability, cores, Python, platform (torch is imported here, in the benchmark only)."""
     import torch
 
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
-    return {"cpu": model, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cores": os.cpu_count(),
-            "platform": platform.platform(), "python": platform.python_version()}
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpu": model,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -291,9 +337,16 @@ def run(cfg: Config) -> dict[str, Any]:
     tokenizer = load_tokenizer(cfg.model)
     lo, hi = token_range(cfg.user_tokens)
     wl = build_workload(tokenizer, max(cfg.clients, 8), cfg.turns, cfg.system_prompt_tokens, lo, hi, cfg.seed)
-    args = ServerArgs(model=cfg.model, port=0, num_blocks=cfg.num_blocks, num_host_blocks=cfg.num_host_blocks,
-                      preemption_mode=cfg.preemption_mode, max_model_len=cfg.max_model_len, seed=cfg.seed,
-                      log_interval_s=3600.0)
+    args = ServerArgs(
+        model=cfg.model,
+        port=0,
+        num_blocks=cfg.num_blocks,
+        num_host_blocks=cfg.num_host_blocks,
+        preemption_mode=cfg.preemption_mode,
+        max_model_len=cfg.max_model_len,
+        seed=cfg.seed,
+        log_interval_s=3600.0,
+    )
     launcher = Launcher(args)
     load = [os.getloadavg()]
     try:
@@ -307,8 +360,9 @@ def run(cfg: Config) -> dict[str, Any]:
             t_start, stop = time.monotonic(), asyncio.Event()
             sampler = asyncio.create_task(sample(endpoint, pids, t_start, rss, stats, cfg.sample_interval_s, stop))
             deadline = t_start + cfg.minutes * 60
-            await asyncio.gather(*(client_loop(c, endpoint, cfg, wl, tokenizer, tally, deadline)
-                                   for c in range(cfg.clients)))
+            await asyncio.gather(
+                *(client_loop(c, endpoint, cfg, wl, tokenizer, tally, deadline) for c in range(cfg.clients))
+            )
             final = await wait_idle(endpoint)
             stop.set()
             await sampler
@@ -321,9 +375,13 @@ def run(cfg: Config) -> dict[str, Any]:
         load.append(os.getloadavg())
         launcher.shutdown("soak finished")
     result: dict[str, Any] = {
-        **tally.summary(), "rss_kb": rss, "final_stats": final_stats, "stats_samples": stats,
-        "config": asdict(cfg), "machine": {**machine_facts(), "load_avg_start": load[0], "load_avg_end": load[1]},
-    }  # fmt: skip
+        **tally.summary(),
+        "rss_kb": rss,
+        "final_stats": final_stats,
+        "stats_samples": stats,
+        "config": asdict(cfg),
+        "machine": {**machine_facts(), "load_avg_start": load[0], "load_avg_end": load[1]},
+    }
     result["targets"] = evaluate(result, cfg.minutes * 60)
     return result
 
@@ -358,8 +416,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for text in (cfg.user_tokens, cfg.max_tokens):
         token_range(text)  # a bad range fails before a server starts
     result = run(cfg)
-    print(json.dumps({k: result[k] for k in ("requests", "completed", "aborted", "errors", "bad_outputs",
-                                             "ttft_p50_s", "ttft_p99_s", "latency_p50_s", "latency_p99_s")}))
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "requests",
+                    "completed",
+                    "aborted",
+                    "errors",
+                    "bad_outputs",
+                    "ttft_p50_s",
+                    "ttft_p99_s",
+                    "latency_p50_s",
+                    "latency_p99_s",
+                )
+            }
+        )
+    )
     print(json.dumps(result["targets"], indent=1))
     path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
     if path is not None:

@@ -43,13 +43,14 @@ import msgspec
 import torch
 import zmq
 
+from radix.blocks import cdiv
 from radix.manager import KVCacheManager
 from runtime import protocol as p
 from runtime.config import ServerArgs
 from runtime.model.cpu_features import machine_facts
 from runtime.model.runner import ModelRunner
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Scheduler
+from runtime.scheduler.scheduler import Scheduler
 
 RESULTS = Path(__file__).parent / "results" / "step_breakdown.json"
 PARTS = ("scheduler", "ipc", "prepare", "forward", "sampling")
@@ -126,8 +127,9 @@ def worker_step(runner: ModelRunner, batch: p.ForwardBatch, times: dict[str, flo
     return result
 
 
-def timed_step(sched: Scheduler, runner: ModelRunner, codec: Codec, peer: tuple[zmq.Socket, zmq.Socket]
-               ) -> tuple[dict[str, float], list[p.TokenOutput]]:  # fmt: skip
+def timed_step(
+    sched: Scheduler, runner: ModelRunner, codec: Codec, peer: tuple[zmq.Socket, zmq.Socket]
+) -> tuple[dict[str, float], list[p.TokenOutput]]:
     """One step through every stage; returns its seconds per part and the step's TokenOutputs."""
     times: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -171,16 +173,27 @@ def max_tokens(batch: int, steps: int, threads: list[int]) -> int:
     return 1 + WARM_STEPS + steps * len(threads) + batch
 
 
-def measure(runner: ModelRunner, peer: tuple[zmq.Socket, zmq.Socket], batch: int, context: int, steps: int,
-            threads: list[int], penalty: bool = False) -> dict[int, dict[str, list[float]]]:  # fmt: skip
+def measure(
+    runner: ModelRunner,
+    peer: tuple[zmq.Socket, zmq.Socket],
+    batch: int,
+    context: int,
+    steps: int,
+    threads: list[int],
+    penalty: bool = False,
+) -> dict[int, dict[str, list[float]]]:
     """Prefill `batch` requests through a fresh Scheduler, then `steps` timed decode steps per thread count, the
     thread counts alternating step by step. Returns threads -> part -> seconds of each step."""
     ready = runner.ready
     args = ServerArgs(model=runner.args.model, num_blocks=ready.num_blocks, block_size=ready.block_size)
     manager = KVCacheManager(ready.num_blocks, ready.block_size, True, ready.num_host_blocks, record_events=True)
     sched = Scheduler(manager, args, ready.max_model_len, ready.eos_token_ids, vocab_size=ready.vocab_size)
-    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_tokens(batch, steps, threads),
-                            frequency_penalty=0.5 if penalty else 0.0)
+    params = SamplingParams(
+        temperature=0.0,
+        ignore_eos=True,
+        max_tokens=max_tokens(batch, steps, threads),
+        frequency_penalty=0.5 if penalty else 0.0,
+    )
     rids = [f"r{i}" for i in range(batch)]
     for rid, ids in zip(rids, prompts(batch, context, ready.vocab_size, seed=batch), strict=True):
         sched.add_request(rid, ids, params)
@@ -212,29 +225,40 @@ def measure(runner: ModelRunner, peer: tuple[zmq.Socket, zmq.Socket], batch: int
     return out
 
 
-def summarize(dtype: str, batch: int, threads: int, penalty: bool, times: dict[str, list[float]],
-              context: int) -> dict:  # fmt: skip
+def summarize(dtype: str, batch: int, threads: int, penalty: bool, times: dict[str, list[float]], context: int) -> dict:
     """One result row: median ms per part, share of the step, decode tok/s of the step."""
     ms = {part: statistics.median(times[part]) * 1e3 for part in PARTS}
     step = sum(ms.values())
     return {
-        "dtype": dtype, "batch": batch, "threads": threads, "context": context,
-        "frequency_penalty": 0.5 if penalty else 0.0, "steps": len(times["forward"]),
-        "ms": {part: round(v, 3) for part, v in ms.items()}, "step_ms": round(step, 3),
+        "dtype": dtype,
+        "batch": batch,
+        "threads": threads,
+        "context": context,
+        "frequency_penalty": 0.5 if penalty else 0.0,
+        "steps": len(times["forward"]),
+        "ms": {part: round(v, 3) for part, v in ms.items()},
+        "step_ms": round(step, 3),
         "share": {part: round(v / step, 4) for part, v in ms.items()},
         "overlap_bound": round((ms["scheduler"] + ms["ipc"]) / step, 4),
         "decode_tok_s": round(batch / step * 1e3, 1),
     }
 
 
-def run(model: str, dtypes: list[str], batches: list[int], threads: list[int], context: int, steps: int,
-        penalty_batch: int | None) -> list[dict]:  # fmt: skip
+def run(
+    model: str,
+    dtypes: list[str],
+    batches: list[int],
+    threads: list[int],
+    context: int,
+    steps: int,
+    penalty_batch: int | None,
+) -> list[dict]:
     """Every row of the benchmark (see the module docstring)."""
     rows = []
     with echo_peer() as peer:
         for dtype in dtypes:
             most = max(batches + [penalty_batch or 0])
-            blocks = 1 + most * -(-(context + max_tokens(most, steps, threads)) // 16)
+            blocks = 1 + most * cdiv(context + max_tokens(most, steps, threads), 16)
             runner = ModelRunner(ServerArgs(model=model, dtype=dtype, num_blocks=blocks))  # type: ignore[arg-type]
             name = str(runner.dtype).removeprefix("torch.")
             label = name if dtype != "auto" else f"auto ({name})"
@@ -256,8 +280,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model", default="smollm2", help="model name, folder or .gguf (default: the embedded one)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "auto"])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--threads", type=int, nargs="+", help="torch threads, alternating per step (default 1 2; "
-                        "--smoke: 1)")
+    parser.add_argument(
+        "--threads", type=int, nargs="+", help="torch threads, alternating per step (default 1 2; --smoke: 1)"
+    )
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--steps", type=int, default=16, help="timed decode steps per thread count")
     parser.add_argument("--penalty-batch", type=int, default=32, help="batch of the frequency_penalty rows (0: none)")
@@ -270,8 +295,15 @@ def main(argv: list[str] | None = None) -> dict:
     ns.threads = ns.threads or [1, 2]
     machine = machine_facts()  # before any runner sets torch's threads
     rows = run(ns.model, ns.dtypes, ns.batches, ns.threads, ns.context, ns.steps, ns.penalty_batch or None)
-    result = {"model": ns.model, "machine": machine, "context": ns.context, "steps": ns.steps,
-              "threads": ns.threads, "parts": list(PARTS), "rows": rows}
+    result = {
+        "model": ns.model,
+        "machine": machine,
+        "context": ns.context,
+        "steps": ns.steps,
+        "threads": ns.threads,
+        "parts": list(PARTS),
+        "rows": rows,
+    }
     text = json.dumps(result, indent=1)
     path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
     if path is not None:

@@ -1,9 +1,9 @@
 """Stop-string check cost per token: 1 versus 64 stop strings of 64 characters, before and after the Aho-Corasick
-StopChecker (runtime/stop_strings.py).
+StopChecker (runtime/text/stop_strings.py).
 
 "before" is the scan the runtime used until then (kept here as ScanStopChecker: every update runs text.find once per
 stop string over a window of max(len(stop)) characters, then tests every suffix of up to max(len(stop)) - 1
-characters against every stop string for the hold-back). "after" is runtime.stop_strings.StopChecker. Both are fed
+characters against every stop string for the hold-back). "after" is runtime.text.stop_strings.StopChecker. Both are fed
 the same completion: `tokens` tokens of seeded pseudo-English text (1-8 characters each, words, spaces, newlines),
 one update per token, as CompletionStream does; no stop string occurs in it (the check runs for every token), and
 each begins with a character the text contains ("\\n"), so the hold-back has work to do.
@@ -31,14 +31,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from runtime.stop_strings import StopAutomaton, StopChecker
+from runtime.text.stop_strings import StopAutomaton, StopChecker
 
 RESULTS = Path(__file__).parent / "results" / "stop_strings.json"
 WORDS = "the of and to in is was for on that with as by at from his her it an be this are or had not but".split()
 
 
 class ScanStopChecker:
-    """The StopChecker before the automaton (runtime/tokenizer.py until the change), for comparison only:
+    """The StopChecker before the automaton (runtime/text/ until the change), for comparison only:
     O(new chars x stops) for the find and O(max_len x stops) for the hold-back, per update."""
 
     def __init__(self, stop: Sequence[str]) -> None:
@@ -121,8 +121,12 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu_model": model, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "cores": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2)}
+    return {
+        "cpu_model": model,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cores": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
 
 
 def run(tokens: int, repeats: int, stop_len: int, counts: Sequence[int], seed: int) -> dict:
@@ -139,9 +143,16 @@ def run(tokens: int, repeats: int, stop_len: int, counts: Sequence[int], seed: i
         StopAutomaton(stops)
         build[str(n)] = round((time.process_time() - t0) * 1e6, 1)
     lo, hi = str(min(counts)), str(max(counts))
-    return {"tokens": tokens, "repeats": repeats, "stop_len": stop_len, "us_per_token": us, "build_us": build,
-            f"speedup_{hi}": round(us["before"][hi] / max(us["after"][hi], 1e-9), 1),
-            "growth_after": round(us["after"][hi] / max(us["after"][lo], 1e-9), 2), **machine()}
+    return {
+        "tokens": tokens,
+        "repeats": repeats,
+        "stop_len": stop_len,
+        "us_per_token": us,
+        "build_us": build,
+        f"speedup_{hi}": round(us["before"][hi] / max(us["after"][hi], 1e-9), 1),
+        "growth_after": round(us["after"][hi] / max(us["after"][lo], 1e-9), 2),
+        **machine(),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:

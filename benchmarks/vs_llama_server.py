@@ -44,18 +44,28 @@ from typing import Any
 from benchmarks import llama_server as ls
 from benchmarks import multi_turn_chat as mtc
 from benchmarks.chat_questions import ChatWorkload, build_workload
-from runtime.tokenizer import apply_chat_template
+from runtime.text.prompt import apply_chat_template
 
 logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results" / "vs_llama_server.json"
-WORKLOAD = {"conversations": 16, "turns": 4, "system_prompt_tokens": 512, "user_tokens": "64:128", "max_tokens": 64,
-            "concurrency": 8}
+WORKLOAD = {
+    "conversations": 16,
+    "turns": 4,
+    "system_prompt_tokens": 512,
+    "user_tokens": "64:128",
+    "max_tokens": 64,
+    "concurrency": 8,
+}
 ENGINES = ("radixserve-http", "llama-server")
 # ratio name -> (the multi-turn summary key or "single_stream", the rule, the issue's target)
-TARGETS = {"output_tok_s": ("output_tok_per_s", ">=", 1.5), "ttft_p50": ("ttft_p50_s", "<=", 0.7),
-           "tpot": ("tpot_s", "<=", 1.0), "single_stream_decode_tok_s": ("single_stream", ">=", 0.5)}
+TARGETS = {
+    "output_tok_s": ("output_tok_per_s", ">=", 1.5),
+    "ttft_p50": ("ttft_p50_s", "<=", 0.7),
+    "tpot": ("tpot_s", "<=", 1.0),
+    "single_stream_decode_tok_s": ("single_stream", ">=", 0.5),
+}
 
 
 @dataclass
@@ -75,8 +85,17 @@ def stream_completion(url: str, model: str, prompt: str, max_tokens: int, timeou
     chunks as they arrive. tokens: usage.completion_tokens, else llama.cpp's timings.predicted_n, else the chunks.
     Raises mtc.BenchmarkError on a non-200 answer or fewer than two chunks."""
     parts = urllib.parse.urlsplit(url)
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-                       "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}})
+    body = json.dumps(
+        {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
     conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout_s)
     times: list[float] = []
     usage: dict[str, Any] = {}
@@ -107,13 +126,17 @@ def stream_completion(url: str, model: str, prompt: str, max_tokens: int, timeou
 def single_stream(url: str, model: str, prompt: str, max_tokens: int, runs: int) -> dict[str, Any]:
     """runs streamed completions one after the other; the median decode tok/s and every run."""
     done = [stream_completion(url, model, prompt, max_tokens) for _ in range(runs)]
-    return {"decode_tok_s": round(statistics.median(r.decode_tok_s for r in done), 2),
-            "ttft_p50_s": round(statistics.median(r.ttft_s for r in done), 4),
-            "one_token_per_chunk": all(r.chunks == r.tokens for r in done), "runs": [asdict(r) for r in done]}
+    return {
+        "decode_tok_s": round(statistics.median(r.decode_tok_s for r in done), 2),
+        "ttft_p50_s": round(statistics.median(r.ttft_s for r in done), 4),
+        "one_token_per_chunk": all(r.chunks == r.tokens for r in done),
+        "runs": [asdict(r) for r in done],
+    }
 
 
-def measure(name: str, cfg: mtc.Config, wl: ChatWorkload, url: str, tokenizer: Any, decode_tokens: int,
-            decode_runs: int) -> dict[str, Any]:
+def measure(
+    name: str, cfg: mtc.Config, wl: ChatWorkload, url: str, tokenizer: Any, decode_tokens: int, decode_runs: int
+) -> dict[str, Any]:
     """The multi-turn workload (multi_turn_chat.run_openai) then single-stream decode against the server at url."""
     from tqdm import tqdm
 
@@ -126,8 +149,12 @@ def measure(name: str, cfg: mtc.Config, wl: ChatWorkload, url: str, tokenizer: A
     summary = mtc.summarize(records, wall, cfg.block_size)
     multi_s = time.perf_counter() - t0
     decode = single_stream(url, cfg.model, wl.system_prompt, decode_tokens, decode_runs)
-    return {"multi_turn": summary, "single_stream": decode, "multi_turn_s": round(multi_s, 1),
-            "single_stream_s": round(time.perf_counter() - t0 - multi_s, 1)}
+    return {
+        "multi_turn": summary,
+        "single_stream": decode,
+        "multi_turn_s": round(multi_s, 1),
+        "single_stream_s": round(time.perf_counter() - t0 - multi_s, 1),
+    }
 
 
 def ratios_and_targets(engines: dict[str, dict[str, Any]]) -> tuple[dict[str, float | None], dict[str, Any]]:
@@ -137,8 +164,10 @@ def ratios_and_targets(engines: dict[str, dict[str, Any]]) -> tuple[dict[str, fl
     ratios: dict[str, float | None] = {}
     targets: dict[str, Any] = {}
     for name, (key, rule, target) in TARGETS.items():
-        a, b = ((e["single_stream"]["decode_tok_s"] if key == "single_stream" else e["multi_turn"][key])
-                for e in (ours, theirs))
+        a, b = (
+            (e["single_stream"]["decode_tok_s"] if key == "single_stream" else e["multi_turn"][key])
+            for e in (ours, theirs)
+        )
         value = round(a / b, 4) if a is not None and b else None
         ratios[name] = value
         met = value is not None and (value >= target if rule == ">=" else value <= target)
@@ -174,8 +203,23 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     from runtime.model.loader import load_tokenizer
 
     threads = ns.threads or usable_cores()
-    cfg = mtc.Config(ns.model, ns.conversations, ns.turns, ns.system_prompt_tokens, ns.user_tokens, ns.max_tokens,
-                     ns.concurrency, ns.seed, 16, 0, list(ENGINES), 1, ns.dtype, ns.quantization, "stdlib")
+    cfg = mtc.Config(
+        ns.model,
+        ns.conversations,
+        ns.turns,
+        ns.system_prompt_tokens,
+        ns.user_tokens,
+        ns.max_tokens,
+        ns.concurrency,
+        ns.seed,
+        16,
+        0,
+        list(ENGINES),
+        1,
+        ns.dtype,
+        ns.quantization,
+        "stdlib",
+    )
     cfg.num_blocks = mtc.default_num_blocks(cfg)
     tokenizer = load_tokenizer(cfg.model)
     lo, hi = cfg.user_range
@@ -189,22 +233,36 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     load0 = machine_facts()["load_average"]
     t0 = time.perf_counter()
     with mtc.launch_radixserve(cfg, caching=True, http=True) as launcher:
-        engines["radixserve-http"] = measure("radixserve-http", cfg, wl, launcher.http_url, tokenizer,
-                                             ns.decode_tokens, ns.decode_runs)
+        engines["radixserve-http"] = measure(
+            "radixserve-http", cfg, wl, launcher.http_url, tokenizer, ns.decode_tokens, ns.decode_runs
+        )
     engines["radixserve-http"]["server_s"] = round(time.perf_counter() - t0, 1)
     log = (ls.build_dir() if not ns.smoke else Path(ns.log_dir or "/tmp")) / "llama-server.log"
     with ls.ServerProcess(cmd, port, log, cwd=ROOT) as server:
-        engines["llama-server"] = measure("llama-server", cfg, wl, server.url, tokenizer, ns.decode_tokens,
-                                          ns.decode_runs)
+        engines["llama-server"] = measure(
+            "llama-server", cfg, wl, server.url, tokenizer, ns.decode_tokens, ns.decode_runs
+        )
         engines["llama-server"]["startup_s"] = server.startup_s
     ratios, targets = ratios_and_targets(engines)
-    machine = {**machine_facts(), "load_average_start": load0,
-               "radixserve_dtype": str(resolve_dtype(cfg.dtype, "cpu")).removeprefix("torch."),
-               "llama_server": {"build": "stub" if ns.smoke else ls.BUILD, "build_s": build_s, "threads": threads,
-                                "options": {} if ns.smoke else ls.build_options(), "command": cmd}}
-    config = {**asdict(cfg), "decode_tokens": ns.decode_tokens, "decode_runs": ns.decode_runs,
-              "single_stream_prompt_tokens": len(tokenizer.encode(wl.system_prompt, add_special_tokens=False)),
-              "workload": wl.to_json()}
+    machine = {
+        **machine_facts(),
+        "load_average_start": load0,
+        "radixserve_dtype": str(resolve_dtype(cfg.dtype, "cpu")).removeprefix("torch."),
+        "llama_server": {
+            "build": "stub" if ns.smoke else ls.BUILD,
+            "build_s": build_s,
+            "threads": threads,
+            "options": {} if ns.smoke else ls.build_options(),
+            "command": cmd,
+        },
+    }
+    config = {
+        **asdict(cfg),
+        "decode_tokens": ns.decode_tokens,
+        "decode_runs": ns.decode_runs,
+        "single_stream_prompt_tokens": len(tokenizer.encode(wl.system_prompt, add_special_tokens=False)),
+        "workload": wl.to_json(),
+    }
     return {"machine": machine, "config": config, "engines": engines, "ratios": ratios, "targets": targets}
 
 
@@ -213,8 +271,10 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"\n{'engine':<18}{'out tok/s':>10}{'TTFT p50':>10}{'p99':>9}{'TPOT':>8}{'hit':>7}{'1-stream tok/s':>16}")
     for name, e in result["engines"].items():
         m = e["multi_turn"]
-        print(f"{name:<18}{m['output_tok_per_s']:>10.1f}{m['ttft_p50_s']:>9.2f}s{m['ttft_p99_s']:>8.2f}s"
-              f"{(m['tpot_s'] or 0) * 1e3:>6.0f}ms{m['hit_rate']:>7.3f}{e['single_stream']['decode_tok_s']:>16.1f}")
+        print(
+            f"{name:<18}{m['output_tok_per_s']:>10.1f}{m['ttft_p50_s']:>9.2f}s{m['ttft_p99_s']:>8.2f}s"
+            f"{(m['tpot_s'] or 0) * 1e3:>6.0f}ms{m['hit_rate']:>7.3f}{e['single_stream']['decode_tok_s']:>16.1f}"
+        )
     print(json.dumps(result["targets"], indent=1))
 
 

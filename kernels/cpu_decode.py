@@ -115,8 +115,9 @@ def _compile(path: Path) -> None:
     build = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.stem}-build-"))
     try:
         name = path.stem.replace("-", "_")
-        cpp_extension.load(name, [str(SOURCE)], extra_cflags=list(CFLAGS), build_directory=str(build),
-                           is_python_module=False)  # fmt: skip
+        cpp_extension.load(
+            name, [str(SOURCE)], extra_cflags=list(CFLAGS), build_directory=str(build), is_python_module=False
+        )
         os.replace(build / f"{name}.so", path)
     finally:
         shutil.rmtree(build, ignore_errors=True)

@@ -15,6 +15,11 @@ import torch.nn.functional as F
 from kernels.errors import KernelInputError
 
 
+def _cdiv(n: int, d: int) -> int:
+    """ceil(n / d) for ints, d > 0 (kernels/ imports nothing of the project, so not radix.blocks.cdiv)."""
+    return -(-n // d)
+
+
 def _cpu_decode():
     # Imported on first use, not with the package: `python -m kernels.cpu_decode` (the build command) must find the
     # module not yet imported, or runpy warns that it runs a second copy.
@@ -177,7 +182,7 @@ def _decode(
     out = qg.new_empty(qg.shape)
     start = 0
     while start < num_seqs:
-        n_blocks = -(-lens[start] // block_size)
+        n_blocks = _cdiv(lens[start], block_size)
         group = max(1, min(num_seqs - start, DECODE_GROUP_BYTES // (n_blocks * block_size * token_bytes)))
         end = start + group
         k, v = _gather(k_cache, v_cache, tables[start:end, :n_blocks].reshape(-1), group)
@@ -216,7 +221,7 @@ def _extend(
     n, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    n_blocks = -(-seq_len // block_size)
+    n_blocks = _cdiv(seq_len, block_size)
     k, v = _gather(k_cache, v_cache, table[:n_blocks], 1)
     shape = (num_kv_heads, group, n_blocks * block_size, head_dim)
     k, v = k[0, :, None].expand(shape), v[0, :, None].expand(shape)

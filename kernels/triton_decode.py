@@ -147,7 +147,7 @@ def choose_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: i
     shorter than 4 tiles of block_n tokens, and at most 64 slices. Returns an int >= 1."""
     if max_seq_len <= 0:
         return 1
-    want = -(-target_programs // max(1, num_seqs * num_kv_heads))
+    want = triton.cdiv(target_programs, max(1, num_seqs * num_kv_heads))
     most = max(1, max_seq_len // (4 * block_n))
     return max(1, min(want, most, 64))
 
@@ -186,27 +186,59 @@ def decode_attention(
     if num_splits is None:
         target = 4 * torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
         num_splits = choose_splits(num_seqs, num_kv_heads, max_seq_len, block_n, target)
-    tokens_per_split = -(-max(max_seq_len, 1) // num_splits)
-    tokens_per_split = -(-tokens_per_split // block_n) * block_n
+    tokens_per_split = triton.cdiv(max(max_seq_len, 1), num_splits)
+    tokens_per_split = triton.cdiv(tokens_per_split, block_n) * block_n
     out = q.new_empty(q.shape)
     direct = num_splits == 1
     part_rows = 0 if direct else num_seqs * num_heads * num_splits
     part_out = q.new_empty(part_rows * block_d, dtype=torch.float32)
     part_lse = q.new_empty(part_rows, dtype=torch.float32)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
-        scale * LOG2E, tokens_per_split, num_splits,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, DIRECT=direct,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
-    )  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        out,
+        part_out,
+        part_lse,
+        scale * LOG2E,
+        tokens_per_split,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=block_n,
+        DIRECT=direct,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
     if not direct:
         _decode_merge_kernel[(num_seqs, num_heads)](
-            part_out, part_lse, query_start_loc, out, num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_splits),
-        )  # fmt: skip
+            part_out,
+            part_lse,
+            query_start_loc,
+            out,
+            num_splits,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_D=block_d,
+            BLOCK_S=triton.next_power_of_2(num_splits),
+        )
     return out

@@ -108,8 +108,13 @@ class KvEventLog:
         self._events.append(event)
         self._next_seq += 1
 
-    def stored(self, block_hashes: list[BlockHash], parent_block_hash: BlockHash | None, block_size: int,
-               medium: Medium = DEVICE) -> None:  # fmt: skip
+    def stored(
+        self,
+        block_hashes: list[BlockHash],
+        parent_block_hash: BlockHash | None,
+        block_size: int,
+        medium: Medium = DEVICE,
+    ) -> None:
         """Record a BlockStored event (no event for an empty list)."""
         if self.enabled and block_hashes:
             self._append(BlockStored(self._next_seq, block_hashes, parent_block_hash, block_size, medium))

@@ -120,8 +120,14 @@ def hash_packed_block(
     """
     if parent_hash is None:
         return hash_block(None, packed_block_key(packed_tokens, extra_keys_for_block(0, cache_salt)), hash_fn)
-    return hash_fn(_CHILD_PREFIX + _U32.pack(len(parent_hash)) + parent_hash + _U32.pack(len(packed_tokens) // 4)
-                   + packed_tokens + _NO_EXTRA)  # fmt: skip
+    return hash_fn(
+        _CHILD_PREFIX
+        + _U32.pack(len(parent_hash))
+        + parent_hash
+        + _U32.pack(len(packed_tokens) // 4)
+        + packed_tokens
+        + _NO_EXTRA
+    )
 
 
 def extra_keys_for_block(block_index: int, cache_salt: str | None) -> tuple[ExtraKey, ...]:

@@ -15,8 +15,14 @@ from radix.sequence import SeqBlocks
 from radix.tree import RadixTree
 
 
-def check_manager(pool: BlockPool, tree: RadixTree, host: BlockPool, seqs: Mapping[int, SeqBlocks], block_size: int,
-                  device_pins: Sequence[int] = ()) -> None:  # fmt: skip
+def check_manager(
+    pool: BlockPool,
+    tree: RadixTree,
+    host: BlockPool,
+    seqs: Mapping[int, SeqBlocks],
+    block_size: int,
+    device_pins: Sequence[int] = (),
+) -> None:
     """Raise AssertionError (naming the sequence or block) if any KVCacheManager invariant is broken:
     exact ref counts (tables + shadows + tree + the pending loads' device_pins), free + evictable + in_use == total
     with each block counted once, live block tables only reference allocated blocks, the cached prefix of each
@@ -111,8 +117,11 @@ def check_tree(tree: RadixTree) -> None:
     indexed = sum(node is not None for node in tree._by_block)
     assert indexed == on_device == tree.num_cached, f"{indexed} blocks indexed, {on_device} on the device"
     assert evictable == tree._num_evictable, f"evictable count {tree._num_evictable}, real {evictable}"
-    want = sorted(n.lru_key for n in tree._nodes.values()
-                  if n.block_id >= 0 and n.num_device_children == 0 and rc[n.block_id] == 1)  # fmt: skip
+    want = sorted(
+        n.lru_key
+        for n in tree._nodes.values()
+        if n.block_id >= 0 and n.num_device_children == 0 and rc[n.block_id] == 1
+    )
     assert list(tree._lru) == want, f"LRU set {tree.lru_order()} != evictable device leaves {want}"
 
 

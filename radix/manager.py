@@ -5,7 +5,7 @@ The scheduler's view of KV memory (it never sees tensors): which physical blocks
 swap) the worker must perform before a step. Design after vLLM's paged attention (Kwon et al., SOSP 2023, sec. 4)
 and SGLang's RadixAttention (Zheng et al., 2024, sec. 3).
 
-Admission, in this order (what runtime/scheduler.py does):
+Admission, in this order (what runtime/scheduler/scheduler.py does):
     keys = manager.block_keys(prompt, cache_salt)    # once per request: packed blocks (radix/keys.py)
     match = manager.match_prefix(keys)               # pure; repeat while waiting (is_current says when to)
     cached = manager.add_sequence(seq_id, match, num_new_tokens=chunk)   # locks that match, no second walk
@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 from radix.block_pool import BlockPool, NoFreeBlocksError
 from radix.block_supply import BlockSupply, UnknownSequenceError
+from radix.blocks import cdiv
 from radix.events import KvEvent, KvEventLog, KvSnapshot
 from radix.hashing import HashFn, blake2b_128
 from radix.host_tier import HostTier
@@ -46,12 +47,13 @@ from radix.tree import RadixTree
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "KVCacheManager", "KVStats", "NoFreeBlocksError", "PrefixMatch", "StaleMatchError", "UnknownSequenceError",
-]  # fmt: skip
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+    "KVCacheManager",
+    "KVStats",
+    "NoFreeBlocksError",
+    "PrefixMatch",
+    "StaleMatchError",
+    "UnknownSequenceError",
+]
 
 
 class KVCacheManager(BlockSupply):
@@ -160,7 +162,7 @@ class KVCacheManager(BlockSupply):
         n_new = num_tokens - cached if num_new_tokens is None else num_new_tokens
         if n_new < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {n_new}")
-        need = _cdiv(cached + n_new, self.block_size) - len(block_ids)
+        need = cdiv(cached + n_new, self.block_size) - len(block_ids)
         free = self._pool.num_free
         if need > free:  # eviction needed: the matched blocks that are idle now cannot be evicted for this
             rcs = self._pool.ref_counts
@@ -194,7 +196,7 @@ class KVCacheManager(BlockSupply):
         seq = self._live(seq_id)
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
-        need = _cdiv(seq.num_computed + num_new_tokens, self.block_size) - len(seq.block_table)
+        need = cdiv(seq.num_computed + num_new_tokens, self.block_size) - len(seq.block_table)
         if need <= 0:
             return []
         if not self.can_allocate(need):
@@ -234,7 +236,7 @@ class KVCacheManager(BlockSupply):
         if start < seq.num_cached_blocks * bs and start < end:
             raise ValueError(f"write at {start} inside the cached prefix ({seq.num_cached_blocks * bs} tokens)")
         rc = self._pool.ref_counts
-        shared = [i for i in range(start // bs, _cdiv(end, bs)) if rc[seq.block_table[i]] > 1]
+        shared = [i for i in range(start // bs, cdiv(end, bs)) if rc[seq.block_table[i]] > 1]
         if not shared:
             return []
         if not self.can_allocate(len(shared)):
@@ -328,9 +330,18 @@ class KVCacheManager(BlockSupply):
 
     def stats(self) -> KVStats:
         """Current counters. O(sequences)."""
-        return count_stats(self._pool, self._tree, self._host_pool, self._seqs.values(), self.block_size,
-                           self._queries_tokens, self._hits_tokens, self._evicted_blocks,
-                           self._host_hits_tokens, self._tier)  # fmt: skip
+        return count_stats(
+            self._pool,
+            self._tree,
+            self._host_pool,
+            self._seqs.values(),
+            self.block_size,
+            self._queries_tokens,
+            self._hits_tokens,
+            self._evicted_blocks,
+            self._host_hits_tokens,
+            self._tier,
+        )
 
     def drain_events(self) -> list[KvEvent]:
         """KV events since the last drain, oldest first; seq numbers consecutive unless the ring overflowed since

@@ -28,8 +28,18 @@ class Node:
     num_device_children: children that are device-resident (0: a device leaf, evictable from the device first).
     """
 
-    __slots__ = ("block_id", "host_block", "block_hash", "key", "parent", "children", "lru_key", "host_lru_key",
-                 "host_listed", "num_device_children")  # fmt: skip
+    __slots__ = (
+        "block_id",
+        "host_block",
+        "block_hash",
+        "key",
+        "parent",
+        "children",
+        "lru_key",
+        "host_lru_key",
+        "host_listed",
+        "num_device_children",
+    )
 
     def __init__(self, block_id: int, block_hash: BlockHash | None, key: bytes, parent: Node | None, lru_key: int):
         self.block_id = block_id

@@ -19,9 +19,17 @@ class SeqBlocks:
     """
 
     __slots__ = (
-        "blocks", "tail", "num_tokens", "block_table", "num_computed", "cache_salt",
-        "num_cached_blocks", "cached_node", "shadow", "host_table",
-    )  # fmt: skip
+        "blocks",
+        "tail",
+        "num_tokens",
+        "block_table",
+        "num_computed",
+        "cache_salt",
+        "num_cached_blocks",
+        "cached_node",
+        "shadow",
+        "host_table",
+    )
 
     def __init__(
         self,
@@ -45,8 +53,14 @@ class SeqBlocks:
 
     def copy(self) -> SeqBlocks:
         """A fork: same tokens, table, cached prefix and shadow (the caller takes the extra references). O(blocks)."""
-        child = SeqBlocks(list(self.blocks), list(self.tail), self.num_tokens, list(self.block_table),
-                          self.num_computed, self.cache_salt)  # fmt: skip
+        child = SeqBlocks(
+            list(self.blocks),
+            list(self.tail),
+            self.num_tokens,
+            list(self.block_table),
+            self.num_computed,
+            self.cache_salt,
+        )
         child.num_cached_blocks = self.num_cached_blocks
         child.cached_node = self.cached_node
         child.shadow = list(self.shadow)

@@ -94,7 +94,12 @@ def count_stats(
 
 def _tier_stats(tier: HostTier) -> dict[str, int]:
     pool = tier.pool
-    return {"host_cache_total_blocks": pool.num_blocks, "host_cache_free_blocks": pool.num_free,
-            "host_cache_evictable_blocks": tier.num_evictable, "host_cache_in_use_blocks": tier.num_pinned,
-            "host_cached_blocks": tier.num_cached, "written_back_blocks": tier.num_written_back,
-            "loaded_back_blocks": tier.num_loaded_back}  # fmt: skip
+    return {
+        "host_cache_total_blocks": pool.num_blocks,
+        "host_cache_free_blocks": pool.num_free,
+        "host_cache_evictable_blocks": tier.num_evictable,
+        "host_cache_in_use_blocks": tier.num_pinned,
+        "host_cached_blocks": tier.num_cached,
+        "written_back_blocks": tier.num_written_back,
+        "loaded_back_blocks": tier.num_loaded_back,
+    }

@@ -59,8 +59,14 @@ class RadixTree(TierMoves):
     Block ids passed to any method must be the pool's (1 .. num_blocks - 1); they are not range-checked here.
     """
 
-    def __init__(self, pool: BlockPool, block_size: int, hash_fn: HashFn = blake2b_128,
-                 events: KvEventLog | None = None, host: HostTier | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_size: int,
+        hash_fn: HashFn = blake2b_128,
+        events: KvEventLog | None = None,
+        host: HostTier | None = None,
+    ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.pool = pool
@@ -206,8 +212,9 @@ class RadixTree(TierMoves):
                 if rcs[block_id] == 0 or by_block[block_id] is not None:
                     raise ValueError(f"block {block_id} is free or already cached")
                 if node is None:
-                    h = hash_packed_block(parent.block_hash, key, parent.salt if type(parent) is Root else None,
-                                          hash_fn)  # fmt: skip
+                    h = hash_packed_block(
+                        parent.block_hash, key, parent.salt if type(parent) is Root else None, hash_fn
+                    )
                     if h in nodes:
                         logger.debug("block hash collision at block %d; not cached", block_id)
                         break

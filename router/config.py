@@ -39,8 +39,11 @@ class RouterArgs:
     def validate(self) -> None:
         """Check ranges; raises InvalidRouterConfig naming the field."""
         checks = [
-            ("backends", bool(self.backends) and all(b.startswith("tcp://") for b in self.backends),
-             "a non-empty list of tcp:// endpoints"),
+            (
+                "backends",
+                bool(self.backends) and all(b.startswith("tcp://") for b in self.backends),
+                "a non-empty list of tcp:// endpoints",
+            ),
             ("port", 0 <= self.port < 65536, "in [0, 65536)"),
             ("policy", self.policy in POLICIES, f"one of {list(POLICIES)}"),
             ("load_metric", self.load_metric in ("requests", "tokens"), "'requests' or 'tokens'"),

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from router.replica import Replica
 from router.stats import merge_stats
 from runtime import protocol as p
-from runtime.serve.frontend import ClientFrontend
+from runtime.serve.tokenizer.frontend import ClientFrontend
 
 
 @dataclass

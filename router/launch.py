@@ -3,7 +3,7 @@ two local runtime replicas (runtime.serve.launch.Launcher, each on a free port w
 process in front of them; `python -m router.launch --model smollm2 --backends tcp://HOST_A:5557,tcp://HOST_B:5557`
 starts only the router (the replicas run elsewhere with `--events-port`). Every ServerArgs flag is accepted: --host and
 --port are the router's public endpoint, --http-port (with --api-key, --served-model-name) puts the OpenAI-compatible
-HTTP server in front of it (runtime/serve/http_process.py, on --host), the others configure the local replicas.
+HTTP server in front of it (runtime/serve/http/process.py, on --host), the others configure the local replicas.
 
 The router runs in its own process (`python -m router.launch --child <json>`), so a client in this process (a
 benchmark) does not share its interpreter. It reports ProcessReady once every backend is in rotation. A local replica
@@ -28,7 +28,7 @@ from router.config import RouterArgs
 from router.policy import POLICIES
 from runtime import protocol as p
 from runtime.config import ServerArgs
-from runtime.serve.http_process import http_child_env
+from runtime.serve.http.process import http_child_env
 from runtime.serve.launch import Launcher, LaunchError, build_parser
 from runtime.serve.process import ChildSpec, Endpoints, die_with_parent, new_ipc_base, remove_ipc_base
 
@@ -55,8 +55,16 @@ class RouterLauncher:
     LaunchError when a replica, the router or the HTTP server fails to start.
     """
 
-    def __init__(self, server_args: ServerArgs | None = None, replicas: int = 0, backends: list[str] | None = None,
-                 host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 600.0, **router_kwargs) -> None:
+    def __init__(
+        self,
+        server_args: ServerArgs | None = None,
+        replicas: int = 0,
+        backends: list[str] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        startup_timeout_s: float = 600.0,
+        **router_kwargs,
+    ) -> None:
         if replicas < 1 and not backends:
             raise ValueError("give replicas >= 1 (local) or backends (endpoints of running replicas)")
         self.server_args = server_args or ServerArgs()
@@ -103,8 +111,14 @@ class RouterLauncher:
                     self.shutdown("a replica failed to start", p.ERR_SERVER)
                     raise LaunchError(f"replica failed to start: {exc}") from exc
             self.backends = [r.endpoint for r in self.replicas]
-        args = RouterArgs(backends=self.backends, model=self.server_args.model, host=self.host, port=self.port,
-                          max_message_bytes=self.server_args.max_message_bytes, **self.router_kwargs)
+        args = RouterArgs(
+            backends=self.backends,
+            model=self.server_args.model,
+            host=self.host,
+            port=self.port,
+            max_message_bytes=self.server_args.max_message_bytes,
+            **self.router_kwargs,
+        )
         pull = self.ctx.socket(zmq.PULL)
         endpoints = Endpoints.under(self.ipc_base)
         pull.bind(endpoints.launcher)
@@ -120,7 +134,7 @@ class RouterLauncher:
         return self.endpoint
 
     def _start_http(self, pull: zmq.Socket, endpoints: Endpoints) -> str:
-        """Starts the HTTP server in front of the router (runtime/serve/http_process.py; the API key in its
+        """Starts the HTTP server in front of the router (runtime/serve/http/process.py; the API key in its
         environment, never on its command line) and returns its URL once it is ready."""
         port = int(self.endpoint.rsplit(":", 1)[1])
         args = dataclasses.replace(self.server_args, host=self.host, port=port, api_key=None)
@@ -208,8 +222,10 @@ def run_router_process(spec_json: str) -> None:
     from runtime.model.loader import load_tokenizer
 
     spec = msgspec.json.decode(spec_json, type=RouterSpec)
-    logging.basicConfig(level=os.environ.get("RADIXSERVE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s router[%(process)d] %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("RADIXSERVE_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s router[%(process)d] %(name)s: %(message)s",
+    )
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stop: list[int] = []
@@ -267,10 +283,19 @@ def main(argv: list[str] | None = None) -> int:
     server_args = ServerArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerArgs)})
     backends = [b.strip() for b in ns.backends.split(",") if b.strip()]
     replicas = 0 if backends else max(ns.replicas, 1)
-    launcher = RouterLauncher(server_args, replicas, backends, ns.host, ns.port, policy=ns.policy,
-                              load_metric=ns.load_metric, balance_threshold=ns.balance_threshold,
-                              health_interval_s=ns.health_interval_s, health_timeout_s=ns.health_timeout_s,
-                              pending_timeout_s=ns.pending_timeout_s)
+    launcher = RouterLauncher(
+        server_args,
+        replicas,
+        backends,
+        ns.host,
+        ns.port,
+        policy=ns.policy,
+        load_metric=ns.load_metric,
+        balance_threshold=ns.balance_threshold,
+        health_interval_s=ns.health_interval_s,
+        health_timeout_s=ns.health_timeout_s,
+        pending_timeout_s=ns.pending_timeout_s,
+    )
     try:
         endpoint = launcher.start()
     except (LaunchError, KeyboardInterrupt) as exc:

@@ -108,14 +108,21 @@ class Replica:
             self._probe(p.KvSnapshotRequest, now)  # this snapshot may predate the subscription: ask again
             return False
         if not msg.events_port:
-            logger.warning("replica %s publishes no KV events on TCP (start it with --events-port); its cache is "
-                           "invisible to the router", self.endpoint)
+            logger.warning(
+                "replica %s publishes no KV events on TCP (start it with --events-port); its cache is "
+                "invisible to the router",
+                self.endpoint,
+            )
         if not self.index.load_snapshot(msg.snapshot):
             self._probe(p.KvSnapshotRequest, now)
         was_up, self.up = self.up, True
         if not was_up:
-            logger.info("replica %s in rotation (%d resident blocks, event seq %d)", self.endpoint,
-                        len(self.index.hashes), self.index.last_seq)
+            logger.info(
+                "replica %s in rotation (%d resident blocks, event seq %d)",
+                self.endpoint,
+                len(self.index.hashes),
+                self.index.last_seq,
+            )
         return not was_up
 
     def _connect_events(self, port: int) -> None:

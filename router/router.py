@@ -33,7 +33,7 @@ from router.policy import Candidate, Policy
 from router.replica import Replica
 from router.stats import RouterStats
 from runtime import protocol as p
-from runtime.serve.frontend import ClientFrontend
+from runtime.serve.tokenizer.frontend import ClientFrontend
 
 logger = logging.getLogger(__name__)
 
@@ -195,8 +195,12 @@ class Router:
         elif isinstance(msg, p.StatsRequest):
             self.fanout.start(identity, msg.rid, [r for r in self.replicas if r.up])
         else:
-            self.clients.send(identity, p.ErrorResponse(msg.rid, p.ERR_INVALID, "a router holds no single KV "
-                                                                                "snapshot; ask a replica's endpoint"))
+            self.clients.send(
+                identity,
+                p.ErrorResponse(
+                    msg.rid, p.ERR_INVALID, "a router holds no single KV snapshot; ask a replica's endpoint"
+                ),
+            )
 
     def on_generate(self, identity: bytes, req: p.GenerateRequest, now: float) -> None:
         """Validates, tokenizes and queues one request, then dispatches it."""
@@ -205,8 +209,10 @@ class Router:
             self.clients.send(identity, p.ErrorResponse(req.rid, p.ERR_INVALID, problem))
             return
         if (identity, req.rid) in self.by_client:
-            self.clients.send(identity, p.ErrorResponse(req.rid, p.ERR_DUPLICATE,
-                                                f"a request with rid {req.rid!r} is already in flight"))
+            self.clients.send(
+                identity,
+                p.ErrorResponse(req.rid, p.ERR_DUPLICATE, f"a request with rid {req.rid!r} is already in flight"),
+            )
             return
         internal = uuid.uuid4().hex
         ids = self.tokenize(req)
@@ -225,11 +231,12 @@ class Router:
         own checks and answers with the same error it would give; such a request is routed without a prefix match)."""
         if req.input_ids is None and self.tokenizer is None:
             return None
-        from runtime.tokenizer import PromptError, encode_prompt
+        from runtime.text.prompt import PromptError, encode_prompt
 
         try:
-            return encode_prompt(self.tokenizer, req.prompt, req.messages, req.input_ids,
-                                 max_chars=ROUTER_TOKENIZE_CHARS)
+            return encode_prompt(
+                self.tokenizer, req.prompt, req.messages, req.input_ids, max_chars=ROUTER_TOKENIZE_CHARS
+            )
         except PromptError:  # too long to tokenize here, or malformed: the replica answers with its own error
             return None
 
@@ -251,7 +258,8 @@ class Router:
         return req
 
     def heartbeat(self, now: float) -> None:
-        """Heartbeats clients waiting on a request or a stats fan-out (runtime.serve.frontend.ClientFrontend)."""
+        """Heartbeats clients waiting on a request or a stats fan-out
+        (runtime.serve.tokenizer.frontend.ClientFrontend)."""
         waiting = [req.identity for req in self.requests.values()] + self.fanout.identities()
         self.clients.heartbeat(waiting, now)
 
@@ -275,8 +283,12 @@ class Router:
             self.pending.popleft()
             if req is not None:
                 self._forget(req.forward.rid)
-                self.clients.send(req.identity, p.ErrorResponse(req.rid, p.ERR_SERVER, "no replica in rotation for "
-                                                                             f"{self.args.pending_timeout_s} s"))
+                self.clients.send(
+                    req.identity,
+                    p.ErrorResponse(
+                        req.rid, p.ERR_SERVER, f"no replica in rotation for {self.args.pending_timeout_s} s"
+                    ),
+                )
 
     def dispatch(self, req: _Request, now: float) -> bool:
         """Chooses a replica for req and sends it; False when no replica is in rotation (req stays pending)."""
@@ -293,8 +305,7 @@ class Router:
         replica.load_tokens += req.num_tokens
         self.stats.routed[replica.position] += 1
         self.stats.by_reason[decision.reason] = self.stats.by_reason.get(decision.reason, 0) + 1
-        logger.debug("rid %s -> replica %d (%s; candidates %s)", req.rid, replica.position, decision.reason,
-                     candidates)
+        logger.debug("rid %s -> replica %d (%s; candidates %s)", req.rid, replica.position, decision.reason, candidates)
         return True
 
     def _load(self, replica: Replica) -> int:
@@ -372,8 +383,10 @@ class Router:
             req = self.requests[internal]
             if req.started:
                 self._forget(internal)
-                self.clients.send(req.identity, p.ErrorResponse(req.rid, p.ERR_SERVER,
-                                                        f"replica {replica.endpoint} failed mid-request: {reason}"))
+                self.clients.send(
+                    req.identity,
+                    p.ErrorResponse(req.rid, p.ERR_SERVER, f"replica {replica.endpoint} failed mid-request: {reason}"),
+                )
             else:
                 replica.send(p.AbortRequest(internal))  # in case it is only slow
                 req.replica = None

@@ -29,20 +29,27 @@ class ServerArgs:
     model: str = _opt("smollm2", "model: 'smollm2' (embedded), a Hugging Face folder, or a .gguf file")
     device: str = _opt("cpu", "torch device: cpu or cuda[:N]")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = _opt(
-        "auto", "weights, activations and KV cache dtype; auto: bfloat16 on CUDA and on CPUs with native bfloat16 "
-        "dot products (AMX-BF16 or AVX512-BF16), float32 on other CPUs (runtime.model.cpu_features)")
+        "auto",
+        "weights, activations and KV cache dtype; auto: bfloat16 on CUDA and on CPUs with native bfloat16 "
+        "dot products (AMX-BF16 or AVX512-BF16), float32 on other CPUs (runtime.model.cpu_features)",
+    )
     quantization: Literal["none", "int8", "int4"] = _opt(
-        "none", "weight-only quantization of the linear layers on CPU, used for steps of few rows (where reading the "
+        "none",
+        "weight-only quantization of the linear layers on CPU, used for steps of few rows (where reading the "
         "weights bounds the step): none; int8 (per output channel); int4 (groups of 32 along K, the lm_head int8); "
-        "runtime.model.quant")
+        "runtime.model.quant",
+    )
     block_size: int = _opt(16, "tokens per KV block")
     kv_cache_memory: int = _opt(256 * 2**20, "bytes of KV cache on CPU (on CUDA see gpu_memory_utilization)")
     gpu_memory_utilization: float = _opt(0.85, "on CUDA: fraction of free device memory given to the KV cache")
     num_blocks: int | None = _opt(None, "KV blocks (including the null block 0); overrides the memory budget")
     num_host_blocks: int = _opt(0, "host-memory KV blocks for preemption by swapping (0: no swap pool)")
-    host_cache_memory: int = _opt(0, "bytes of host memory for the prefix cache's host tier: blocks evicted from the "
-                                     "KV pool are written there and loaded back on a hit (0: no tier; a pool apart "
-                                     "from the swap pool of num_host_blocks)")
+    host_cache_memory: int = _opt(
+        0,
+        "bytes of host memory for the prefix cache's host tier: blocks evicted from the "
+        "KV pool are written there and loaded back on a hit (0: no tier; a pool apart "
+        "from the swap pool of num_host_blocks)",
+    )
     num_host_cache_blocks: int | None = _opt(None, "host-tier KV blocks; overrides host_cache_memory (0: no tier)")
     max_model_len: int | None = _opt(None, "context limit in tokens (None: the model's)")
     attention_backend: Literal["auto", "reference", "triton"] = _opt(
@@ -56,22 +63,38 @@ class ServerArgs:
     preemption_mode: Literal["recompute", "swap"] = _opt("recompute", "when no block can be freed: recompute or swap")
     host: str = _opt("127.0.0.1", "address the public endpoint binds to")
     port: int = _opt(5557, "TCP port of the public endpoint")
-    http_port: int | None = _opt(None, "serve the OpenAI HTTP API on host:http_port too (None: no HTTP server; "
-                                       "0: a free port)")
-    api_key: str | None = _opt(None, "the key HTTP clients must send as 'Authorization: Bearer KEY' (None: the "
-                                     "RADIXSERVE_API_KEY environment variable, else no key)")
+    http_port: int | None = _opt(
+        None, "serve the OpenAI HTTP API on host:http_port too (None: no HTTP server; 0: a free port)"
+    )
+    api_key: str | None = _opt(
+        None,
+        "the key HTTP clients must send as 'Authorization: Bearer KEY' (None: the "
+        "RADIXSERVE_API_KEY environment variable, else no key)",
+    )
     served_model_name: str | None = _opt(None, "the model name the HTTP API lists and accepts (None: model)")
-    events_port: int | None = _opt(None, "TCP port of the scheduler's KV events / stats PUB socket, bound on host "
-                                         "beside the public endpoint for routers (None: ipc only; 0: a free port)")
+    events_port: int | None = _opt(
+        None,
+        "TCP port of the scheduler's KV events / stats PUB socket, bound on host "
+        "beside the public endpoint for routers (None: ipc only; 0: a free port)",
+    )
     seed: int = _opt(0, "seed of the server's own randomness (requests without a seed)")
     max_message_bytes: int = _opt(8 * 2**20, "largest client message accepted (bytes)")
-    max_prompt_chars: int | None = _opt(None, "longest prompt text (all chat messages together) accepted, in "
-                                              "characters, checked before tokenizing (None: 32 x max_model_len)")
+    max_prompt_chars: int | None = _opt(
+        None,
+        "longest prompt text (all chat messages together) accepted, in "
+        "characters, checked before tokenizing (None: 32 x max_model_len)",
+    )
     log_interval_s: float = _opt(5.0, "seconds between stats log lines")
-    worker_probe_timeout_s: float = _opt(5.0, "seconds a health check waits for the worker's answer (it queues "
-                                              "behind the step in flight) before it reports 'worker unresponsive'")
-    control_timeout_s: float = _opt(10.0, "seconds the tokenizer waits for the scheduler's answer to a health, "
-                                          "stats or KV snapshot request before it answers ERR_SERVER")
+    worker_probe_timeout_s: float = _opt(
+        5.0,
+        "seconds a health check waits for the worker's answer (it queues "
+        "behind the step in flight) before it reports 'worker unresponsive'",
+    )
+    control_timeout_s: float = _opt(
+        10.0,
+        "seconds the tokenizer waits for the scheduler's answer to a health, "
+        "stats or KV snapshot request before it answers ERR_SERVER",
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -82,12 +105,18 @@ class ServerArgs:
             ("block_size", self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0, "a power of two"),
             ("kv_cache_memory", self.kv_cache_memory > 0, "> 0"),
             ("gpu_memory_utilization", 0.0 < self.gpu_memory_utilization <= 1.0, "in (0, 1]"),
-            ("num_blocks", self.num_blocks is None or self.num_blocks >= MIN_USABLE_BLOCKS + 1,
-             f">= {MIN_USABLE_BLOCKS + 1} (block 0 is reserved; at least {MIN_USABLE_BLOCKS} usable blocks)"),
+            (
+                "num_blocks",
+                self.num_blocks is None or self.num_blocks >= MIN_USABLE_BLOCKS + 1,
+                f">= {MIN_USABLE_BLOCKS + 1} (block 0 is reserved; at least {MIN_USABLE_BLOCKS} usable blocks)",
+            ),
             ("num_host_blocks", self.num_host_blocks >= 0, ">= 0"),
             ("host_cache_memory", self.host_cache_memory >= 0, ">= 0"),
-            ("num_host_cache_blocks", self.num_host_cache_blocks is None or self.num_host_cache_blocks >= 0,
-             "None or >= 0"),
+            (
+                "num_host_cache_blocks",
+                self.num_host_cache_blocks is None or self.num_host_cache_blocks >= 0,
+                "None or >= 0",
+            ),
             ("max_model_len", self.max_model_len is None or self.max_model_len >= 1, ">= 1"),
             ("max_running_requests", self.max_running_requests >= 1, ">= 1"),
             ("max_prefill_tokens", self.max_prefill_tokens >= 1, ">= 1"),
@@ -96,8 +125,11 @@ class ServerArgs:
             ("events_port", self.events_port is None or 0 <= self.events_port < 65536, "None or in [0, 65536)"),
             ("http_port", self.http_port is None or 0 <= self.http_port < 65536, "None or in [0, 65536)"),
             ("api_key", self.api_key is None or self.api_key.strip() != "", "None or a non-empty string"),
-            ("served_model_name", self.served_model_name is None or self.served_model_name != "",
-             "None or a non-empty string"),
+            (
+                "served_model_name",
+                self.served_model_name is None or self.served_model_name != "",
+                "None or a non-empty string",
+            ),
             ("max_message_bytes", self.max_message_bytes >= 1024, ">= 1024"),
             ("worker_probe_timeout_s", self.worker_probe_timeout_s > 0, "> 0"),
             ("control_timeout_s", self.control_timeout_s > self.worker_probe_timeout_s, "> worker_probe_timeout_s"),

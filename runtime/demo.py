@@ -76,8 +76,11 @@ async def chat(endpoint: str, conversations: list[list[str]], max_tokens: int):
             replies = await asyncio.gather(*(_reply(client, histories[i], max_tokens) for i in active))
             for i, (text, usage, ttft) in zip(active, replies, strict=True):
                 histories[i].append({"role": "assistant", "content": text})
-                print(f"[conversation {i + 1}, turn {turn + 1}] user: {conversations[i][turn]}\n"
-                      f"  assistant: {text.strip()}", flush=True)
+                print(
+                    f"[conversation {i + 1}, turn {turn + 1}] user: {conversations[i][turn]}\n"
+                    f"  assistant: {text.strip()}",
+                    flush=True,
+                )
                 rows.append((i + 1, turn + 1, usage.prompt_tokens, usage.cached_tokens, ttft))
         stats = await client.stats()
     return rows, stats
@@ -88,8 +91,10 @@ def print_table(rows: list[tuple[int, int, int, int, float]]) -> None:
     for conv, turn, prompt, cached, ttft in rows:
         print(f"{conv:>4} {turn:>4} {prompt:>13} {cached:>13} {ttft * 1e3:>8.1f}")
     prompt_total, cached_total = sum(r[2] for r in rows), sum(r[3] for r in rows)
-    print(f"hit rate: {cached_total}/{prompt_total} prompt tokens came from the cache "
-          f"({100 * cached_total / max(1, prompt_total):.1f}%)")
+    print(
+        f"hit rate: {cached_total}/{prompt_total} prompt tokens came from the cache "
+        f"({100 * cached_total / max(1, prompt_total):.1f}%)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,8 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows, stats = asyncio.run(chat(endpoint, CONVERSATIONS[: ns.conversations], ns.max_tokens))
         print_table(rows)
-        print(f"server: {stats.num_cached_blocks} cached blocks ({stats.num_evictable_blocks} evictable), "
-              f"{stats.num_free_blocks} free, {stats.num_used_blocks} in use")
+        print(
+            f"server: {stats.num_cached_blocks} cached blocks ({stats.num_evictable_blocks} evictable), "
+            f"{stats.num_free_blocks} free, {stats.num_used_blocks} in use"
+        )
     finally:
         launcher.shutdown("demo finished")
     print(f"done in {time.perf_counter() - t0:.1f} s")

@@ -30,10 +30,11 @@ from runtime.protocol import (
     Usage,
     input_problem,
 )
-from runtime.request import RequestRejected
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Scheduler
-from runtime.tokenizer import CompletionStream, PromptError, encode_prompt
+from runtime.scheduler.request import RequestRejected
+from runtime.scheduler.scheduler import Scheduler
+from runtime.text.completion_stream import CompletionStream
+from runtime.text.prompt import PromptError, encode_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class EngineError(RuntimeError):
 class CompletionOutput:
     """One completion of a request: index (0..n-1), text, token_ids, finish_reason ("stop", "length", "abort"),
     logprobs (aligned with token_ids when asked). EOS, stop token ids and stop strings follow CompletionStream's rule
-    (runtime/tokenizer.py): an EOS / stop id stays in token_ids but not in text; a stop string cuts text before it and
+    (runtime/text/): an EOS / stop id stays in token_ids but not in text; a stop string cuts text before it and
     token_ids to the tokens that cover that text. score: a beam search completion's length-penalised cumulative
     logprob (SamplingParams.use_beam_search: the outputs come best first), else None."""
 
@@ -116,10 +117,16 @@ class Engine:
         self.args = ServerArgs.from_kwargs(model=model, **kwargs)
         self.runner = ModelRunner(self.args)
         ready = self.runner.ready
-        self.manager = KVCacheManager(ready.num_blocks, ready.block_size, self.args.enable_prefix_caching,
-                                      ready.num_host_blocks, num_host_cache_blocks=ready.num_host_cache_blocks)
-        self.scheduler = Scheduler(self.manager, self.args, ready.max_model_len, ready.eos_token_ids,
-                                   vocab_size=ready.vocab_size)
+        self.manager = KVCacheManager(
+            ready.num_blocks,
+            ready.block_size,
+            self.args.enable_prefix_caching,
+            ready.num_host_blocks,
+            num_host_cache_blocks=ready.num_host_cache_blocks,
+        )
+        self.scheduler = Scheduler(
+            self.manager, self.args, ready.max_model_len, ready.eos_token_ids, vocab_size=ready.vocab_size
+        )
         try:
             self.tokenizer = load_tokenizer(model)
         except ModelLoadError as e:
@@ -132,10 +139,15 @@ class Engine:
         self._done: dict[str, RequestOutput] = {}
 
     # ------------------------------------------------------------------ high level
-    def generate(self, prompts: str | Sequence[str] | None = None, *, input_ids: Sequence[Sequence[int]] | None = None,
-                 messages: Sequence[list[dict[str, Any]]] | None = None,
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 cache_salt: str | None | Sequence[str | None] = None) -> list[RequestOutput]:  # fmt: skip
+    def generate(
+        self,
+        prompts: str | Sequence[str] | None = None,
+        *,
+        input_ids: Sequence[Sequence[int]] | None = None,
+        messages: Sequence[list[dict[str, Any]]] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        cache_salt: str | None | Sequence[str | None] = None,
+    ) -> list[RequestOutput]:
         """Run requests to completion; one RequestOutput per prompt, in order. Exactly one of prompts, input_ids,
         messages (chat template applied). sampling_params / cache_salt: one for all, or one per prompt. A request
         the worker could not run comes back with finish_reason "abort" and RequestOutput.error set; the others are
@@ -145,10 +157,15 @@ class Engine:
             self.step()
         return [self._done.pop(r) for r in rids]
 
-    def stream(self, prompts: str | Sequence[str] | None = None, *, input_ids: Sequence[Sequence[int]] | None = None,
-               messages: Sequence[list[dict[str, Any]]] | None = None,
-               sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-               cache_salt: str | None | Sequence[str | None] = None) -> Iterator[StreamChunk]:  # fmt: skip
+    def stream(
+        self,
+        prompts: str | Sequence[str] | None = None,
+        *,
+        input_ids: Sequence[Sequence[int]] | None = None,
+        messages: Sequence[list[dict[str, Any]]] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        cache_salt: str | None | Sequence[str | None] = None,
+    ) -> Iterator[StreamChunk]:
         """Like generate, but yields StreamChunks (rid, index, new text, new token_ids, finish_reason, usage on the
         last chunk of each completion) as steps finish. Abandoning the iterator aborts the unfinished requests."""
         rids = self._submit(prompts, input_ids, messages, sampling_params, cache_salt)
@@ -166,9 +183,16 @@ class Engine:
                 self._done.pop(r, None)
 
     # ------------------------------------------------------------------ low level
-    def add_request(self, *, prompt: str | None = None, input_ids: Sequence[int] | None = None,
-                    messages: list[dict[str, Any]] | None = None, sampling_params: SamplingParams | None = None,
-                    cache_salt: str | None = None, rid: str | None = None) -> str:  # fmt: skip
+    def add_request(
+        self,
+        *,
+        prompt: str | None = None,
+        input_ids: Sequence[int] | None = None,
+        messages: list[dict[str, Any]] | None = None,
+        sampling_params: SamplingParams | None = None,
+        cache_salt: str | None = None,
+        rid: str | None = None,
+    ) -> str:
         """Queue one request (exactly one of prompt, input_ids, messages); returns its rid. Drive with step().
         Raises RequestRejected, ValueError, EngineError (text without a tokenizer)."""
         ids = self._encode(prompt, input_ids, messages)
@@ -260,26 +284,37 @@ class Engine:
             return None
         if delta.finish_reason is not None and all(s.finish_reason is not None for s in live.streams):
             self._finish_request(o.rid)
-        return StreamChunk(rid=o.rid, index=o.index, text=delta.text, token_ids=delta.token_ids,
-                           logprobs=delta.logprobs, finish_reason=delta.finish_reason, usage=delta.usage,
-                           score=o.score)
+        return StreamChunk(
+            rid=o.rid,
+            index=o.index,
+            text=delta.text,
+            token_ids=delta.token_ids,
+            logprobs=delta.logprobs,
+            finish_reason=delta.finish_reason,
+            usage=delta.usage,
+            score=o.score,
+        )
 
     def _finish_request(self, rid: str) -> None:
         live = self._live.pop(rid)
-        outs = [CompletionOutput(i, s.text, s.token_ids, s.finish_reason, s.logprobs, live.scores.get(i))
-                for i, s in enumerate(live.streams)]  # fmt: skip
+        outs = [
+            CompletionOutput(i, s.text, s.token_ids, s.finish_reason, s.logprobs, live.scores.get(i))
+            for i, s in enumerate(live.streams)
+        ]
         usages = [s.usage for s in live.streams if s.usage is not None]
         cached, host = (usages[0].cached_tokens, usages[0].host_cached_tokens) if usages else (0, 0)
         usage = Usage(len(live.prompt_ids), cached, sum(len(o.token_ids) for o in outs), None, host)
         ttft = live.first_token_time - live.submit_time if live.first_token_time is not None else None
         self._done[rid] = RequestOutput(rid, live.prompt_ids, outs, usage, ttft, live.error)
 
-    def _encode(self, prompt: str | None, input_ids: Sequence[int] | None,
-                messages: list[dict[str, Any]] | None) -> list[int]:  # fmt: skip
+    def _encode(
+        self, prompt: str | None, input_ids: Sequence[int] | None, messages: list[dict[str, Any]] | None
+    ) -> list[int]:
         """The prompt's ids through the server's own path (input_problem, encode_prompt): the same errors, as
         RequestRejected(ERR_INVALID, message). Raises EngineError for text without a tokenizer."""
-        problem = input_problem(prompt, None if messages is None else list(messages),
-                                None if input_ids is None else list(input_ids))  # fmt: skip
+        problem = input_problem(
+            prompt, None if messages is None else list(messages), None if input_ids is None else list(input_ids)
+        )
         if problem is not None:
             raise RequestRejected(ERR_INVALID, problem)
         if input_ids is None and self.tokenizer is None:
@@ -292,28 +327,39 @@ class Engine:
     def _submit(self, prompts, input_ids, messages, sampling_params, cache_salt) -> list[str]:
         if isinstance(prompts, str):
             prompts = [prompts]
-        given = [(k, v) for k, v in (("prompt", prompts), ("input_ids", input_ids), ("messages", messages))
-                 if v is not None]  # fmt: skip
+        given = [
+            (k, v) for k, v in (("prompt", prompts), ("input_ids", input_ids), ("messages", messages)) if v is not None
+        ]
         if len(given) != 1:
             raise ValueError("pass exactly one of prompts, input_ids, messages")
         kind, items = given[0]
         items = list(items)
         params = _per_item(sampling_params, len(items), SamplingParams)
         salts = _per_item(cache_salt, len(items), str)
-        encoded = [self._encode(**{kind: x, **{k: None for k in ("prompt", "input_ids", "messages") if k != kind}})
-                   for x in items]  # fmt: skip
+        encoded = [
+            self._encode(**{kind: x, **{k: None for k in ("prompt", "input_ids", "messages") if k != kind}})
+            for x in items
+        ]
         self._check_admissible(encoded)
-        return [self.add_request(input_ids=ids, sampling_params=p or SamplingParams(), cache_salt=s)
-                for ids, p, s in zip(encoded, params, salts, strict=True)]  # fmt: skip
+        return [
+            self.add_request(input_ids=ids, sampling_params=p or SamplingParams(), cache_salt=s)
+            for ids, p, s in zip(encoded, params, salts, strict=True)
+        ]
 
     def _check_admissible(self, encoded: list[list[int]]) -> None:
         """Reject the whole call before queueing anything when one prompt can never run (RequestRejected with the
         code and message of runtime.prompt_check.check_prompt, prefixed with the prompt's index)."""
         for i, ids in enumerate(encoded):
-            problem = check_prompt(ids, self.scheduler.max_model_len, self.scheduler.vocab_size,
-                                   self.manager.block_size, self.manager.num_blocks)  # fmt: skip
+            problem = check_prompt(
+                ids,
+                self.scheduler.max_model_len,
+                self.scheduler.vocab_size,
+                self.manager.block_size,
+                self.manager.num_blocks,
+            )
             if problem is not None:
                 raise RequestRejected(problem.code, f"prompt {i}: {problem.message}")
+
 
 def _per_item(value: Any, n: int, single: type) -> list[Any]:
     if value is None or isinstance(value, single):

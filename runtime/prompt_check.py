@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from radix.blocks import cdiv
 from runtime.protocol import ERR_CONTEXT, ERR_INVALID
 
 CHARS_PER_TOKEN_LIMIT = 32  # default characters per token of context: far above the ~3-5 of real tokenizers
@@ -45,8 +46,11 @@ def prompt_chars(prompt: str | None, messages: Sequence[Any] | None) -> int:
         return len(prompt) if isinstance(prompt, str) else 0
     total = CHAT_MESSAGE_CHARS * len(messages)
     for m in messages:
-        role, content = (m.get("role"), m.get("content")) if isinstance(m, dict) else (
-            getattr(m, "role", None), getattr(m, "content", None))  # fmt: skip
+        role, content = (
+            (m.get("role"), m.get("content"))
+            if isinstance(m, dict)
+            else (getattr(m, "role", None), getattr(m, "content", None))
+        )
         total += (len(role) if isinstance(role, str) else 0) + (len(content) if isinstance(content, str) else 0)
     return total
 
@@ -56,8 +60,9 @@ def check_prompt_chars(prompt: str | None, messages: Sequence[Any] | None, limit
     more than MAX_CHAT_MESSAGES messages (whatever limit; O(1)), then for prompt text or messages over `limit`
     characters as prompt_chars counts them (prompt_char_limit; None: no character limit). O(len(messages))."""
     if messages is not None and len(messages) > MAX_CHAT_MESSAGES:
-        return PromptProblem(ERR_INVALID, f"too many messages: {len(messages)}, the limit is {MAX_CHAT_MESSAGES} "
-                                          "(MAX_CHAT_MESSAGES)")  # fmt: skip
+        return PromptProblem(
+            ERR_INVALID, f"too many messages: {len(messages)}, the limit is {MAX_CHAT_MESSAGES} (MAX_CHAT_MESSAGES)"
+        )
     if limit is None:
         return None
     n = prompt_chars(prompt, messages)
@@ -65,28 +70,39 @@ def check_prompt_chars(prompt: str | None, messages: Sequence[Any] | None, limit
         return None
     if messages is None:
         return PromptProblem(ERR_INVALID, f"prompt too long: {n} characters, the limit is {limit} (max_prompt_chars)")
-    return PromptProblem(ERR_INVALID, f"messages too long: {n} characters ({CHAT_MESSAGE_CHARS} per message for the "
-                                      f"chat template included), the limit is {limit} (max_prompt_chars)")  # fmt: skip
+    return PromptProblem(
+        ERR_INVALID,
+        f"messages too long: {n} characters ({CHAT_MESSAGE_CHARS} per message for the "
+        f"chat template included), the limit is {limit} (max_prompt_chars)",
+    )
 
 
-def check_prompt_length(num_tokens: int, max_model_len: int, block_size: int | None = None,
-                        num_blocks: int | None = None) -> PromptProblem | None:  # fmt: skip
+def check_prompt_length(
+    num_tokens: int, max_model_len: int, block_size: int | None = None, num_blocks: int | None = None
+) -> PromptProblem | None:
     """check_prompt's checks of a prompt's length alone (num_tokens >= 1), O(1): ERR_CONTEXT when it leaves no room
     to generate under max_model_len, or needs more KV blocks than the num_blocks - 1 usable ones (None: unchecked);
     else None. The tokenizer process runs it before any O(len) work on input_ids."""
     if num_tokens >= max_model_len:
-        return PromptProblem(ERR_CONTEXT, f"prompt of {num_tokens} tokens leaves no room to generate under "
-                                          f"max_model_len {max_model_len}")  # fmt: skip
+        return PromptProblem(
+            ERR_CONTEXT, f"prompt of {num_tokens} tokens leaves no room to generate under max_model_len {max_model_len}"
+        )
     if block_size is not None and num_blocks is not None:
-        blocks, usable = -(-num_tokens // block_size), num_blocks - 1
+        blocks, usable = cdiv(num_tokens, block_size), num_blocks - 1
         if blocks > usable:
-            return PromptProblem(ERR_CONTEXT, f"prompt of {num_tokens} tokens needs {blocks} KV blocks; the pool has "
-                                              f"{usable}")  # fmt: skip
+            return PromptProblem(
+                ERR_CONTEXT, f"prompt of {num_tokens} tokens needs {blocks} KV blocks; the pool has {usable}"
+            )
     return None
 
 
-def check_prompt(prompt_ids: Sequence[int], max_model_len: int, vocab_size: int | None = None,
-                 block_size: int | None = None, num_blocks: int | None = None) -> PromptProblem | None:  # fmt: skip
+def check_prompt(
+    prompt_ids: Sequence[int],
+    max_model_len: int,
+    vocab_size: int | None = None,
+    block_size: int | None = None,
+    num_blocks: int | None = None,
+) -> PromptProblem | None:
     """The first problem that keeps `prompt_ids` from ever running, or None when it can run.
 
     Args:

@@ -65,11 +65,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             bound keeps the scaled logit finite in float32 (vLLM accepts any value > 0: 1e-40 is 0 in float32 and a
             division by it gives inf).
         The penalties apply per completion, before temperature and the filters (so greedy decoding sees them too).
-        use_beam_search: beam search of width n in [MIN_BEAM_WIDTH, MAX_BEAM_WIDTH] = [2, 16] (runtime/beam_search.py):
-            the n completions come back best first by score = cumulative logprob / completion_length **
-            length_penalty, as transformers' generate(num_beams=n, num_return_sequences=n, do_sample=False,
-            early_stopping=True). Needs temperature 0; stop, stop_token_ids, logprobs and the penalties are not
-            supported with it (InvalidSamplingParams).
+        use_beam_search: beam search of width n in [MIN_BEAM_WIDTH, MAX_BEAM_WIDTH] = [2, 16]
+        (runtime/scheduler/beam_search.py): the n completions come back best first by score = cumulative logprob /
+        completion_length ** length_penalty, as transformers' generate(num_beams=n, num_return_sequences=n,
+        do_sample=False, early_stopping=True). Needs temperature 0; stop, stop_token_ids, logprobs and the penalties are
+        not supported with it (InvalidSamplingParams).
         length_penalty: the exponent above, finite, in [-MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY] (1: the average
             logprob; 0: the plain sum; only read by beam search).
 
@@ -139,12 +139,21 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 def _check_beam_search(p: SamplingParams) -> None:
     """The fields beam search needs or does not support (SamplingParams' docstring)."""
     if not MIN_BEAM_WIDTH <= p.n <= MAX_BEAM_WIDTH:
-        raise InvalidSamplingParams(f"use_beam_search needs n (the beam width) in [{MIN_BEAM_WIDTH}, "
-                                    f"{MAX_BEAM_WIDTH}], got {p.n}")
+        raise InvalidSamplingParams(
+            f"use_beam_search needs n (the beam width) in [{MIN_BEAM_WIDTH}, {MAX_BEAM_WIDTH}], got {p.n}"
+        )
     if not p.greedy:
         raise InvalidSamplingParams(f"use_beam_search needs temperature 0, got {p.temperature}")
-    unsupported = [name for name, on in (("stop", bool(p.stop)), ("stop_token_ids", bool(p.stop_token_ids)),
-                   ("logprobs", p.logprobs is not None), ("penalties", p.has_penalties)) if on]  # fmt: skip
+    unsupported = [
+        name
+        for name, on in (
+            ("stop", bool(p.stop)),
+            ("stop_token_ids", bool(p.stop_token_ids)),
+            ("logprobs", p.logprobs is not None),
+            ("penalties", p.has_penalties),
+        )
+        if on
+    ]
     if unsupported:
         raise InvalidSamplingParams(f"use_beam_search does not support {', '.join(unsupported)}")
 
@@ -167,8 +176,11 @@ def _check_int(name: str, value: object, low: int, high: int, shown: str | None 
 def _check_float(name: str, value: object, low: float, high: float, low_open: bool = False) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise InvalidSamplingParams(f"{name} must be a number, got {type(value).__name__}")
-    in_range = (isinstance(value, float) or value.bit_length() <= 64) and math.isfinite(value) and (
-        low < value <= high if low_open else low <= value <= high)
+    in_range = (
+        (isinstance(value, float) or value.bit_length() <= 64)
+        and math.isfinite(value)
+        and (low < value <= high if low_open else low <= value <= high)
+    )
     if not in_range:
         shown = f"{'(' if low_open else '['}{low:g}, {high:g}]"
         raise InvalidSamplingParams(f"{name} must be finite and in {shown}, got {_show(value)}")
@@ -197,8 +209,9 @@ def _check_stop(stop: object) -> None:
                 raise InvalidSamplingParams(f"stop[{i}] is not valid UTF-8 text (a lone surrogate)") from None
         total += len(s)
     if total > MAX_STOP_CHARS:
-        raise InvalidSamplingParams(f"stop strings have {total} characters in all, at most {MAX_STOP_CHARS} are "
-                                    "allowed")
+        raise InvalidSamplingParams(
+            f"stop strings have {total} characters in all, at most {MAX_STOP_CHARS} are allowed"
+        )
 
 
 def _check_stop_token_ids(ids: object) -> None:
@@ -210,5 +223,6 @@ def _check_stop_token_ids(ids: object) -> None:
         return  # the common case, in C: every id an int (not a bool) and in range
     for i, t in enumerate(ids):
         if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t <= INT32_MAX:
-            raise InvalidSamplingParams(f"stop_token_ids must be ints in [0, {INT32_MAX}], stop_token_ids[{i}] is "
-                                        f"{_show(t)}")
+            raise InvalidSamplingParams(
+                f"stop_token_ids must be ints in [0, {INT32_MAX}], stop_token_ids[{i}] is {_show(t)}"
+            )

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from radix.blocks import cdiv
+
 TINY_VOCAB = 49152
 
 
@@ -46,11 +48,26 @@ def tiny_llama_dir(tmp_path_factory, smollm2_tokenizer) -> Path:
     from transformers import LlamaConfig
 
     config = LlamaConfig(
-        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5, tie_word_embeddings=False,
-        initializer_range=0.25, bos_token_id=1, eos_token_id=2,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        initializer_range=0.25,
+        bos_token_id=1,
+        eos_token_id=2,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
     )
     config.architectures = ["LlamaForCausalLM"]
     return _save_tiny(tmp_path_factory.mktemp("tiny_llama"), config, smollm2_tokenizer, seed=1, max_shard_size="2MB")
@@ -62,10 +79,19 @@ def tiny_qwen2_dir(tmp_path_factory, smollm2_tokenizer) -> Path:
     from transformers import Qwen2Config
 
     config = Qwen2Config(
-        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
-        num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        initializer_range=0.25, bos_token_id=1, eos_token_id=2, rope_parameters={"rope_type": "default",
-                                                                                 "rope_theta": 1000000.0},
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        initializer_range=0.25,
+        bos_token_id=1,
+        eos_token_id=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
     )
     config.architectures = ["Qwen2ForCausalLM"]
     return _save_tiny(tmp_path_factory.mktemp("tiny_qwen2"), config, smollm2_tokenizer, seed=2)
@@ -83,14 +109,22 @@ CHAT_PROMPTS = [
 def chat_prompt_ids(smollm2_tokenizer) -> list[list[int]]:
     """The token ids of 4 real chat prompts (SmolLM2 chat template, generation prompt added)."""
     return [
-        list(smollm2_tokenizer.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True)[
-            "input_ids"])
+        list(
+            smollm2_tokenizer.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True)[
+                "input_ids"
+            ]
+        )
         for c in CHAT_PROMPTS
     ]
 
 
-def _runner_greedy(runner, prompts: list[list[int]], max_new_tokens: int, chunk: int | None = None,
-                   block_order: list[int] | None = None) -> list[list[int]]:
+def _runner_greedy(
+    runner,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    chunk: int | None = None,
+    block_order: list[int] | None = None,
+) -> list[list[int]]:
     """Greedy-decode prompts together through runner.execute, as a scheduler would: prompt i joins at step i (so
     prefill, chunked prefill and decode share steps), prompts are prefilled in chunks of `chunk` tokens, and block ids
     come from block_order (default 1, 2, ...). Returns the max_new_tokens generated ids of each prompt."""
@@ -101,7 +135,7 @@ def _runner_greedy(runner, prompts: list[list[int]], max_new_tokens: int, chunk:
     free = list(block_order) if block_order is not None else list(range(1, runner.num_blocks))
     tables = []
     for p in prompts:
-        need = -(-(len(p) + max_new_tokens) // bs)
+        need = cdiv(len(p) + max_new_tokens, bs)
         tables.append([free.pop(0) for _ in range(need)])
     done_pos = [0] * len(prompts)  # tokens with KV
     outputs: list[list[int]] = [[] for _ in prompts]
@@ -117,10 +151,19 @@ def _runner_greedy(runner, prompts: list[list[int]], max_new_tokens: int, chunk:
                 end = len(p) if chunk is None else min(len(p), done_pos[i] + chunk)
             else:
                 end = len(known)
-            toks = known[done_pos[i]:end]
+            toks = known[done_pos[i] : end]
             first = done_pos[i] == 0
-            seqs.append(ScheduledSeq(i, toks, done_pos[i], tables[i] if first else [], end == len(known),
-                                     greedy if first else None, len(p)))
+            seqs.append(
+                ScheduledSeq(
+                    i,
+                    toks,
+                    done_pos[i],
+                    tables[i] if first else [],
+                    end == len(known),
+                    greedy if first else None,
+                    len(p),
+                )
+            )
             done_pos[i] = end
         result = runner.execute(ForwardBatch(step_id=step, seqs=seqs))
         assert result.error is None
@@ -145,8 +188,16 @@ def _hf_greedy(hf_model, prompts: list[list[int]], max_new_tokens: int):
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    out = hf_model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=0,
-                            do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    out = hf_model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=0,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
     logits = torch.stack(out.logits, dim=1).float()
     return [(out.sequences[i, width:].tolist(), logits[i]) for i in range(len(prompts))]
 

@@ -42,8 +42,13 @@ class HostCopies:
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    def apply(self, caches: tuple[torch.Tensor, torch.Tensor], host: tuple[torch.Tensor, torch.Tensor],
-              swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:  # fmt: skip
+    def apply(
+        self,
+        caches: tuple[torch.Tensor, torch.Tensor],
+        host: tuple[torch.Tensor, torch.Tensor],
+        swap_out: list[tuple[int, int]],
+        swap_in: list[tuple[int, int]],
+    ) -> None:
         """Copy every (device, host) pair of swap_out device -> host, then every (host, device) pair of swap_in
         host -> device, for K and V ((k_cache, v_cache), (host_k, host_v)). Returns once the compute stream is
         ordered after the copies. Raises kernels.KernelInputError for a bad block id or a destination listed twice."""
@@ -59,8 +64,12 @@ class HostCopies:
         compute.wait_stream(self.stream)
 
     @staticmethod
-    def _copy(caches: tuple[torch.Tensor, torch.Tensor], host: tuple[torch.Tensor, torch.Tensor],
-              swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:  # fmt: skip
+    def _copy(
+        caches: tuple[torch.Tensor, torch.Tensor],
+        host: tuple[torch.Tensor, torch.Tensor],
+        swap_out: list[tuple[int, int]],
+        swap_in: list[tuple[int, int]],
+    ) -> None:
         for cache, host_cache in zip(caches, host, strict=True):
             if swap_out:
                 kernels.swap_blocks(cache, host_cache, swap_out)

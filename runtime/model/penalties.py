@@ -23,8 +23,14 @@ from runtime.sampling_params import SamplingParams
 _MIN_ROWS = 8  # rows allocated by the first sequence with penalties; the capacity doubles when full
 
 
-def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt_mask: torch.Tensor, penalties: torch.Tensor,
-                    repetition: bool = True, additive: bool = True) -> torch.Tensor:  # fmt: skip
+def apply_penalties(
+    logits: torch.Tensor,
+    counts: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    penalties: torch.Tensor,
+    repetition: bool = True,
+    additive: bool = True,
+) -> torch.Tensor:
     """The penalised logits of M rows (a new tensor; the inputs are not changed).
 
     logits float32 [M, V]; counts float32 [M, V] (output occurrences of each token); prompt_mask bool [M, V] (the
@@ -35,8 +41,15 @@ def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt_mask: tor
     return _penalise(logits.clone(), counts, prompt_mask, penalties, repetition, additive, additive)
 
 
-def _penalise(rows: torch.Tensor, counts: torch.Tensor, prompt_mask: torch.Tensor | None, penalties: torch.Tensor,
-              repetition: bool, frequency: bool, presence: bool) -> torch.Tensor:  # fmt: skip
+def _penalise(
+    rows: torch.Tensor,
+    counts: torch.Tensor,
+    prompt_mask: torch.Tensor | None,
+    penalties: torch.Tensor,
+    repetition: bool,
+    frequency: bool,
+    presence: bool,
+) -> torch.Tensor:
     """apply_penalties on rows, a tensor the caller owns: changed in place and returned (a new tensor when
     repetition is on). The arithmetic is the same whichever parts run: a part skipped is one that would add -0.0
     times its penalty to every logit (x + -0.0 == x), so the result does not depend on the other rows of the step.
@@ -74,9 +87,15 @@ class PenaltyRows(NamedTuple):
         the passes of _penalise; a step whose every row has penalties skips the copy back into the other rows."""
         rows = logits.index_select(0, self.batch_index)
         mask = self.prompt_mask.index_select(0, self.state_index) if self.repetition else None
-        rows = _penalise(rows, self.counts.index_select(0, self.state_index), mask,
-                         self.penalties.index_select(0, self.state_index), self.repetition, self.frequency,
-                         self.presence)  # fmt: skip
+        rows = _penalise(
+            rows,
+            self.counts.index_select(0, self.state_index),
+            mask,
+            self.penalties.index_select(0, self.state_index),
+            self.repetition,
+            self.frequency,
+            self.presence,
+        )
         return rows if self.every_row else logits.index_copy(0, self.batch_index, rows)
 
 
@@ -116,8 +135,11 @@ class PenaltyState:
         if not self._free:
             self._grow()
         row = self._rows[seq_id] = self._free.pop()
-        self._kinds[seq_id] = (params.repetition_penalty != 1.0, params.frequency_penalty != 0.0,
-                               params.presence_penalty != 0.0)
+        self._kinds[seq_id] = (
+            params.repetition_penalty != 1.0,
+            params.frequency_penalty != 0.0,
+            params.presence_penalty != 0.0,
+        )
         self.counts[row].zero_()
         self.prompt_mask[row].zero_()
         if output_ids:
@@ -125,8 +147,9 @@ class PenaltyState:
             self.counts[row].index_add_(0, ids, torch.ones(len(output_ids), device=self.device))
         if prompt_ids and params.repetition_penalty != 1.0:
             self.prompt_mask[row, torch.tensor(prompt_ids, dtype=torch.int64, device=self.device)] = True
-        self.penalties[row] = torch.tensor([params.frequency_penalty, params.presence_penalty,
-                                            params.repetition_penalty])  # fmt: skip
+        self.penalties[row] = torch.tensor(
+            [params.frequency_penalty, params.presence_penalty, params.repetition_penalty]
+        )
 
     def remove(self, seq_id: int) -> None:
         """Forget seq_id (no-op when it has no state); its row is free for the next add. O(1)."""
@@ -145,9 +168,17 @@ class PenaltyState:
             return None
         kinds = [self._kinds[s] for s in seq_ids if s in self._kinds]
         index = torch.tensor(pairs, dtype=torch.int64).T.to(self.device)
-        return PenaltyRows(index[0], index[1], self.counts, self.prompt_mask, self.penalties,
-                           any(k[0] for k in kinds), any(k[1] for k in kinds), any(k[2] for k in kinds),
-                           len(pairs) == len(seq_ids))  # fmt: skip
+        return PenaltyRows(
+            index[0],
+            index[1],
+            self.counts,
+            self.prompt_mask,
+            self.penalties,
+            any(k[0] for k in kinds),
+            any(k[1] for k in kinds),
+            any(k[2] for k in kinds),
+            len(pairs) == len(seq_ids),
+        )
 
     def record(self, seq_ids: Sequence[int], token_ids: Sequence[int]) -> None:
         """Count token_ids[i] as a new output token of seq_ids[i] (aligned; sequences without state are skipped).

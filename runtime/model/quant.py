@@ -87,8 +87,10 @@ def int8_linear(x: torch.Tensor, w: Int8Weight, bias: torch.Tensor | None = None
     """
     k = x.shape[-1]
     if k % INT8_K_MULTIPLE or w.scales.dtype != KERNEL_DTYPE:
-        raise ValueError(f"int8_linear needs K % {INT8_K_MULTIPLE} == 0 and {KERNEL_DTYPE} scales; got K={k}, "
-                         f"scales {w.scales.dtype}")
+        raise ValueError(
+            f"int8_linear needs K % {INT8_K_MULTIPLE} == 0 and {KERNEL_DTYPE} scales; got K={k}, "
+            f"scales {w.scales.dtype}"
+        )
     inner = x.reshape(-1, k).to(KERNEL_DTYPE).contiguous()
     if inner.data_ptr() % _ALIGN:
         inner = inner.clone()
@@ -117,8 +119,13 @@ class Linear(torch.nn.Module):
     qweight: torch.Tensor | None
     scales: torch.Tensor | None
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, quantization: str = "none",
-                 max_rows: int | None = None) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        quantization: str = "none",
+        max_rows: int | None = None,
+    ) -> None:
         super().__init__()
         if quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization {quantization!r}; supported: {list(QUANTIZATIONS)}")

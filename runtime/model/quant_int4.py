@@ -71,8 +71,9 @@ def int4_fits(weight: torch.Tensor, group_size: int = INT4_GROUP) -> bool:
     return k % group_size == 0 and n % INT4_N_MULTIPLE == 0
 
 
-def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP,
-                  scale_dtype: torch.dtype = KERNEL_DTYPE) -> Int4Groups:
+def quantize_int4(
+    weight: torch.Tensor, group_size: int = INT4_GROUP, scale_dtype: torch.dtype = KERNEL_DTYPE
+) -> Int4Groups:
     """Asymmetric min/max int4 quantization of weight [N, K] (any float dtype) in groups of group_size along K.
 
     Per group: scale = (max - min) / 15 and zero = min + 8 * scale, rounded to scale_dtype (zero from the rounded
@@ -84,8 +85,9 @@ def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP,
     Returns Int4Groups (new tensors). Raises ValueError when weight is not 2-D or K is not a multiple of group_size.
     """
     if weight.dim() != 2 or weight.shape[1] % group_size:
-        raise ValueError(f"quantize_int4 takes a 2-D weight [N, K] with K % {group_size} == 0, got shape "
-                         f"{tuple(weight.shape)}")
+        raise ValueError(
+            f"quantize_int4 takes a 2-D weight [N, K] with K % {group_size} == 0, got shape {tuple(weight.shape)}"
+        )
     n, k = weight.shape
     w = weight.float().reshape(n, k // group_size, group_size)
     lo, hi = w.amin(dim=-1), w.amax(dim=-1)

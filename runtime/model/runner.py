@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 
 import kernels
+from radix.blocks import cdiv
 from runtime.config import MIN_USABLE_BLOCKS, InvalidConfig, ServerArgs
 from runtime.model.cpu_features import resolve_dtype, usable_cores
 from runtime.model.host_kv import HostCopies, host_cache_blocks
@@ -141,23 +142,40 @@ class ModelRunner:
         self.config = cfg = load_config(folder)
         self.max_model_len = min(args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
         if args.max_model_len is not None and args.max_model_len > cfg.max_position_embeddings:
-            logger.warning("max_model_len %d exceeds the model's max_position_embeddings %d: capped at %d",
-                           args.max_model_len, cfg.max_position_embeddings, self.max_model_len)
+            logger.warning(
+                "max_model_len %d exceeds the model's max_position_embeddings %d: capped at %d",
+                args.max_model_len,
+                cfg.max_position_embeddings,
+                self.max_model_len,
+            )
         backend = None if args.attention_backend == "auto" else args.attention_backend
-        self.model = build_model(cfg, load_weights(folder, self.dtype, self.device), self.max_model_len, backend,
-                                 quantization=args.quantization)
+        self.model = build_model(
+            cfg,
+            load_weights(folder, self.dtype, self.device),
+            self.max_model_len,
+            backend,
+            quantization=args.quantization,
+        )
         self.block_size = args.block_size
         self.num_blocks = self._num_blocks()
         pool_tokens = (self.num_blocks - 1) * self.block_size
         if pool_tokens < self.max_model_len:
-            logger.warning("KV pool of %d tokens (%d usable blocks of %d) is below max_model_len %d: the longest "
-                           "request it can hold is %d tokens (prompt + completion)", pool_tokens,
-                           self.num_blocks - 1, self.block_size, self.max_model_len, pool_tokens)
+            logger.warning(
+                "KV pool of %d tokens (%d usable blocks of %d) is below max_model_len %d: the longest "
+                "request it can hold is %d tokens (prompt + completion)",
+                pool_tokens,
+                self.num_blocks - 1,
+                self.block_size,
+                self.max_model_len,
+                pool_tokens,
+            )
         shape = (cfg.num_hidden_layers, self.num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.num_host_cache_blocks = host_cache_blocks(args, kv_block_bytes(
-            cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim, self.dtype))
+        self.num_host_cache_blocks = host_cache_blocks(
+            args,
+            kv_block_bytes(cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim, self.dtype),
+        )
         self.host_copies = HostCopies(self.device)
         host_shape = (shape[0], args.num_host_blocks + self.num_host_cache_blocks, *shape[2:])
         pin = self.device.type == "cuda"
@@ -165,13 +183,26 @@ class ModelRunner:
         self.host_v_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
         self.sampler = Sampler(args.seed, cfg.eos_token_ids)
         self.seqs: dict[int, WorkerSeq] = {}
-        self.block_tables = BlockTableRows(-(-self.max_model_len // self.block_size) + 1)
+        self.block_tables = BlockTableRows(cdiv(self.max_model_len, self.block_size) + 1)
         self.penalties = PenaltyState(cfg.vocab_size, self.device)
-        self.ready = Ready(num_blocks=self.num_blocks, block_size=self.block_size, max_model_len=self.max_model_len,
-                           num_host_blocks=args.num_host_blocks, vocab_size=cfg.vocab_size,
-                           eos_token_ids=list(cfg.eos_token_ids), num_host_cache_blocks=self.num_host_cache_blocks)
-        logger.info("model %s loaded from %s (%s): %d KV blocks of %d tokens, max_model_len %d", args.model, folder,
-                    str(self.dtype).removeprefix("torch."), self.num_blocks, self.block_size, self.max_model_len)
+        self.ready = Ready(
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            num_host_blocks=args.num_host_blocks,
+            vocab_size=cfg.vocab_size,
+            eos_token_ids=list(cfg.eos_token_ids),
+            num_host_cache_blocks=self.num_host_cache_blocks,
+        )
+        logger.info(
+            "model %s loaded from %s (%s): %d KV blocks of %d tokens, max_model_len %d",
+            args.model,
+            folder,
+            str(self.dtype).removeprefix("torch."),
+            self.num_blocks,
+            self.block_size,
+            self.max_model_len,
+        )
 
     def _num_blocks(self) -> int:
         """Blocks of the device pool (the null block included). Raises InvalidConfig, naming the budget and the
@@ -180,8 +211,9 @@ class ModelRunner:
             num_blocks, source = self.args.num_blocks, f"num_blocks {self.args.num_blocks}"
         else:
             cfg = self.config
-            per_block = kv_block_bytes(cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim,
-                                       self.dtype)
+            per_block = kv_block_bytes(
+                cfg.num_hidden_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim, self.dtype
+            )
             budget, source = self.args.kv_cache_memory, f"kv_cache_memory {self.args.kv_cache_memory} bytes"
             fix = f"raise kv_cache_memory to >= {(MIN_USABLE_BLOCKS + 1) * per_block} bytes or set num_blocks"
             if self.device.type == "cuda":
@@ -194,8 +226,10 @@ class ModelRunner:
         usable = max(0, num_blocks - 1)
         if usable < MIN_USABLE_BLOCKS:
             plural = "" if usable == 1 else "s"
-            raise InvalidConfig(f"KV pool of {usable} usable block{plural} ({source}); needs >= {MIN_USABLE_BLOCKS}"
-                                + ("" if self.args.num_blocks is not None else f": {fix}"))
+            raise InvalidConfig(
+                f"KV pool of {usable} usable block{plural} ({source}); needs >= {MIN_USABLE_BLOCKS}"
+                + ("" if self.args.num_blocks is not None else f": {fix}")
+            )
         return num_blocks
 
     @torch.inference_mode()
@@ -228,8 +262,9 @@ class ModelRunner:
             self._run_isolated(step.runnable, sampled, failed)
         return self.finish_step(batch.step_id, step.runnable, sampled, failed)
 
-    def finish_step(self, step_id: int, runnable: list[ScheduledSeq], sampled: dict[int, Sampled],
-                    failed: dict[int, str]) -> ForwardResult:  # fmt: skip
+    def finish_step(
+        self, step_id: int, runnable: list[ScheduledSeq], sampled: dict[int, Sampled], failed: dict[int, str]
+    ) -> ForwardResult:
         """The ForwardResult of a step whose runnable sequences ran: sampled (seq_id -> token, logprobs) in batch
         order, failed (seq_id -> "ExceptionType: message") apart, the tokens of the runnable sequences that did not
         fail counted once. Mutates: forgets each failed sequence; counts each sampled token once in the penalty
@@ -283,14 +318,16 @@ class ModelRunner:
             if (parent := self.seqs.get(parent_id)) is not None:
                 self._forget(child_id)
                 table = parent.block_table[:shared]
-                self.seqs[child_id] = WorkerSeq(table, parent.params, parent.prompt_len, parent.sample_index,
-                                                self.block_tables.add(table))  # fmt: skip
+                self.seqs[child_id] = WorkerSeq(
+                    table, parent.params, parent.prompt_len, parent.sample_index, self.block_tables.add(table)
+                )
         if batch.fork_copies:
             kernels.copy_blocks(self.k_cache, self.v_cache, batch.fork_copies)
         for seq_id in batch.drop_seq_ids:
             self._forget(seq_id)
-        self.host_copies.apply((self.k_cache, self.v_cache), (self.host_k_cache, self.host_v_cache), batch.swap_out,
-                               batch.swap_in)  # fmt: skip
+        self.host_copies.apply(
+            (self.k_cache, self.v_cache), (self.host_k_cache, self.host_v_cache), batch.swap_out, batch.swap_in
+        )
         if batch.copies:
             kernels.copy_blocks(self.k_cache, self.v_cache, batch.copies)
         step = StepSeqs([], {})
@@ -312,8 +349,7 @@ class ModelRunner:
         if s.sampling_params is not None:
             self._forget(s.seq_id)
             row = self.block_tables.add(s.new_block_ids)
-            self.seqs[s.seq_id] = WorkerSeq(list(s.new_block_ids), s.sampling_params, s.prompt_len, s.sample_index,
-                                            row)  # fmt: skip
+            self.seqs[s.seq_id] = WorkerSeq(list(s.new_block_ids), s.sampling_params, s.prompt_len, s.sample_index, row)
             return self._register_penalties(s, s.sampling_params)
         state = self.seqs.get(s.seq_id)
         if state is None:
@@ -378,8 +414,11 @@ class ModelRunner:
         Mutates the sampler's generator (unseeded draws); the penalty counts are updated by finish_step."""
         if not sample_seqs:
             return {}
-        rows = [SampleRequest(st.params, st.sample_index, s.start_pos + len(s.token_ids) - st.prompt_len)
-                for s in sample_seqs for st in (self.seqs[s.seq_id],)]
+        rows = [
+            SampleRequest(st.params, st.sample_index, s.start_pos + len(s.token_ids) - st.prompt_len)
+            for s in sample_seqs
+            for st in (self.seqs[s.seq_id],)
+        ]
         out = self.sampler(logits, rows, self.penalties.rows([s.seq_id for s in sample_seqs]))
         logprobs = out.logprobs or [None] * len(rows)
         return {s.seq_id: (t, lp) for s, t, lp in zip(sample_seqs, out.token_ids, logprobs, strict=True)}
@@ -393,8 +432,15 @@ class ModelRunner:
         re-run builds the same inputs. O(len(seqs) + tokens) Python."""
         states = [self.seqs[s.seq_id] for s in seqs]
         tables = self.block_tables.gather([st.row for st in states], max(len(st.block_table) for st in states))
-        meta = step_metadata([s.start_pos for s in seqs], [len(s.token_ids) for s in seqs], [s.sample for s in seqs],
-                             [st.block_table for st in states], tables, self.block_size, self.device)
+        meta = step_metadata(
+            [s.start_pos for s in seqs],
+            [len(s.token_ids) for s in seqs],
+            [s.sample for s in seqs],
+            [st.block_table for st in states],
+            tables,
+            self.block_size,
+            self.device,
+        )
         tokens = [t for s in seqs for t in s.token_ids]
         sample_seqs = [s for s in seqs if s.sample]
         return StepInputs(torch.tensor(tokens, dtype=torch.int64, device=self.device), meta, sample_seqs)

@@ -87,8 +87,9 @@ class Sampler:
         self._rng = random.Random(seed)
         self.eos_token_ids = list(eos_token_ids)
 
-    def __call__(self, logits: torch.Tensor, rows: list[SampleRequest],
-                 penalties: PenaltyRows | None = None) -> SamplerOutput:  # fmt: skip
+    def __call__(
+        self, logits: torch.Tensor, rows: list[SampleRequest], penalties: PenaltyRows | None = None
+    ) -> SamplerOutput:
         """Sample logits float32 [N, vocab] (N == len(rows)); returns N token ids (and logprobs where asked).
 
         penalties: the rows with frequency / presence / repetition penalties and their token state (PenaltyState.rows);
@@ -110,8 +111,9 @@ class Sampler:
         if random_rows:
             idx = torch.tensor(random_rows, dtype=torch.long, device=logits.device)
             uniforms = [self._uniform(rows[i]) for i in random_rows]
-            token_ids[idx] = self._sample_rows(scores.index_select(0, idx), [rows[i].params for i in random_rows],
-                                               uniforms)
+            token_ids[idx] = self._sample_rows(
+                scores.index_select(0, idx), [rows[i].params for i in random_rows], uniforms
+            )
         ids = token_ids.tolist()
         return SamplerOutput(ids, _logprobs(logits, rows, ids, self.eos_token_ids))
 
@@ -151,8 +153,9 @@ class Sampler:
         return order.gather(1, pick[:, None]).squeeze(1)
 
 
-def _logprobs(logits: torch.Tensor, rows: list[SampleRequest], ids: list[int],
-              eos: list[int]) -> list[TokenLogprobs | None] | None:  # fmt: skip
+def _logprobs(
+    logits: torch.Tensor, rows: list[SampleRequest], ids: list[int], eos: list[int]
+) -> list[TokenLogprobs | None] | None:
     """Per asked row: the float32 log-softmax of its raw logits at the sampled token and its top `logprobs`; a beam
     search row's top are its beam_candidates(n, len(eos)) best tokens, EOS masked to -inf after the log-softmax
     under ignore_eos (as transformers' min_new_tokens does)."""

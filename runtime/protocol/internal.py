@@ -30,8 +30,8 @@ class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True, forbid_unk
 
 class Stop(msgspec.Struct, tag="stop", forbid_unknown_fields=True):
     """A stop string ended completion `index` of rid: the scheduler finishes it keeping keep_tokens completion
-    tokens (the fewest whose text covers everything before the stop string; runtime.tokenizer.StopChecker computes
-    it), and caches no block past them."""
+    tokens (the fewest whose text covers everything before the stop string; runtime.text.stop_strings.StopChecker
+    computes it), and caches no block past them."""
 
     rid: str
     index: int
@@ -43,7 +43,8 @@ class TokenOutput(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
 
     finish_reason: None while running; "stop", "length" or "abort" when it ended. usage is set with finish_reason
     (and on the first output, so the tokenizer knows prompt and cached tokens early). score: a beam search
-    completion's length-penalised cumulative logprob (runtime/beam_search.py), set on its one, final output; else None.
+    completion's length-penalised cumulative logprob (runtime/scheduler/beam_search.py), set on its one, final output;
+    else None.
     """
 
     rid: str
@@ -102,6 +103,7 @@ class Shutdown(msgspec.Struct, tag="shutdown", forbid_unknown_fields=True):
 
 
 SchedulerInput = TokenizedRequest | AbortRequest | Stop | HealthRequest | StatsRequest | KvSnapshotRequest
-TokenizerInput = (TokenOutputs | RequestFailed | HealthResponse | StatsResponse | KvSnapshotResponse | SchedulerReady
-                  | Shutdown)
+TokenizerInput = (
+    TokenOutputs | RequestFailed | HealthResponse | StatsResponse | KvSnapshotResponse | SchedulerReady | Shutdown
+)
 LauncherInput = ProcessReady | ProcessFailed

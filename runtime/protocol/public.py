@@ -142,8 +142,16 @@ ERR_CONTEXT = "context_length_exceeded"  # prompt (+1) longer than max_model_len
 ERR_DUPLICATE = "duplicate_rid"  # a request with this rid is already in flight for this client
 ERR_SERVER = "server_error"  # a process failed while serving the request
 ERR_SHUTDOWN = "shutdown"  # the server is shutting down
-ERROR_CODES = (ERR_MALFORMED, ERR_UNKNOWN_MESSAGE, ERR_TOO_LARGE, ERR_INVALID, ERR_CONTEXT, ERR_DUPLICATE,
-               ERR_SERVER, ERR_SHUTDOWN)
+ERROR_CODES = (
+    ERR_MALFORMED,
+    ERR_UNKNOWN_MESSAGE,
+    ERR_TOO_LARGE,
+    ERR_INVALID,
+    ERR_CONTEXT,
+    ERR_DUPLICATE,
+    ERR_SERVER,
+    ERR_SHUTDOWN,
+)
 
 
 class ErrorResponse(msgspec.Struct, tag="error", forbid_unknown_fields=True):
@@ -245,6 +253,7 @@ ClientMessage = GenerateRequest | AbortRequest | HealthRequest | StatsRequest | 
 ServerMessage = StreamChunk | ErrorResponse | HealthResponse | StatsResponse | KvSnapshotResponse | Heartbeat
 CLIENT_TAGS = frozenset({"generate", "abort", "health", "stats", "kv_snapshot_request"})
 
+
 class _Envelope(msgspec.Struct):
     """The two fields every client message has, read without the rest: msgspec skips the other fields unread (so
     this is cheap even for a frame over max_message_bytes). Raw: a field of the wrong type spoils only itself."""
@@ -291,8 +300,11 @@ def decode_client_frame(frame: bytes, max_message_bytes: int) -> ClientMessage |
     Cost: O(len(frame)) in msgspec's C code; a rejected frame is read at most four times.
     """
     if len(frame) > max_message_bytes:
-        return _error(_rid_of(frame, keys_fallback=False), ERR_TOO_LARGE,
-                      f"message of {len(frame)} bytes exceeds {max_message_bytes} bytes")
+        return _error(
+            _rid_of(frame, keys_fallback=False),
+            ERR_TOO_LARGE,
+            f"message of {len(frame)} bytes exceeds {max_message_bytes} bytes",
+        )
     try:
         return _client_decoder.decode(frame)
     except Exception as exc:  # DecodeError, ValidationError, RecursionError (deep nesting), MemoryError: all rejected
@@ -303,16 +315,20 @@ def _rejection(frame: bytes, error: Exception) -> ErrorResponse:
     """The ErrorResponse for a frame the typed decode rejected with error. Never raises."""
     envelope = _envelope(frame)
     if envelope is None:
-        return _error(_rid_of(frame, keys_fallback=True), ERR_MALFORMED,
-                      f"a message is a msgpack map with string keys: {_short(error)}")
+        return _error(
+            _rid_of(frame, keys_fallback=True),
+            ERR_MALFORMED,
+            f"a message is a msgpack map with string keys: {_short(error)}",
+        )
     rid = _as_str(envelope.rid) or ""
     if len(rid) > MAX_RID_CHARS:
         return _rid_error(rid)
     tag = _as_str(envelope.type)
     if tag not in CLIENT_TAGS:
         shown = repr(tag) if tag is not None else "missing or not a string"
-        return ErrorResponse(rid, ERR_UNKNOWN_MESSAGE,
-                             f"unknown message type {_clip(shown)}; known: {sorted(CLIENT_TAGS)}")
+        return ErrorResponse(
+            rid, ERR_UNKNOWN_MESSAGE, f"unknown message type {_clip(shown)}; known: {sorted(CLIENT_TAGS)}"
+        )
     if tag == "generate":
         return _generate_rejection(frame, rid, error)
     return ErrorResponse(rid, ERR_MALFORMED, _short(error))

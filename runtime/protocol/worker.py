@@ -47,9 +47,9 @@ class ForwardBatch(msgspec.Struct, tag="forward_batch", forbid_unknown_fields=Tr
     """One step for the worker. Applied in this order: forks and fork_copies, drop, swap_out, swap_in, copies, then
     the forward.
 
-    forks: (parent seq id, child seq id, shared blocks) per beam fork (runtime/beam_search.py): the worker registers
-        the child with the parent's sampling state and the first `shared` entries of the parent's block table as it
-        stands before this step; the child's own ScheduledSeq then carries only the block ids appended after them (a
+    forks: (parent seq id, child seq id, shared blocks) per beam fork (runtime/scheduler/beam_search.py): the worker
+    registers the child with the parent's sampling state and the first `shared` entries of the parent's block table as
+    it stands before this step; the child's own ScheduledSeq then carries only the block ids appended after them (a
         fork is a delta, never a whole table). Applied first, so a parent dropped in the same step still lends it.
     fork_copies: (src, dst) copies of the forks' shared partial blocks into the children's own, applied with the
         forks, before anything of the step can free or overwrite a source (dst blocks came off the free queue, never

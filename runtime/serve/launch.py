@@ -2,7 +2,7 @@
 
 Starts the worker, scheduler and tokenizer processes (subprocesses of this interpreter, each in its own session so a
 Ctrl-C reaches only the launcher), waits until each reports ProcessReady, then, with `--http-port PORT`, the
-OpenAI-compatible HTTP server (a 4th child, role "http", runtime/serve/http_process.py: a client of the public
+OpenAI-compatible HTTP server (a 4th child, role "http", runtime/serve/http/process.py: a client of the public
 endpoint, bound to --host:PORT, the API key of --api-key or RADIXSERVE_API_KEY passed in its environment, never on a
 command line; it prints "radixserve http ready at http://HOST:PORT" itself); prints the public endpoint, logs the
 scheduler's stats every log_interval_s, and shuts everything down on Ctrl-C / SIGTERM. When a child dies it tells the
@@ -35,7 +35,7 @@ import zmq
 
 from runtime import protocol as p
 from runtime.config import InvalidConfig, ServerArgs
-from runtime.serve.http_process import http_child_env
+from runtime.serve.http.process import http_child_env
 from runtime.serve.process import (
     POLL_MS,
     ChildSpec,
@@ -67,8 +67,10 @@ def child_main(spec_json: str) -> int:
     tokenizer handles it (stop_on_sigterm) to answer its clients first. Off Linux, a child that finds the launcher
     dead removes the ipc temp dir the launcher could not."""
     spec = msgspec.json.decode(spec_json, type=ChildSpec)
-    logging.basicConfig(level=os.environ.get("RADIXSERVE_LOG_LEVEL", "INFO"),
-                        format=f"%(asctime)s %(levelname)s {spec.role}[%(process)d] %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("RADIXSERVE_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s %(levelname)s {spec.role}[%(process)d] %(name)s: %(message)s",
+    )
     if spec.role == "tokenizer":
         stop_on_sigterm()
     die_with_parent()
@@ -79,9 +81,9 @@ def child_main(spec_json: str) -> int:
         elif spec.role == "scheduler":
             from runtime.serve.scheduler_process import run_scheduler_process as run
         elif spec.role == "http":
-            from runtime.serve.http_process import run_http_process as run
+            from runtime.serve.http.process import run_http_process as run
         else:
-            from runtime.serve.tokenizer_process import run_tokenizer_process as run
+            from runtime.serve.tokenizer.process import run_tokenizer_process as run
         run(spec)
     except Exception as exc:
         logger.exception("%s process failed", spec.role)
@@ -114,8 +116,11 @@ def _flag_type(tp: typing.Any) -> tuple[typing.Any, list | None]:
 
 def build_parser() -> argparse.ArgumentParser:
     """argparse parser with one flag per ServerArgs field (generated, so new fields get flags automatically)."""
-    parser = argparse.ArgumentParser(prog="radixserve", description="Serve a model over ZeroMQ with prefix caching.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="radixserve",
+        description="Serve a model over ZeroMQ with prefix caching.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     hints = typing.get_type_hints(ServerArgs)
     for f in dataclasses.fields(ServerArgs):
         flag, default, help_ = "--" + f.name.replace("_", "-"), f.default, f.metadata.get("help", "")
@@ -289,9 +294,16 @@ class Launcher:
 
 def log_stats(s: p.ServerStats) -> None:
     """One log line: running, waiting, tokens/s, KV usage, blocks in the radix tree (evictable of them), hit rate."""
-    logger.info("running %d, waiting %d, %.1f tokens/s, KV usage %.1f%%, %d cached blocks (%d evictable), "
-                "hit rate %.1f%%", s.num_running, s.num_waiting, s.tokens_per_s, 100 * s.kv_usage,
-                s.num_cached_blocks, s.num_evictable_blocks, 100 * s.hit_rate)
+    logger.info(
+        "running %d, waiting %d, %.1f tokens/s, KV usage %.1f%%, %d cached blocks (%d evictable), hit rate %.1f%%",
+        s.num_running,
+        s.num_waiting,
+        s.tokens_per_s,
+        100 * s.kv_usage,
+        s.num_cached_blocks,
+        s.num_evictable_blocks,
+        100 * s.hit_rate,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -119,7 +119,7 @@ def stop_message(spec: ChildSpec) -> p.Shutdown:
 
 
 def one_line(exc: BaseException) -> str:
-    """"<ExceptionType>: <message>" on one line (newlines and runs of spaces become one space): the cause of a failed
+    """ "<ExceptionType>: <message>" on one line (newlines and runs of spaces become one space): the cause of a failed
     start, as ProcessFailed carries it to the launcher's one log line."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -27,7 +27,7 @@ from runtime.serve.health import WorkerHealth
 from runtime.serve.process import POLL_MS, bind, parent_alive, report, report_failure
 
 if TYPE_CHECKING:
-    from runtime.scheduler import Scheduler
+    from runtime.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -35,15 +35,23 @@ TOPIC_KV, TOPIC_STATS = b"kv", b"stats"
 
 
 class SchedulerServer:
-    """Drives a runtime.scheduler.Scheduler from socket messages. Sockets are passed in so tests can drive it.
+    """Drives a runtime.scheduler.scheduler.Scheduler from socket messages. Sockets are passed in so tests can drive it.
 
     to_worker: PUSH ForwardBatch / WorkerProbe. to_tokenizer: PUSH TokenOutputs / replies. pub: PUB for KV events and
     stats (None: not published). worker_probe_timeout_s: seconds a health request waits for the worker's answer.
     Mutates the scheduler; at most one batch is in flight.
     """
 
-    def __init__(self, scheduler: Scheduler, to_worker: zmq.Socket, to_tokenizer: zmq.Socket, pub: zmq.Socket | None,
-                 stats_interval_s: float, events_port: int = 0, worker_probe_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        to_worker: zmq.Socket,
+        to_tokenizer: zmq.Socket,
+        pub: zmq.Socket | None,
+        stats_interval_s: float,
+        events_port: int = 0,
+        worker_probe_timeout_s: float = 5.0,
+    ) -> None:
         self.scheduler, self.to_worker, self.to_tokenizer, self.pub = scheduler, to_worker, to_tokenizer, pub
         self.stats_interval_s = stats_interval_s
         self.events_port = events_port  # TCP port of pub for routers (0: ipc only)
@@ -55,7 +63,7 @@ class SchedulerServer:
 
     def on_tokenizer_message(self, msg: p.SchedulerInput) -> None:
         """Applies one tokenizer message; a request the scheduler rejects is answered with RequestFailed."""
-        from runtime.request import RequestRejected, UnknownRequestError
+        from runtime.scheduler.request import RequestRejected, UnknownRequestError
 
         sched = self.scheduler
         if isinstance(msg, p.TokenizedRequest):
@@ -231,15 +239,27 @@ def _make_server(spec, ready: p.Ready, links: _Links) -> SchedulerServer:
     """The Scheduler over a KVCacheManager sized from the worker's Ready, behind a SchedulerServer. Raises what they
     raise for sizes they cannot serve (ValueError, InvalidConfig)."""
     from radix.manager import KVCacheManager
-    from runtime.scheduler import Scheduler
+    from runtime.scheduler.scheduler import Scheduler
 
     args = spec.server_args
-    manager = KVCacheManager(ready.num_blocks, ready.block_size, args.enable_prefix_caching, ready.num_host_blocks,
-                             record_events=True,  # the PUB socket publishes (and so drains) them
-                             num_host_cache_blocks=ready.num_host_cache_blocks)
+    manager = KVCacheManager(
+        ready.num_blocks,
+        ready.block_size,
+        args.enable_prefix_caching,
+        ready.num_host_blocks,
+        record_events=True,  # the PUB socket publishes (and so drains) them
+        num_host_cache_blocks=ready.num_host_cache_blocks,
+    )
     scheduler = Scheduler(manager, args, ready.max_model_len, ready.eos_token_ids, vocab_size=ready.vocab_size)
-    return SchedulerServer(scheduler, links.to_worker, links.to_tokenizer, links.pub, args.log_interval_s,
-                           links.events_port, args.worker_probe_timeout_s)
+    return SchedulerServer(
+        scheduler,
+        links.to_worker,
+        links.to_tokenizer,
+        links.pub,
+        args.log_interval_s,
+        links.events_port,
+        args.worker_probe_timeout_s,
+    )
 
 
 def run_scheduler_process(spec) -> None:

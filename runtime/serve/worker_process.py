@@ -33,8 +33,9 @@ class StepRunner(Protocol):
     def execute(self, batch: p.ForwardBatch) -> p.ForwardResult: ...
 
 
-def serve_worker(runner: StepRunner, pull: zmq.Socket, push: zmq.Socket, alive: Callable[[], bool],
-                 poll_ms: int = POLL_MS) -> None:
+def serve_worker(
+    runner: StepRunner, pull: zmq.Socket, push: zmq.Socket, alive: Callable[[], bool], poll_ms: int = POLL_MS
+) -> None:
     """Answers ForwardBatches from `pull` with ForwardResults, and WorkerProbes with WorkerProbeReplies, on `push`
     until alive() is False.
 

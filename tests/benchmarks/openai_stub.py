@@ -18,7 +18,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from runtime.tokenizer import apply_chat_template
+from runtime.text.prompt import apply_chat_template
 
 BLOCK_SIZE = 16
 
@@ -76,15 +76,20 @@ class OpenAIStub:
             self._cached_blocks.update(tuple(full[: k * BLOCK_SIZE]) for k in range(1, len(full) // BLOCK_SIZE + 1))
             self.requests.append((len(prompt), cached, text))
         half = len(text) // 2
-        chunks = [{"choices": [{"index": 0, "delta": {"content": part}, "finish_reason": None}]}
-                  for part in (text[:half], text[half:])]
+        chunks = [
+            {"choices": [{"index": 0, "delta": {"content": part}, "finish_reason": None}]}
+            for part in (text[:half], text[half:])
+        ]
         last: dict[str, Any] = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
         completion = len(tok.encode(text, add_special_tokens=False))
         if llamacpp:
             last["timings"] = {"prompt_n": len(prompt) - cached, "cache_n": cached, "predicted_n": completion}
             events = [*chunks, last]
         else:
-            usage = {"prompt_tokens": len(prompt), "completion_tokens": completion,
-                     "prompt_tokens_details": {"cached_tokens": cached}}
+            usage = {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": completion,
+                "prompt_tokens_details": {"cached_tokens": cached},
+            }
             events = [*chunks, last, {"choices": [], "usage": usage}]
         return [json.dumps(e) for e in events] + ["[DONE]"]

@@ -10,9 +10,16 @@ from benchmarks.http_load import evaluate, main
 
 
 def _result(**over: Any) -> dict[str, Any]:
-    result: dict[str, Any] = {"errors": {}, "bad_outputs": {}, "final_stats": {"num_used_blocks": 0}, "requests": 10,
-                              "completed": 8, "aborted": 2, "idle": {"requests_each": 4},
-                              "metrics_request_success": {"stop": 3, "length": 15, "abort": 1}}
+    result: dict[str, Any] = {
+        "errors": {},
+        "bad_outputs": {},
+        "final_stats": {"num_used_blocks": 0},
+        "requests": 10,
+        "completed": 8,
+        "aborted": 2,
+        "idle": {"requests_each": 4},
+        "metrics_request_success": {"stop": 3, "length": 15, "abort": 1},
+    }
     return {**result, **over}
 
 
@@ -21,15 +28,26 @@ def test_targets_on_a_hand_made_result():
     assert all(t["met"] for t in ok.values()), ok
     assert ok["completed + idle <= request_success_total{stop, length} <= that + aborted"]["value"] == 18
     assert not evaluate(_result(metrics_request_success={"stop": 3, "length": 14}))[
-        "completed + idle <= request_success_total{stop, length} <= that + aborted"]["met"]  # one short
+        "completed + idle <= request_success_total{stop, length} <= that + aborted"
+    ]["met"]  # one short
     assert not evaluate(_result(metrics_request_success={"stop": 3, "length": 18}))[
-        "completed + idle <= request_success_total{stop, length} <= that + aborted"]["met"]  # one beyond the aborted
-    bad = evaluate(_result(errors={"APIConnectionError": 1}, final_stats={"num_used_blocks": 3}, completed=7,
-                           metrics_request_success={"stop": 1, "length": 2}))
+        "completed + idle <= request_success_total{stop, length} <= that + aborted"
+    ]["met"]  # one beyond the aborted
+    bad = evaluate(
+        _result(
+            errors={"APIConnectionError": 1},
+            final_stats={"num_used_blocks": 3},
+            completed=7,
+            metrics_request_success={"stop": 1, "length": 2},
+        )
+    )
     assert {name: t["met"] for name, t in bad.items()} == {
-        "errors == 0": False, "bad_outputs == 0": True, "num_used_blocks == 0 at the end": False,
+        "errors == 0": False,
+        "bad_outputs == 0": True,
+        "num_used_blocks == 0 at the end": False,
         "completed + aborted == requests": False,
-        "completed + idle <= request_success_total{stop, length} <= that + aborted": False}
+        "completed + idle <= request_success_total{stop, length} <= that + aborted": False,
+    }
     assert bad["num_used_blocks == 0 at the end"]["value"] == 3
 
 

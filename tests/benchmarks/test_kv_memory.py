@@ -32,8 +32,11 @@ def test_parallel_sampling_copy_on_write_counts():
     # place. After the prompt: 32 + 3 blocks shared vs 4 * 32 full copies; after 16 more tokens each: + 4 * 1.
     out = parallel_sampling(n=4, prompt_len=512, gen_tokens=16, block_size=16)
     assert out["cow_block_copies"] == 3
-    assert out["after_prompt"] == {"shared_blocks": 35, "full_copy_blocks": 128,
-                                   "saved_fraction": round(1 - 35 / 128, 4)}
+    assert out["after_prompt"] == {
+        "shared_blocks": 35,
+        "full_copy_blocks": 128,
+        "saved_fraction": round(1 - 35 / 128, 4),
+    }
     assert out["end_of_generation"]["shared_blocks"] == 39
     assert out["end_of_generation"]["full_copy_blocks"] == 132
 

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-from openai_stub import OpenAIStub
 
 from benchmarks.chat_questions import build_workload
 from benchmarks.multi_turn_chat import (
@@ -20,6 +19,7 @@ from benchmarks.multi_turn_chat import (
     oracle_cached,
     parse_targets,
 )
+from tests.benchmarks.openai_stub import OpenAIStub
 
 
 def _rec(conv: int, turn: int, t_submit: float, t_end: float, prompt: list[int], output: list[int]) -> Record:
@@ -54,11 +54,17 @@ def test_first_mismatch_against_previous_prompt_and_output():
 def test_parse_targets():
     assert parse_targets(None) == ["radixserve", "radixserve-nocache"]
     assert parse_targets(["engine,transformers", "openai=http://127.0.0.1:8080", "radixserve-http"]) == [
-        "engine", "transformers", "openai=http://127.0.0.1:8080", "radixserve-http"]
+        "engine",
+        "transformers",
+        "openai=http://127.0.0.1:8080",
+        "radixserve-http",
+    ]
     with pytest.raises(BenchmarkError, match="unknown target 'vllm'"):
         parse_targets(["vllm"])
     assert parse_targets(["router=cache_aware:2", "router=round_robin:2"]) == [
-        "router=cache_aware:2", "router=round_robin:2"]
+        "router=cache_aware:2",
+        "router=round_robin:2",
+    ]
     with pytest.raises(BenchmarkError, match="bad target 'router=fastest:2'"):
         parse_targets(["router=fastest:2"])
     with pytest.raises(BenchmarkError, match="bad target 'router=cache_aware:0'"):
@@ -104,8 +110,9 @@ def test_smoke_every_target_on_the_tiny_model(tiny_llama_dir: Path, smollm2_toke
     stubs = [OpenAIStub(smollm2_tokenizer), OpenAIStub(smollm2_tokenizer)]  # one cache per target
     urls = [stub.start() for stub in stubs]
     out = tmp_path / "chat.json"
-    targets = (f"radixserve,radixserve-nocache,radixserve-http,engine,transformers,openai={urls[0]},"
-               f"openai={urls[1]}/llamacpp")
+    targets = (
+        f"radixserve,radixserve-nocache,radixserve-http,engine,transformers,openai={urls[0]},openai={urls[1]}/llamacpp"
+    )
     try:
         result = main(["--smoke", "--model", str(tiny_llama_dir), "--target", targets, "--out", str(out)])
     finally:
@@ -136,20 +143,39 @@ def test_smoke_every_target_on_the_tiny_model(tiny_llama_dir: Path, smollm2_toke
     zmq, http = ([row[:4] + row[5:] for row in sorted(t[name]["trace"])] for name in ("radixserve", "radixserve-http"))
     assert zmq == http
     assert set(result["targets_met"]) == {
-        "radixserve_hit_rate_over_oracle", "engine_hit_rate_over_oracle", "radixserve_hit_rate_over_inflight_oracle",
-        "engine_hit_rate_over_inflight_oracle", "ttft_turn2plus_speedup", "output_tok_per_s_on_over_off",
-        "http_output_tok_per_s_over_zmq", "http_ttft_p50_minus_zmq_s"}
+        "radixserve_hit_rate_over_oracle",
+        "engine_hit_rate_over_oracle",
+        "radixserve_hit_rate_over_inflight_oracle",
+        "engine_hit_rate_over_inflight_oracle",
+        "ttft_turn2plus_speedup",
+        "output_tok_per_s_on_over_off",
+        "http_output_tok_per_s_over_zmq",
+        "http_ttft_p50_minus_zmq_s",
+    }
     for name, s in t.items():  # concurrency 1: nothing is in flight when a request is sent, the two oracles agree
         assert s["oracle_inflight_hit_rate"] == s["oracle_hit_rate"], name
     assert len(result["config"]["workload"]["user_turns"]) == 2 and result["config"]["concurrency"] == 1
 
 
 def test_radixserve_http_through_the_stdlib_client_with_a_dtype(tiny_llama_dir: Path):
-    result = main(["--smoke", "--model", str(tiny_llama_dir), "--target", "radixserve,radixserve-http",
-                   "--http-client", "stdlib", "--dtype", "float32"])
+    result = main(
+        [
+            "--smoke",
+            "--model",
+            str(tiny_llama_dir),
+            "--target",
+            "radixserve,radixserve-http",
+            "--http-client",
+            "stdlib",
+            "--dtype",
+            "float32",
+        ]
+    )
     config = result["config"]
     assert (config["http_client"], config["dtype"], config["quantization"]) == ("stdlib", "float32", "none")
-    zmq, http = ([row[:4] + row[5:] for row in sorted(result["targets"][name]["trace"])]
-                 for name in ("radixserve", "radixserve-http"))
+    zmq, http = (
+        [row[:4] + row[5:] for row in sorted(result["targets"][name]["trace"])]
+        for name in ("radixserve", "radixserve-http")
+    )
     assert zmq == http  # greedy, concurrency 1: the same prompts, hits, completion tokens and reasons either way
     assert result["targets"]["radixserve-http"]["prompt_tokens_agree"] == 4

@@ -13,8 +13,14 @@ from benchmarks.soak import check_output, evaluate, main, rss_growth, token_rang
 from runtime import protocol as p
 
 
-def _check(reason: str | None, usage: p.Usage | None, ids: int, max_tokens: int = 8, prompt_len: int = 20,
-           max_model_len: int = 64) -> list[str]:
+def _check(
+    reason: str | None,
+    usage: p.Usage | None,
+    ids: int,
+    max_tokens: int = 8,
+    prompt_len: int = 20,
+    max_model_len: int = 64,
+) -> list[str]:
     return check_output(reason, usage, ids, max_tokens, prompt_len, max_model_len)
 
 
@@ -34,8 +40,10 @@ def test_check_output_names_each_inconsistency():
     assert _check("stop", p.Usage(20, 21, 3), 3) == ["cached_tokens outside [0, prompt_tokens]"]
     assert _check("stop", p.Usage(19, 0, 3), 3) == ["prompt_tokens != chat template length"]
     assert _check("length", p.Usage(20, 30, 4), 5) == [
-        "completion_tokens != len(token_ids)", "length below max_tokens, context not full",
-        "cached_tokens outside [0, prompt_tokens]"]
+        "completion_tokens != len(token_ids)",
+        "length below max_tokens, context not full",
+        "cached_tokens outside [0, prompt_tokens]",
+    ]
 
 
 def test_rss_growth_from_the_first_sample_at_or_after_the_start():
@@ -48,9 +56,15 @@ def test_rss_growth_from_the_first_sample_at_or_after_the_start():
 
 def test_rss_targets_judged_only_for_runs_of_five_minutes():
     series = [[0.0, 100], [120.0, 100], [600.0, 106]]
-    result: dict[str, Any] = {"errors": {}, "bad_outputs": {"no usage": 1}, "final_stats": {"num_used_blocks": 0},
-                              "requests": 3, "completed": 2, "aborted": 1,
-                              "rss_kb": {r: series for r in ("worker", "scheduler", "tokenizer")}}
+    result: dict[str, Any] = {
+        "errors": {},
+        "bad_outputs": {"no usage": 1},
+        "final_stats": {"num_used_blocks": 0},
+        "requests": 3,
+        "completed": 2,
+        "aborted": 1,
+        "rss_kb": {r: series for r in ("worker", "scheduler", "tokenizer")},
+    }
     long_run = evaluate(result, 600.0)
     assert long_run["bad_outputs == 0"] == {"value": 1, "met": False}
     assert long_run["completed + aborted == requests"] == {"value": 3, "met": True}
@@ -69,9 +83,23 @@ def test_smoke_run_keeps_every_invariant(tmp_path):
     out = tmp_path / "soak.json"
     main(["--smoke", "--out", str(out)])
     result = json.loads(out.read_text())
-    assert set(result) == {"requests", "completed", "aborted", "errors", "bad_outputs", "ttft_p50_s", "ttft_p99_s",
-                           "latency_p50_s", "latency_p99_s", "rss_kb", "final_stats", "stats_samples", "config",
-                           "machine", "targets"}
+    assert set(result) == {
+        "requests",
+        "completed",
+        "aborted",
+        "errors",
+        "bad_outputs",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "latency_p50_s",
+        "latency_p99_s",
+        "rss_kb",
+        "final_stats",
+        "stats_samples",
+        "config",
+        "machine",
+        "targets",
+    }
     assert result["errors"] == {} and result["bad_outputs"] == {}
     assert result["final_stats"]["num_used_blocks"] == 0
     assert result["completed"] + result["aborted"] == result["requests"] and result["completed"] > 0

@@ -13,11 +13,13 @@ from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
 from runtime.model.runner import ModelRunner
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Scheduler
+from runtime.scheduler.scheduler import Scheduler
 
-PARAMS = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=6),
-          SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4, frequency_penalty=1.5),
-          SamplingParams(temperature=0.9, seed=3, ignore_eos=True, max_tokens=5, presence_penalty=0.5)]
+PARAMS = [
+    SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=6),
+    SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4, frequency_penalty=1.5),
+    SamplingParams(temperature=0.9, seed=3, ignore_eos=True, max_tokens=5, presence_penalty=0.5),
+]
 
 
 def _serve(model: str, timed: bool) -> dict[str, list[int]]:
@@ -26,8 +28,13 @@ def _serve(model: str, timed: bool) -> dict[str, list[int]]:
     args = ServerArgs(model=model, dtype="float32", num_blocks=40, block_size=4)
     runner = ModelRunner(args)
     ready = runner.ready
-    sched = Scheduler(KVCacheManager(ready.num_blocks, ready.block_size, True, 0, record_events=True), args,
-                      ready.max_model_len, ready.eos_token_ids, vocab_size=ready.vocab_size)  # fmt: skip
+    sched = Scheduler(
+        KVCacheManager(ready.num_blocks, ready.block_size, True, 0, record_events=True),
+        args,
+        ready.max_model_len,
+        ready.eos_token_ids,
+        vocab_size=ready.vocab_size,
+    )
     for i, params in enumerate(PARAMS):
         sched.add_request(f"r{i}", [100 + 7 * i + j for j in range(9 + i)], params)
     tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(PARAMS))}

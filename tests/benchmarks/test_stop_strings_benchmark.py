@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from benchmarks.stop_strings import ScanStopChecker, completion, main, stop_set
-from runtime.stop_strings import StopChecker
+from runtime.text.stop_strings import StopChecker
 
 
 def test_before_and_after_release_the_same_text():

@@ -18,31 +18,61 @@ from benchmarks.vs_llama_server import TARGETS, main, ratios_and_targets
 
 SCRIPT = str(ls.SCRIPT)
 AVX2_ONLY = "fpu sse sse2 avx avx2 fma f16c bmi2"
-AVX512_AMX = AVX2_ONLY + (" avx512f avx512cd avx512vl avx512dq avx512bw avx512vbmi avx512_vnni avx512_bf16 amx_tile"
-                          " amx_bf16")
+AVX512_AMX = AVX2_ONLY + (
+    " avx512f avx512cd avx512vl avx512dq avx512bw avx512vbmi avx512_vnni avx512_bf16 amx_tile amx_bf16"
+)
 
 
 def _print_flags(tmp_path: Path, flags: str) -> list[str]:
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: {flags}\n\n"
-                       "processor\t: 1\nflags\t\t: avx512f\n")  # only the first processor's flags count
-    out = subprocess.run(["bash", SCRIPT, "--print-flags"], env={**os.environ, "CPUINFO": str(cpuinfo)},
-                         capture_output=True, text=True, check=True)
+    cpuinfo.write_text(
+        f"processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: avx512f\n"
+    )  # only the first processor's flags count
+    out = subprocess.run(
+        ["bash", SCRIPT, "--print-flags"],
+        env={**os.environ, "CPUINFO": str(cpuinfo)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.split()
 
 
 def test_build_options_follow_the_cpu_flags_and_amx_is_off(tmp_path: Path):
     tail = ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
-    avx2 = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON",
-            "-DGGML_AVX_VNNI=OFF"]
-    assert _print_flags(tmp_path, AVX2_ONLY) == [*avx2, "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF",
-                                                 "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF", *tail]
-    assert _print_flags(tmp_path, AVX512_AMX) == [*avx2, "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON",
-                                                  "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", *tail]
+    avx2 = [
+        "-DGGML_NATIVE=OFF",
+        "-DGGML_AVX=ON",
+        "-DGGML_AVX2=ON",
+        "-DGGML_FMA=ON",
+        "-DGGML_F16C=ON",
+        "-DGGML_BMI2=ON",
+        "-DGGML_AVX_VNNI=OFF",
+    ]
+    assert _print_flags(tmp_path, AVX2_ONLY) == [
+        *avx2,
+        "-DGGML_AVX512=OFF",
+        "-DGGML_AVX512_VBMI=OFF",
+        "-DGGML_AVX512_VNNI=OFF",
+        "-DGGML_AVX512_BF16=OFF",
+        *tail,
+    ]
+    assert _print_flags(tmp_path, AVX512_AMX) == [
+        *avx2,
+        "-DGGML_AVX512=ON",
+        "-DGGML_AVX512_VBMI=ON",
+        "-DGGML_AVX512_VNNI=ON",
+        "-DGGML_AVX512_BF16=ON",
+        *tail,
+    ]
     # avx512f without avx512bw: ggml's AVX512 build needs both, so it and its extensions are off
     no_bw = AVX512_AMX.replace(" avx512bw", "")
-    assert _print_flags(tmp_path, no_bw)[7:11] == ["-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF",
-                                                   "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF"]
+    assert _print_flags(tmp_path, no_bw)[7:11] == [
+        "-DGGML_AVX512=OFF",
+        "-DGGML_AVX512_VBMI=OFF",
+        "-DGGML_AVX512_VNNI=OFF",
+        "-DGGML_AVX512_BF16=OFF",
+    ]
 
 
 def test_an_up_to_date_build_is_reused_and_its_options_read_back(tmp_path: Path):
@@ -53,11 +83,25 @@ def test_an_up_to_date_build_is_reused_and_its_options_read_back(tmp_path: Path)
     binary.write_text("#!/bin/sh\n")
     binary.chmod(0o755)
     cache = [f"{f[2:].split('=')[0]}:BOOL={f.split('=')[1]}" for f in flags]
-    (out / "build" / "CMakeCache.txt").write_text("\n".join(["# comment", "CMAKE_BUILD_TYPE:STRING=Release",
-                                                             "LLAMA_BUILD_NUMBER:STRING=11434", *cache,
-                                                             "GGML_CUDA:BOOL=OFF"]) + "\n")
-    done = subprocess.run(["bash", SCRIPT, str(out)], env={**os.environ, "CPUINFO": str(tmp_path / "cpuinfo")},
-                          capture_output=True, text=True, check=True)
+    (out / "build" / "CMakeCache.txt").write_text(
+        "\n".join(
+            [
+                "# comment",
+                "CMAKE_BUILD_TYPE:STRING=Release",
+                "LLAMA_BUILD_NUMBER:STRING=11434",
+                *cache,
+                "GGML_CUDA:BOOL=OFF",
+            ]
+        )
+        + "\n"
+    )
+    done = subprocess.run(
+        ["bash", SCRIPT, str(out)],
+        env={**os.environ, "CPUINFO": str(tmp_path / "cpuinfo")},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert done.stdout == f"up to date: {binary}\n"
     options = ls.build_options(out)
     assert list(options) == list(ls.REPORTED_OPTIONS)
@@ -68,32 +112,62 @@ def test_an_up_to_date_build_is_reused_and_its_options_read_back(tmp_path: Path)
 
 def test_server_command():
     assert ls.server_command("/b/llama-server", "/m.gguf", 8, 2, 8080) == [
-        "/b/llama-server", "-m", "/m.gguf", "-np", "8", "-c", "16384", "-t", "2", "-tb", "2", "--host", "127.0.0.1",
-        "--port", "8080"]
+        "/b/llama-server",
+        "-m",
+        "/m.gguf",
+        "-np",
+        "8",
+        "-c",
+        "16384",
+        "-t",
+        "2",
+        "-tb",
+        "2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8080",
+    ]
 
 
 def _engine(out_tok_s: float, ttft: float, tpot: float | None, decode: float) -> dict:
-    return {"multi_turn": {"output_tok_per_s": out_tok_s, "ttft_p50_s": ttft, "tpot_s": tpot},
-            "single_stream": {"decode_tok_s": decode}}
+    return {
+        "multi_turn": {"output_tok_per_s": out_tok_s, "ttft_p50_s": ttft, "tpot_s": tpot},
+        "single_stream": {"decode_tok_s": decode},
+    }
 
 
 def test_ratios_and_targets_on_hand_made_figures():
-    ratios, targets = ratios_and_targets({"radixserve-http": _engine(60.0, 1.0, 0.1, 50.0),
-                                          "llama-server": _engine(40.0, 2.0, 0.125, 100.0)})
+    ratios, targets = ratios_and_targets(
+        {"radixserve-http": _engine(60.0, 1.0, 0.1, 50.0), "llama-server": _engine(40.0, 2.0, 0.125, 100.0)}
+    )
     assert ratios == {"output_tok_s": 1.5, "ttft_p50": 0.5, "tpot": 0.8, "single_stream_decode_tok_s": 0.5}
     assert {k: (t["value"], t["rule"], t["target"], t["met"]) for k, t in targets.items()} == {
-        "output_tok_s": (1.5, ">=", 1.5, True), "ttft_p50": (0.5, "<=", 0.7, True), "tpot": (0.8, "<=", 1.0, True),
-        "single_stream_decode_tok_s": (0.5, ">=", 0.5, True)}
-    ratios, targets = ratios_and_targets({"radixserve-http": _engine(41.0, 2.8, None, 13.0),
-                                          "llama-server": _engine(41.0, 4.0, 0.1, 104.0)})
+        "output_tok_s": (1.5, ">=", 1.5, True),
+        "ttft_p50": (0.5, "<=", 0.7, True),
+        "tpot": (0.8, "<=", 1.0, True),
+        "single_stream_decode_tok_s": (0.5, ">=", 0.5, True),
+    }
+    ratios, targets = ratios_and_targets(
+        {"radixserve-http": _engine(41.0, 2.8, None, 13.0), "llama-server": _engine(41.0, 4.0, 0.1, 104.0)}
+    )
     assert ratios == {"output_tok_s": 1.0, "ttft_p50": 0.7, "tpot": None, "single_stream_decode_tok_s": 0.125}
     assert [t["met"] for t in targets.values()] == [False, True, False, False]
 
 
 def test_server_process_waits_for_health_and_always_stops(tiny_llama_dir: Path, tmp_path: Path):
     port = ls.free_port()
-    cmd = [sys.executable, "-m", "benchmarks.llama_stub", "--port", str(port), "--tokenizer", str(tiny_llama_dir),
-           "--load-s", "0.5"]  # /health is 503 for the first 0.5 s
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.llama_stub",
+        "--port",
+        str(port),
+        "--tokenizer",
+        str(tiny_llama_dir),
+        "--load-s",
+        "0.5",
+    ]  # /health is 503 for the first 0.5 s
     with pytest.raises(KeyboardInterrupt):
         with ls.ServerProcess(cmd, port, tmp_path / "stub.log", cwd=ls.SCRIPT.parent.parent) as server:
             assert server.proc is not None and server.proc.poll() is None
@@ -122,10 +196,12 @@ def test_smoke_against_the_stub(tiny_llama_dir: Path, tmp_path: Path):
         assert [(r["tokens"], r["chunks"]) for r in s["runs"]] == [(8, 8), (8, 8)], name
         assert s["decode_tok_s"] == round(sum(r["decode_tok_s"] for r in s["runs"]) / 2, 2) > 0, name
     ours, theirs = engines["radixserve-http"], engines["llama-server"]
-    assert result["ratios"]["output_tok_s"] == round(ours["multi_turn"]["output_tok_per_s"]
-                                                     / theirs["multi_turn"]["output_tok_per_s"], 4)
+    assert result["ratios"]["output_tok_s"] == round(
+        ours["multi_turn"]["output_tok_per_s"] / theirs["multi_turn"]["output_tok_per_s"], 4
+    )
     assert result["ratios"]["single_stream_decode_tok_s"] == round(
-        ours["single_stream"]["decode_tok_s"] / theirs["single_stream"]["decode_tok_s"], 4)
+        ours["single_stream"]["decode_tok_s"] / theirs["single_stream"]["decode_tok_s"], 4
+    )
     assert list(result["targets"]) == list(TARGETS) == list(result["ratios"])
     for name, t in result["targets"].items():
         assert t["value"] == result["ratios"][name]

@@ -21,9 +21,16 @@ CONTROL_TIMEOUT_S = 3.0  # --control-timeout-s
 @pytest.fixture(scope="module")
 def running(tiny_llama_dir, server_factory, tmp_path_factory):
     """A tiny server with short health timeouts, shared by this module's tests; stopped at the end."""
-    server = server_factory(str(tiny_llama_dir), tmp_path_factory.mktemp("logs") / "health.log", "--num-blocks", "64",
-                            "--worker-probe-timeout-s", str(PROBE_TIMEOUT_S), "--control-timeout-s",
-                            str(CONTROL_TIMEOUT_S))
+    server = server_factory(
+        str(tiny_llama_dir),
+        tmp_path_factory.mktemp("logs") / "health.log",
+        "--num-blocks",
+        "64",
+        "--worker-probe-timeout-s",
+        str(PROBE_TIMEOUT_S),
+        "--control-timeout-s",
+        str(CONTROL_TIMEOUT_S),
+    )
     yield server
     server.stop()
 
@@ -94,6 +101,8 @@ def test_frozen_scheduler_fails_health_with_a_server_error(server):
             c.health()
         assert info.type is ServerFailedError  # the tokenizer's answer, not the client's liveness timeout
         assert (info.value.code, info.value.message) == (
-            p.ERR_SERVER, f"the scheduler did not answer within {CONTROL_TIMEOUT_S} s")
+            p.ERR_SERVER,
+            f"the scheduler did not answer within {CONTROL_TIMEOUT_S} s",
+        )
         os.kill(pids["scheduler"], signal.SIGCONT)
         assert health_once_ok(c) == "ok"

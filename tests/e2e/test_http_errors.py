@@ -15,8 +15,10 @@ from http.client import HTTPConnection
 
 import openai
 import pytest
-from conftest import TINY_FLAGS
-from test_http_openai import MODEL, ROOT, assert_idle, start_http
+
+from tests.e2e.http_servers import MODEL, assert_idle, start_http
+from tests.e2e.processes import ROOT
+from tests.e2e.servers import TINY_FLAGS
 
 KEY = "sk-radixserve-test"
 LIMIT = 262144  # --max-body-bytes of the server under test
@@ -27,9 +29,17 @@ LONG = {"ignore_eos": True, "temperature": 0.0, "max_tokens": 1000}
 
 @pytest.fixture(scope="module")
 def http(tiny_server, tiny_llama_dir, tmp_path_factory):
-    server = start_http(tiny_server.endpoint, tmp_path_factory.mktemp("logs") / "http.log", "--model",
-                        str(tiny_llama_dir), "--served-model-name", MODEL, "--max-body-bytes", str(LIMIT),
-                        env={"RADIXSERVE_API_KEY": KEY})
+    server = start_http(
+        tiny_server.endpoint,
+        tmp_path_factory.mktemp("logs") / "http.log",
+        "--model",
+        str(tiny_llama_dir),
+        "--served-model-name",
+        MODEL,
+        "--max-body-bytes",
+        str(LIMIT),
+        env={"RADIXSERVE_API_KEY": KEY},
+    )
     yield server
     assert server.stop() == 0
 
@@ -45,16 +55,31 @@ def connect(url: str) -> HTTPConnection:
     return HTTPConnection(u.hostname, u.port, timeout=60)
 
 
-def send(url: str, method: str, path: str, body: bytes | dict | None = None, key: str | None = KEY,
-         headers: dict | None = None, chunked: bool = False) -> tuple[int, dict]:
+def send(
+    url: str,
+    method: str,
+    path: str,
+    body: bytes | dict | None = None,
+    key: str | None = KEY,
+    headers: dict | None = None,
+    chunked: bool = False,
+) -> tuple[int, dict]:
     """One request on its own connection: (status, JSON body)."""
     conn = connect(url)
     data = json.dumps(body).encode() if isinstance(body, dict) else body
-    hdrs = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}),
-            **(headers or {})}
+    hdrs = {
+        "Content-Type": "application/json",
+        **({"Authorization": f"Bearer {key}"} if key else {}),
+        **(headers or {}),
+    }
     if chunked:
-        conn.request(method, path, body=iter([data[i:i + 65536] for i in range(0, len(data), 65536)]),
-                     headers=hdrs, encode_chunked=True)
+        conn.request(
+            method,
+            path,
+            body=iter([data[i : i + 65536] for i in range(0, len(data), 65536)]),
+            headers=hdrs,
+            encode_chunked=True,
+        )
     else:
         conn.request(method, path, body=data, headers=hdrs)
     resp = conn.getresponse()
@@ -75,45 +100,97 @@ BIG = json.dumps(chat(messages=[{"role": "user", "content": "x" * (LIMIT + 10)}]
 # kind -> (path, body, send options, status, type, code, param)
 CASES = {
     "not JSON": (CHAT, b"{model: tiny", {}, 400, INVALID, "invalid_json", None),
-    "invalid UTF-8": (CHAT, b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', {}, 400, INVALID,
-                      "invalid_json", None),
-    "lone surrogate": (CHAT, b'{"messages": [{"role": "user", "content": "\\udc00"}]}', {}, 400, INVALID,
-                       "invalid_json", None),
+    "invalid UTF-8": (
+        CHAT,
+        b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}',
+        {},
+        400,
+        INVALID,
+        "invalid_json",
+        None,
+    ),
+    "lone surrogate": (
+        CHAT,
+        b'{"messages": [{"role": "user", "content": "\\udc00"}]}',
+        {},
+        400,
+        INVALID,
+        "invalid_json",
+        None,
+    ),
     "not an object": (CHAT, b"[1]", {}, 400, INVALID, "invalid_type", None),
     "wrong type": (CHAT, chat(max_tokens="ten"), {}, 400, INVALID, "invalid_type", "max_tokens"),
-    "wrong nested type": (CHAT, chat(messages=[{"role": "user", "content": 3}]), {}, 400, INVALID, "invalid_type",
-                          "messages[0].content"),
+    "wrong nested type": (
+        CHAT,
+        chat(messages=[{"role": "user", "content": 3}]),
+        {},
+        400,
+        INVALID,
+        "invalid_type",
+        "messages[0].content",
+    ),
     "missing messages": (CHAT, {"model": MODEL}, {}, 400, INVALID, "missing_required_parameter", "messages"),
     "unknown field": (CHAT, chat(max_token=5), {}, 400, INVALID, "unknown_parameter", "max_token"),
-    "unsupported field": (CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), {}, 400, INVALID,
-                          "unsupported_parameter", "tools"),
-    "unsupported response_format": (CHAT, chat(response_format={"type": "json_object"}), {}, 400, INVALID,
-                                    "unsupported_parameter", "response_format"),
+    "unsupported field": (
+        CHAT,
+        chat(tools=[{"type": "function", "function": {"name": "f"}}]),
+        {},
+        400,
+        INVALID,
+        "unsupported_parameter",
+        "tools",
+    ),
+    "unsupported response_format": (
+        CHAT,
+        chat(response_format={"type": "json_object"}),
+        {},
+        400,
+        INVALID,
+        "unsupported_parameter",
+        "response_format",
+    ),
     "max_tokens 0": (CHAT, chat(max_tokens=0), {}, 400, INVALID, "invalid_value", "max_tokens"),
-    "max_completion_tokens -1": (CHAT, chat(max_completion_tokens=-1), {}, 400, INVALID, "invalid_value",
-                                 "max_completion_tokens"),
+    "max_completion_tokens -1": (
+        CHAT,
+        chat(max_completion_tokens=-1),
+        {},
+        400,
+        INVALID,
+        "invalid_value",
+        "max_completion_tokens",
+    ),
     "temperature -1": (CHAT, chat(temperature=-1), {}, 400, INVALID, "invalid_value", "temperature"),
     "top_p 5": (CHAT, chat(top_p=5), {}, 400, INVALID, "invalid_value", "top_p"),
     "n 0": (CHAT, chat(n=0), {}, 400, INVALID, "invalid_value", "n"),
     "seed -1": (CHAT, chat(seed=-1), {}, 400, INVALID, "invalid_value", "seed"),
-    "top_logprobs 21": (CHAT, chat(logprobs=True, top_logprobs=21), {}, 400, INVALID, "invalid_value",
-                        "top_logprobs"),
-    "top_logprobs without logprobs": (CHAT, chat(top_logprobs=2), {}, 400, INVALID, "invalid_value",
-                                      "top_logprobs"),
+    "top_logprobs 21": (CHAT, chat(logprobs=True, top_logprobs=21), {}, 400, INVALID, "invalid_value", "top_logprobs"),
+    "top_logprobs without logprobs": (CHAT, chat(top_logprobs=2), {}, 400, INVALID, "invalid_value", "top_logprobs"),
     "presence_penalty 3": (CHAT, chat(presence_penalty=3), {}, 400, INVALID, "invalid_value", "presence_penalty"),
     "empty stop string": (CHAT, chat(stop=""), {}, 400, INVALID, "invalid_value", "stop"),
     "empty messages": (CHAT, chat(messages=[]), {}, 400, INVALID, "invalid_value", "messages"),
-    "unknown role": (CHAT, chat(messages=[{"role": "wizard", "content": "x"}]), {}, 400, INVALID, "invalid_value",
-                     "messages[0].role"),
+    "unknown role": (
+        CHAT,
+        chat(messages=[{"role": "wizard", "content": "x"}]),
+        {},
+        400,
+        INVALID,
+        "invalid_value",
+        "messages[0].role",
+    ),
     "empty prompt": (TEXT, text(prompt=""), {}, 400, INVALID, "invalid_request", "prompt"),
     "several prompts": (TEXT, text(prompt=["a", "b"]), {}, 400, INVALID, "invalid_value", "prompt"),
-    "token id outside the vocabulary": (TEXT, text(prompt=[5, 60000]), {}, 400, INVALID, "invalid_request",
-                                        "prompt"),
-    "prompt beyond the context": (TEXT, text(prompt=[7] * 1100), {}, 400, INVALID, "context_length_exceeded",
-                                  "prompt"),
+    "token id outside the vocabulary": (TEXT, text(prompt=[5, 60000]), {}, 400, INVALID, "invalid_request", "prompt"),
+    "prompt beyond the context": (TEXT, text(prompt=[7] * 1100), {}, 400, INVALID, "context_length_exceeded", "prompt"),
     "huge body": (CHAT, BIG, {}, 413, INVALID, "request_too_large", None),
-    "over the backend's message limit": (TEXT, text(prompt="y" * 70000), {}, 413, INVALID, "message_too_large",
-                                         "prompt"),
+    "over the backend's message limit": (
+        TEXT,
+        text(prompt="y" * 70000),
+        {},
+        413,
+        INVALID,
+        "message_too_large",
+        "prompt",
+    ),
     "huge chunked body": (CHAT, BIG, {"chunked": True}, 413, INVALID, "request_too_large", None),
     "wrong model": (CHAT, chat(model="gpt-4o"), {}, 404, "not_found_error", "model_not_found", "model"),
     "unknown route": ("/v1/embeddings", chat(), {}, 404, "not_found_error", "not_found", None),
@@ -127,8 +204,12 @@ def test_bad_input(http, kind):
     path, body, options, status, kind_type, code, param = CASES[kind]
     got_status, got = send(http.url, "POST", path, body, **options)
     assert set(got) == {"error"} and set(got["error"]) == {"message", "type", "param", "code"}
-    assert (got_status, got["error"]["type"], got["error"]["code"], got["error"]["param"]) == (status, kind_type,
-                                                                                             code, param)
+    assert (got_status, got["error"]["type"], got["error"]["code"], got["error"]["param"]) == (
+        status,
+        kind_type,
+        code,
+        param,
+    )
     assert got["error"]["message"]
 
 
@@ -167,8 +248,9 @@ def test_a_client_that_leaves_aborts_its_request(http, zmq, wait_idle, stream):
     before = zmq.stats().generated_tokens
     conn = connect(http.url)
     body = json.dumps(text(prompt=[300, 301, 302, 303], stream=stream, **LONG)).encode()
-    conn.request("POST", TEXT, body=body, headers={"Authorization": f"Bearer {KEY}",
-                                                    "Content-Type": "application/json"})
+    conn.request(
+        "POST", TEXT, body=body, headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    )
     if stream:
         resp = conn.getresponse()
         assert resp.status == 200 and resp.readline().startswith(b"data: {")
@@ -183,8 +265,9 @@ def test_a_client_that_leaves_aborts_its_request(http, zmq, wait_idle, stream):
 
 def test_after_all_that_the_server_serves_and_every_block_is_back(http, zmq, wait_idle):
     with http.openai(api_key=KEY) as oai:
-        r = oai.chat.completions.create(model=MODEL, messages=M, max_tokens=3, temperature=0.0,
-                                        extra_body={"ignore_eos": True})
+        r = oai.chat.completions.create(
+            model=MODEL, messages=M, max_tokens=3, temperature=0.0, extra_body={"ignore_eos": True}
+        )
     assert (r.usage.completion_tokens, r.choices[0].finish_reason) == (3, "length")
     stats = wait_idle(zmq)
     assert (stats.num_running, stats.num_waiting, stats.num_used_blocks, stats.num_swapped) == (0, 0, 0, 0)
@@ -201,8 +284,21 @@ def test_health_follows_the_backend(tiny_llama_dir, tmp_path, server_factory):
     """503 before the backend is up (and completions 503), 200 once it answered a probe, 503 once it is gone."""
     backend_port, port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "runtime.serve.http", "--backend", f"tcp://127.0.0.1:{backend_port}", "--port",
-           str(port), "--model", str(tiny_llama_dir), "--served-model-name", MODEL, "--health-timeout-s", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "runtime.serve.http",
+        "--backend",
+        f"tcp://127.0.0.1:{backend_port}",
+        "--port",
+        str(port),
+        "--model",
+        str(tiny_llama_dir),
+        "--served-model-name",
+        MODEL,
+        "--health-timeout-s",
+        "1",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -213,11 +309,13 @@ def test_health_follows_the_backend(tiny_llama_dir, tmp_path, server_factory):
             except OSError:
                 assert time.monotonic() < deadline and proc.poll() is None
                 time.sleep(0.1)
-        assert (status, body["error"]["type"], body["error"]["code"]) == (503, "service_unavailable_error",
-                                                                          "backend_unavailable")
+        assert (status, body["error"]["type"], body["error"]["code"]) == (
+            503,
+            "service_unavailable_error",
+            "backend_unavailable",
+        )
         assert send(url, "POST", CHAT, chat())[0] == 503
-        server = server_factory(str(tiny_llama_dir), tmp_path / "backend.log", *TINY_FLAGS, "--port",
-                              str(backend_port))
+        server = server_factory(str(tiny_llama_dir), tmp_path / "backend.log", *TINY_FLAGS, "--port", str(backend_port))
         try:
             assert proc.stdout.readline() == f"radixserve http ready at {url}\n"
             assert send(url, "GET", "/health") == (200, {"status": "ok"})

@@ -12,27 +12,31 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY_FLAGS
-from http_servers import descendants, http, scrape, start_http_server
 
 from router.launch import RouterLauncher, build_router_parser
 from runtime.client import Client
 from runtime.config import InvalidConfig, ServerArgs
-from runtime.serve.http_process import check_bindable, connect_endpoint, http_child_env, url_host
+from runtime.serve.http.process import check_bindable, connect_endpoint, http_child_env, url_host
 from runtime.serve.launch import build_parser
 from runtime.serve.process import StartupError
+from tests.e2e.http_servers import http, scrape, start_http_server
+from tests.e2e.processes import ROOT, descendants
+from tests.e2e.servers import TINY_FLAGS
 
 KEY = "sk-test-0123456789"
 
 
 # ------------------------------------------------------------------------------------------------- no server
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"http_port": 70000}, "http_port must be None or in"),
-    ({"http_port": -1}, "http_port must be None or in"),
-    ({"api_key": ""}, "api_key must be None or a non-empty string"),
-    ({"api_key": "  "}, "api_key must be None or a non-empty string"),
-    ({"served_model_name": ""}, "served_model_name must be None or a non-empty string"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"http_port": 70000}, "http_port must be None or in"),
+        ({"http_port": -1}, "http_port must be None or in"),
+        ({"api_key": ""}, "api_key must be None or a non-empty string"),
+        ({"api_key": "  "}, "api_key must be None or a non-empty string"),
+        ({"served_model_name": ""}, "served_model_name must be None or a non-empty string"),
+    ],
+)
 def test_http_settings_out_of_range_raise(kwargs, message):
     with pytest.raises(InvalidConfig, match=message):
         ServerArgs(**kwargs)
@@ -86,8 +90,15 @@ def test_a_busy_port_is_named():
 @pytest.fixture(scope="module")
 def keyed(tiny_llama_dir, tmp_path_factory):
     """The tiny model behind `radixserve --http-port 0 --api-key KEY --served-model-name tiny`."""
-    server = start_http_server(str(tiny_llama_dir), tmp_path_factory.mktemp("logs") / "keyed.log", *TINY_FLAGS,
-                               "--api-key", KEY, "--served-model-name", "tiny")
+    server = start_http_server(
+        str(tiny_llama_dir),
+        tmp_path_factory.mktemp("logs") / "keyed.log",
+        *TINY_FLAGS,
+        "--api-key",
+        KEY,
+        "--served-model-name",
+        "tiny",
+    )
     yield server
     server.stop()
 
@@ -110,12 +121,18 @@ def test_launcher_serves_the_openai_sdk(keyed):
 
     client = OpenAI(base_url=keyed.url + "/v1", api_key=KEY, max_retries=0)
     assert [m.id for m in client.models.list().data] == ["tiny"]
-    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi!"}], max_tokens=4,
-                                          temperature=0.0, extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Hi!"}],
+        max_tokens=4,
+        temperature=0.0,
+        extra_body={"ignore_eos": True},
+    )
     assert (chat.choices[0].finish_reason, chat.usage.completion_tokens) == ("length", 4)
     ids = list(range(300, 330))
-    completion = client.completions.create(model="tiny", prompt=ids, max_tokens=6, temperature=0.0,
-                                           extra_body={"ignore_eos": True})
+    completion = client.completions.create(
+        model="tiny", prompt=ids, max_tokens=6, temperature=0.0, extra_body={"ignore_eos": True}
+    )
     with Client(keyed.endpoint, timeout=60) as zmq_client:  # the same server through ZeroMQ: the same tokens
         direct = zmq_client.generate(input_ids=ids, max_tokens=6, temperature=0.0, ignore_eos=True)
     assert completion.choices[0].text == direct.text
@@ -172,28 +189,44 @@ def test_a_busy_http_port_fails_start_up_in_one_line(tiny_llama_dir, tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        cmd = [sys.executable, "-m", "runtime.launch", "--model", str(tiny_llama_dir), "--port", "0",
-               "--http-port", str(port), *TINY_FLAGS]
+        cmd = [
+            sys.executable,
+            "-m",
+            "runtime.launch",
+            "--model",
+            str(tiny_llama_dir),
+            "--port",
+            "0",
+            "--http-port",
+            str(port),
+            *TINY_FLAGS,
+        ]
         with open(log, "w") as err:
             proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, timeout=300)
     assert proc.returncode == 1
     assert "radixserve ready at" not in proc.stdout
     lines = [line for line in log.read_text().splitlines() if "start-up failed" in line]
     assert len(lines) == 1 and lines[0].endswith(
-        f"start-up failed: http process failed to start: cannot bind http_port 127.0.0.1:{port}: "
-        "Address already in use"), lines
+        f"start-up failed: http process failed to start: cannot bind http_port 127.0.0.1:{port}: Address already in use"
+    ), lines
 
 
 def test_router_launch_with_http_port(tiny_llama_dir, tmp_path):
     from openai import OpenAI
 
-    server = start_http_server(str(tiny_llama_dir), tmp_path / "router.log", "--replicas", "1", *TINY_FLAGS,
-                               module="router.launch")
+    server = start_http_server(
+        str(tiny_llama_dir), tmp_path / "router.log", "--replicas", "1", *TINY_FLAGS, module="router.launch"
+    )
     try:
         assert _role_pids(server.proc.pid).get("http") is not None
         client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-        out = client.completions.create(model=str(tiny_llama_dir), prompt=list(range(40, 60)), max_tokens=3,
-                                        temperature=0.0, extra_body={"ignore_eos": True})
+        out = client.completions.create(
+            model=str(tiny_llama_dir),
+            prompt=list(range(40, 60)),
+            max_tokens=3,
+            temperature=0.0,
+            extra_body={"ignore_eos": True},
+        )
         assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (20, 3)
         metrics = scrape(server.url)
         assert metrics[("radixserve:prompt_tokens_total", (("model_name", str(tiny_llama_dir)),))] >= 20

@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import TINY_FLAGS  # at import, as the other e2e files: later, "conftest" may name tests/router's
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.protocol import ServerStats
 from runtime.serve.http.metrics import CONTENT_TYPE, HttpMetrics
+from tests.e2e.servers import TINY_FLAGS
 
 BACKEND_SERIES = {  # name -> ServerStats field
     "radixserve:prefix_cache_queries_total": "prompt_tokens",
@@ -24,8 +24,12 @@ BACKEND_SERIES = {  # name -> ServerStats field
     "radixserve:kv_cache_usage_perc": "kv_usage",
     "radixserve:cached_blocks": "num_cached_blocks",
 }
-HISTOGRAMS = ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
-              "request_queue_time_seconds")
+HISTOGRAMS = (
+    "time_to_first_token_seconds",
+    "inter_token_latency_seconds",
+    "e2e_request_latency_seconds",
+    "request_queue_time_seconds",
+)
 
 
 def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -45,11 +49,21 @@ def sample(samples: dict, name: str, **labels: str) -> float:
 
 def test_backend_series_are_read_from_the_stats_of_the_scrape():
     metrics = HttpMetrics("m")
-    stats = ServerStats(prompt_tokens=120, cached_tokens=48, generated_tokens=33, num_preemptions=2,
-                        num_evicted_blocks=7, num_running=3, num_waiting=5, kv_usage=0.375, num_cached_blocks=11)
+    stats = ServerStats(
+        prompt_tokens=120,
+        cached_tokens=48,
+        generated_tokens=33,
+        num_preemptions=2,
+        num_evicted_blocks=7,
+        num_running=3,
+        num_waiting=5,
+        kv_usage=0.375,
+        num_cached_blocks=11,
+    )
     samples = parse(metrics.render(stats).decode())
     assert {name: sample(samples, name) for name in BACKEND_SERIES} == {
-        name: float(getattr(stats, field)) for name, field in BACKEND_SERIES.items()}
+        name: float(getattr(stats, field)) for name, field in BACKEND_SERIES.items()
+    }
     later = parse(metrics.render(ServerStats(prompt_tokens=130, num_running=0)).decode())  # nothing is kept
     assert sample(later, "radixserve:prompt_tokens_total") == 130.0
     assert sample(later, "radixserve:num_requests_running") == 0.0
@@ -72,17 +86,29 @@ def test_observe_counts_completions_by_finish_reason_and_fills_the_histograms():
     metrics.observe("length", None, [], 1.5, None)  # no first token, no queue time known
     metrics.observe("abort", 0.3, [0.05], 2.0, 0.0)
     samples = parse(metrics.render(ServerStats()).decode())
-    success = {reason: sample(samples, "radixserve:request_success_total", finish_reason=reason)
-               for reason in ("stop", "length", "abort")}
+    success = {
+        reason: sample(samples, "radixserve:request_success_total", finish_reason=reason)
+        for reason in ("stop", "length", "abort")
+    }
     assert success == {"stop": 1.0, "length": 1.0, "abort": 1.0}
     counts = {h: sample(samples, f"radixserve:{h}_count") for h in HISTOGRAMS}
-    assert counts == {"time_to_first_token_seconds": 2.0, "inter_token_latency_seconds": 4.0,
-                      "e2e_request_latency_seconds": 3.0, "request_queue_time_seconds": 2.0}
+    assert counts == {
+        "time_to_first_token_seconds": 2.0,
+        "inter_token_latency_seconds": 4.0,
+        "e2e_request_latency_seconds": 3.0,
+        "request_queue_time_seconds": 2.0,
+    }
     assert sample(samples, "radixserve:e2e_request_latency_seconds_sum") == 4.0
     assert math.isclose(sample(samples, "radixserve:inter_token_latency_seconds_sum"), 0.27)
     itl = "radixserve:inter_token_latency_seconds_bucket"
     assert [sample(samples, itl, le=le) for le in ("0.005", "0.01", "0.05", "0.2", "0.3", "+Inf")] == [
-        0.0, 2.0, 3.0, 4.0, 4.0, 4.0]  # le is inclusive: 0.01 counts in le="0.01"
+        0.0,
+        2.0,
+        3.0,
+        4.0,
+        4.0,
+        4.0,
+    ]  # le is inclusive: 0.01 counts in le="0.01"
     ttft = "radixserve:time_to_first_token_seconds_bucket"
     assert [sample(samples, ttft, le=le) for le in ("0.01", "0.02", "0.25", "0.5")] == [0.0, 1.0, 1.0, 2.0]
     assert not any(name.endswith("_created") for name, _labels in samples)
@@ -97,8 +123,9 @@ def test_every_series_carries_the_model_name():
             assert s.labels["model_name"] == "my-model", s
 
 
-@pytest.mark.parametrize("name", list(BACKEND_SERIES) + ["radixserve:request_success_total"]
-                         + [f"radixserve:{h}" for h in HISTOGRAMS])
+@pytest.mark.parametrize(
+    "name", list(BACKEND_SERIES) + ["radixserve:request_success_total"] + [f"radixserve:{h}" for h in HISTOGRAMS]
+)
 def test_every_series_is_documented_in_the_readme(name):
     from pathlib import Path
 
@@ -109,10 +136,15 @@ def test_every_series_is_documented_in_the_readme(name):
 # ------------------------------------------------------------------------------------------- through a real server
 @pytest.fixture(scope="module")
 def http_server(tiny_llama_dir, tmp_path_factory):
-    from http_servers import start_http_server
+    from tests.e2e.http_servers import start_http_server
 
-    server = start_http_server(str(tiny_llama_dir), tmp_path_factory.mktemp("logs") / "http_metrics.log",
-                               *TINY_FLAGS, "--served-model-name", "m")
+    server = start_http_server(
+        str(tiny_llama_dir),
+        tmp_path_factory.mktemp("logs") / "http_metrics.log",
+        *TINY_FLAGS,
+        "--served-model-name",
+        "m",
+    )
     yield server
     server.stop()
 
@@ -123,17 +155,26 @@ def _delta(after: dict, before: dict, name: str, **labels: str) -> float:
 
 
 def test_counters_move_by_exactly_the_tokens_of_a_request(http_server):
-    from http_servers import scrape
     from openai import OpenAI
+
+    from tests.e2e.http_servers import scrape
 
     client = OpenAI(base_url=http_server.url + "/v1", api_key="none", max_retries=0)
     prompt = [(7 * i) % 5000 + 100 for i in range(40)]  # 40 token ids: 2 full blocks of 16 cached after the first
     before = scrape(http_server.url)
-    first = client.completions.create(model="m", prompt=prompt, max_tokens=5, temperature=0.0,
-                                      extra_body={"ignore_eos": True})
+    first = client.completions.create(
+        model="m", prompt=prompt, max_tokens=5, temperature=0.0, extra_body={"ignore_eos": True}
+    )
     mid = scrape(http_server.url)
-    stream = client.completions.create(model="m", prompt=prompt, max_tokens=6, temperature=0.0, stream=True,
-                                       stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    stream = client.completions.create(
+        model="m",
+        prompt=prompt,
+        max_tokens=6,
+        temperature=0.0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     chunks = list(stream)
     after = scrape(http_server.url)
     second = chunks[-1].usage

@@ -11,57 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
-import time
 import urllib.request
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import openai
 import pytest
-from processes import stop_process
+
+from tests.e2e.http_servers import MODEL, assert_idle, start_http
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = "tiny"
 BLOCK = 16
-
-
-@dataclass
-class HttpServer:
-    """A `python -m runtime.serve.http` subprocess; url is http://HOST:PORT. stop() sends SIGINT and waits."""
-
-    proc: subprocess.Popen
-    url: str
-    log: Path
-
-    def openai(self, api_key: str = "none", **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=60, **kw)
-
-    def async_openai(self, api_key: str = "none") -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=60)
-
-    def stop(self, timeout: float = 20.0) -> int:
-        return stop_process(self.proc, timeout)
-
-
-def start_http(backend: str, log: Path, *flags: str, env: dict | None = None, timeout: float = 120.0) -> HttpServer:
-    """Starts `python -m runtime.serve.http --backend <backend> --port 0 <flags>` and waits for its ready line."""
-    cmd = [sys.executable, "-m", "runtime.serve.http", "--backend", backend, "--port", "0", *flags]
-    with open(log, "w") as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("radixserve http ready at "):
-            return HttpServer(proc, line.split()[-1], log)
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise RuntimeError(f"http server did not start; log:\n{log.read_text()[-4000:]}")
 
 
 def get_json(url: str) -> tuple[int, dict]:
@@ -74,8 +34,14 @@ def get_json(url: str) -> tuple[int, dict]:
 
 @pytest.fixture(scope="module")
 def http(tiny_server, tiny_llama_dir, tmp_path_factory):
-    server = start_http(tiny_server.endpoint, tmp_path_factory.mktemp("logs") / "http.log", "--model",
-                        str(tiny_llama_dir), "--served-model-name", MODEL)
+    server = start_http(
+        tiny_server.endpoint,
+        tmp_path_factory.mktemp("logs") / "http.log",
+        "--model",
+        str(tiny_llama_dir),
+        "--served-model-name",
+        MODEL,
+    )
     yield server
     assert server.stop() == 0
 
@@ -96,12 +62,6 @@ def salt() -> str:
     return uuid.uuid4().hex
 
 
-def assert_idle(zmq, wait_idle) -> None:
-    stats = wait_idle(zmq)
-    assert (stats.num_running, stats.num_waiting, stats.num_used_blocks) == (0, 0, 0)
-    assert stats.num_free_blocks + stats.num_evictable_blocks == stats.num_blocks - 1
-
-
 def usage_tuple(u) -> tuple[int, int, int]:
     return u.prompt_tokens, u.prompt_tokens_details.cached_tokens, u.completion_tokens
 
@@ -117,13 +77,18 @@ def test_models_and_health(http, oai):
 
 def test_chat_equals_the_zeromq_client(oai, zmq, wait_idle):
     messages = msgs("chat equals zeromq")
-    r = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0.0,
-                                    extra_body={"cache_salt": salt()})
+    r = oai.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=8, temperature=0.0, extra_body={"cache_salt": salt()}
+    )
     ref = zmq.generate(messages=messages, max_tokens=8, temperature=0.0, cache_salt=salt())
     assert (r.object, r.model, r.id[:9], len(r.choices)) == ("chat.completion", MODEL, "chatcmpl-", 1)
     c = r.choices[0]
-    assert (c.index, c.message.role, c.message.content, c.finish_reason) == (0, "assistant", ref.text,
-                                                                               ref.finish_reason)
+    assert (c.index, c.message.role, c.message.content, c.finish_reason) == (
+        0,
+        "assistant",
+        ref.text,
+        ref.finish_reason,
+    )
     assert usage_tuple(r.usage) == (ref.usage.prompt_tokens, 0, len(ref.token_ids))
     assert r.usage.total_tokens == ref.usage.prompt_tokens + len(ref.token_ids)
     assert_idle(zmq, wait_idle)
@@ -131,25 +96,40 @@ def test_chat_equals_the_zeromq_client(oai, zmq, wait_idle):
 
 def test_completions_from_text_and_from_token_ids(oai, zmq, tiny_llama_dir):
     ref = zmq.generate(prompt="completions from text", max_tokens=6, temperature=0.0, cache_salt=salt())
-    r = oai.completions.create(model=MODEL, prompt="completions from text", max_tokens=6, temperature=0.0,
-                               extra_body={"cache_salt": salt()})
-    assert (r.object, r.id[:5], r.choices[0].text, r.choices[0].finish_reason) == ("text_completion", "cmpl-",
-                                                                                   ref.text, ref.finish_reason)
+    r = oai.completions.create(
+        model=MODEL, prompt="completions from text", max_tokens=6, temperature=0.0, extra_body={"cache_salt": salt()}
+    )
+    assert (r.object, r.id[:5], r.choices[0].text, r.choices[0].finish_reason) == (
+        "text_completion",
+        "cmpl-",
+        ref.text,
+        ref.finish_reason,
+    )
     assert usage_tuple(r.usage) == (ref.usage.prompt_tokens, 0, len(ref.token_ids))
     ids = [500, 501, 502, 503]
     ref = zmq.generate(input_ids=ids, max_tokens=5, temperature=0.0, cache_salt=salt())
-    r = oai.completions.create(model=str(tiny_llama_dir), prompt=ids, max_tokens=5, temperature=0.0,
-                               extra_body={"cache_salt": salt()})  # the model argument is an alias of MODEL
+    r = oai.completions.create(
+        model=str(tiny_llama_dir), prompt=ids, max_tokens=5, temperature=0.0, extra_body={"cache_salt": salt()}
+    )  # the model argument is an alias of MODEL
     assert (r.model, r.choices[0].text, usage_tuple(r.usage)) == (MODEL, ref.text, (4, 0, len(ref.token_ids)))
 
 
 def test_stream_equals_non_stream_and_include_usage(oai, zmq, wait_idle):
     messages = msgs("stream equals non-stream")
-    full = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0.0,
-                                       extra_body={"cache_salt": salt()})
-    chunks = list(oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0.0,
-                                              stream=True, stream_options={"include_usage": True},
-                                              extra_body={"cache_salt": salt()}))
+    full = oai.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=10, temperature=0.0, extra_body={"cache_salt": salt()}
+    )
+    chunks = list(
+        oai.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=10,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"cache_salt": salt()},
+        )
+    )
     *deltas, last = chunks
     assert "".join(ch.choices[0].delta.content or "" for ch in deltas) == full.choices[0].message.content
     assert deltas[0].choices[0].delta.role == "assistant"
@@ -157,10 +137,19 @@ def test_stream_equals_non_stream_and_include_usage(oai, zmq, wait_idle):
     assert all(ch.usage is None and ch.object == "chat.completion.chunk" for ch in deltas)
     assert last.choices == []
     assert usage_tuple(last.usage) == usage_tuple(full.usage)
-    text_full = oai.completions.create(model=MODEL, prompt="stream text", max_tokens=7, temperature=0.0,
-                                       extra_body={"cache_salt": salt()})
-    text_chunks = list(oai.completions.create(model=MODEL, prompt="stream text", max_tokens=7, temperature=0.0,
-                                              stream=True, extra_body={"cache_salt": salt()}))
+    text_full = oai.completions.create(
+        model=MODEL, prompt="stream text", max_tokens=7, temperature=0.0, extra_body={"cache_salt": salt()}
+    )
+    text_chunks = list(
+        oai.completions.create(
+            model=MODEL,
+            prompt="stream text",
+            max_tokens=7,
+            temperature=0.0,
+            stream=True,
+            extra_body={"cache_salt": salt()},
+        )
+    )
     assert "".join(ch.choices[0].text for ch in text_chunks) == text_full.choices[0].text
     assert all(ch.usage is None for ch in text_chunks)  # no usage chunk unless asked for
     assert_idle(zmq, wait_idle)
@@ -169,78 +158,152 @@ def test_stream_equals_non_stream_and_include_usage(oai, zmq, wait_idle):
 def test_n2_and_seeds_reproduce_the_zeromq_client(oai, zmq):
     sampled = {"temperature": 1.0, "top_p": 0.95}
     ref = zmq.generate(messages=msgs("two samples"), n=2, seed=7, max_tokens=6, cache_salt=salt(), **sampled)
-    r = oai.chat.completions.create(model=MODEL, messages=msgs("two samples"), n=2, seed=7, max_tokens=6,
-                                    extra_body={"cache_salt": salt()}, **sampled)
+    r = oai.chat.completions.create(
+        model=MODEL,
+        messages=msgs("two samples"),
+        n=2,
+        seed=7,
+        max_tokens=6,
+        extra_body={"cache_salt": salt()},
+        **sampled,
+    )
     assert [c.index for c in r.choices] == [0, 1]
     assert [c.message.content for c in r.choices] == [c.text for c in ref.choices]
     assert r.choices[0].message.content != r.choices[1].message.content
     assert usage_tuple(r.usage) == (ref.usage.prompt_tokens, 0, ref.usage.completion_tokens)
-    stream = oai.chat.completions.create(model=MODEL, messages=msgs("two samples"), n=2, seed=7, max_tokens=6,
-                                         stream=True, extra_body={"cache_salt": salt()}, **sampled)
+    stream = oai.chat.completions.create(
+        model=MODEL,
+        messages=msgs("two samples"),
+        n=2,
+        seed=7,
+        max_tokens=6,
+        stream=True,
+        extra_body={"cache_salt": salt()},
+        **sampled,
+    )
     texts = ["", ""]
     for ch in stream:
         for choice in ch.choices:
             texts[choice.index] += choice.delta.content or ""
     assert texts == [c.message.content for c in r.choices]
-    again = oai.chat.completions.create(model=MODEL, messages=msgs("two samples"), n=2, seed=7, max_tokens=6,
-                                        extra_body={"cache_salt": salt()}, **sampled)
-    other = oai.chat.completions.create(model=MODEL, messages=msgs("two samples"), n=2, seed=8, max_tokens=6,
-                                        extra_body={"cache_salt": salt()}, **sampled)
+    again = oai.chat.completions.create(
+        model=MODEL,
+        messages=msgs("two samples"),
+        n=2,
+        seed=7,
+        max_tokens=6,
+        extra_body={"cache_salt": salt()},
+        **sampled,
+    )
+    other = oai.chat.completions.create(
+        model=MODEL,
+        messages=msgs("two samples"),
+        n=2,
+        seed=8,
+        max_tokens=6,
+        extra_body={"cache_salt": salt()},
+        **sampled,
+    )
     assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]
     assert [c.message.content for c in other.choices] != [c.message.content for c in r.choices]
 
 
 def test_logprobs_are_the_backends(oai, zmq, smollm2_tokenizer):
     ref = zmq.generate(messages=msgs("logprobs"), max_tokens=5, temperature=0.0, logprobs=3, cache_salt=salt())
-    r = oai.chat.completions.create(model=MODEL, messages=msgs("logprobs"), max_tokens=5, temperature=0.0,
-                                    logprobs=True, top_logprobs=3, extra_body={"cache_salt": salt()})
+    r = oai.chat.completions.create(
+        model=MODEL,
+        messages=msgs("logprobs"),
+        max_tokens=5,
+        temperature=0.0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"cache_salt": salt()},
+    )
     content = r.choices[0].logprobs.content
     assert [e.token for e in content] == [smollm2_tokenizer.decode([t]) for t in ref.token_ids]
     assert [e.logprob for e in content] == [lp.logprob for lp in ref.choices[0].logprobs]
     assert [[t.token for t in e.top_logprobs] for e in content] == [
-        [smollm2_tokenizer.decode([t]) for t in lp.top_token_ids] for lp in ref.choices[0].logprobs]
+        [smollm2_tokenizer.decode([t]) for t in lp.top_token_ids] for lp in ref.choices[0].logprobs
+    ]
     assert [[t.logprob for t in e.top_logprobs] for e in content] == [lp.top_logprobs for lp in ref.choices[0].logprobs]
     assert content[0].bytes == list(content[0].token.encode())
     ref = zmq.generate(prompt="text logprobs", max_tokens=4, temperature=0.0, logprobs=2, cache_salt=salt())
-    r = oai.completions.create(model=MODEL, prompt="text logprobs", max_tokens=4, temperature=0.0, logprobs=2,
-                               extra_body={"cache_salt": salt()})
+    r = oai.completions.create(
+        model=MODEL,
+        prompt="text logprobs",
+        max_tokens=4,
+        temperature=0.0,
+        logprobs=2,
+        extra_body={"cache_salt": salt()},
+    )
     lp = r.choices[0].logprobs
     assert lp.token_logprobs == [x.logprob for x in ref.choices[0].logprobs]
     assert lp.tokens == [smollm2_tokenizer.decode([t]) for t in ref.token_ids]
     decode = smollm2_tokenizer.decode
-    assert lp.top_logprobs == [{decode([t]): v for t, v in zip(x.top_token_ids, x.top_logprobs, strict=True)}
-                               for x in ref.choices[0].logprobs]
+    assert lp.top_logprobs == [
+        {decode([t]): v for t, v in zip(x.top_token_ids, x.top_logprobs, strict=True)} for x in ref.choices[0].logprobs
+    ]
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(4)]
 
 
 def test_stop_strings_and_stop_token_ids(oai, zmq):
-    full = zmq.generate(prompt="stop strings here", max_tokens=12, temperature=0.0, ignore_eos=True,
-                        cache_salt=salt())
+    full = zmq.generate(prompt="stop strings here", max_tokens=12, temperature=0.0, ignore_eos=True, cache_salt=salt())
     text = full.text
-    stop = text[len(text) // 2: len(text) // 2 + 2]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
     assert stop.strip(), f"the greedy text {text!r} has no usable stop string"
-    r = oai.completions.create(model=MODEL, prompt="stop strings here", max_tokens=12, temperature=0.0, stop=stop,
-                               extra_body={"ignore_eos": True, "cache_salt": salt()})
+    r = oai.completions.create(
+        model=MODEL,
+        prompt="stop strings here",
+        max_tokens=12,
+        temperature=0.0,
+        stop=stop,
+        extra_body={"ignore_eos": True, "cache_salt": salt()},
+    )
     assert (r.choices[0].text, r.choices[0].finish_reason) == (text[: text.find(stop)], "stop")
-    ref = zmq.generate(prompt="stop strings here", max_tokens=12, temperature=0.0, ignore_eos=True, stop=[stop],
-                       cache_salt=salt())
+    ref = zmq.generate(
+        prompt="stop strings here", max_tokens=12, temperature=0.0, ignore_eos=True, stop=[stop], cache_salt=salt()
+    )
     assert r.usage.completion_tokens == len(ref.token_ids)
-    r = oai.completions.create(model=MODEL, prompt="stop strings here", max_tokens=12, temperature=0.0,
-                               extra_body={"ignore_eos": True, "stop_token_ids": [full.token_ids[2]],
-                                           "cache_salt": salt()})
-    assert (r.choices[0].finish_reason, r.usage.completion_tokens) == ("stop", full.token_ids.index(
-        full.token_ids[2]) + 1)
+    r = oai.completions.create(
+        model=MODEL,
+        prompt="stop strings here",
+        max_tokens=12,
+        temperature=0.0,
+        extra_body={"ignore_eos": True, "stop_token_ids": [full.token_ids[2]], "cache_salt": salt()},
+    )
+    assert (r.choices[0].finish_reason, r.usage.completion_tokens) == (
+        "stop",
+        full.token_ids.index(full.token_ids[2]) + 1,
+    )
 
 
 def test_every_sampling_field_reaches_the_backend(oai, zmq):
-    fields = {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "seed": 11, "frequency_penalty": 0.5,
-              "presence_penalty": 0.3, "repetition_penalty": 1.3, "ignore_eos": True}
+    fields = {
+        "temperature": 0.8,
+        "top_p": 0.9,
+        "top_k": 20,
+        "min_p": 0.05,
+        "seed": 11,
+        "frequency_penalty": 0.5,
+        "presence_penalty": 0.3,
+        "repetition_penalty": 1.3,
+        "ignore_eos": True,
+    }
     ref = zmq.generate(messages=msgs("all fields"), max_tokens=8, cache_salt=salt(), **fields)
     plain = zmq.generate(messages=msgs("all fields"), max_tokens=8, seed=11, ignore_eos=True, cache_salt=salt())
     extra = {k: fields[k] for k in ("top_k", "min_p", "repetition_penalty", "ignore_eos")}
-    r = oai.chat.completions.create(model=MODEL, messages=msgs("all fields"), max_completion_tokens=8,
-                                    temperature=0.8, top_p=0.9, seed=11, frequency_penalty=0.5, presence_penalty=0.3,
-                                    user="someone", extra_body={**extra, "cache_salt": salt()})
+    r = oai.chat.completions.create(
+        model=MODEL,
+        messages=msgs("all fields"),
+        max_completion_tokens=8,
+        temperature=0.8,
+        top_p=0.9,
+        seed=11,
+        frequency_penalty=0.5,
+        presence_penalty=0.3,
+        user="someone",
+        extra_body={**extra, "cache_salt": salt()},
+    )
     assert r.choices[0].message.content == ref.text
     assert ref.text != plain.text  # the fields change the draw, so the equality above says they all arrived
     assert r.usage.completion_tokens == 8
@@ -249,20 +312,23 @@ def test_every_sampling_field_reaches_the_backend(oai, zmq):
 def test_turn2_cached_tokens_equal_the_zeromq_clients(oai, zmq):
     http_salt, zmq_salt = salt(), salt()
     turn1 = msgs("the first turn of a conversation " * 3)
-    r1 = oai.chat.completions.create(model=MODEL, messages=turn1, max_tokens=6, temperature=0.0,
-                                     extra_body={"cache_salt": http_salt})
+    r1 = oai.chat.completions.create(
+        model=MODEL, messages=turn1, max_tokens=6, temperature=0.0, extra_body={"cache_salt": http_salt}
+    )
     z1 = zmq.generate(messages=turn1, max_tokens=6, temperature=0.0, cache_salt=zmq_salt)
     assert r1.choices[0].message.content == z1.text
     turn2 = [*turn1, {"role": "assistant", "content": z1.text}, {"role": "user", "content": "and the second"}]
-    r2 = oai.chat.completions.create(model=MODEL, messages=turn2, max_tokens=6, temperature=0.0,
-                                     extra_body={"cache_salt": http_salt})
+    r2 = oai.chat.completions.create(
+        model=MODEL, messages=turn2, max_tokens=6, temperature=0.0, extra_body={"cache_salt": http_salt}
+    )
     z2 = zmq.generate(messages=turn2, max_tokens=6, temperature=0.0, cache_salt=zmq_salt)
     assert r1.usage.prompt_tokens_details.cached_tokens == 0
     assert usage_tuple(r2.usage) == (z2.usage.prompt_tokens, z2.usage.cached_tokens, len(z2.token_ids))
     assert r2.choices[0].message.content == z2.text
     assert z2.usage.cached_tokens >= (r1.usage.prompt_tokens // BLOCK) * BLOCK > 0
-    other = oai.chat.completions.create(model=MODEL, messages=turn2, max_tokens=1, temperature=0.0,
-                                        extra_body={"cache_salt": salt()})
+    other = oai.chat.completions.create(
+        model=MODEL, messages=turn2, max_tokens=1, temperature=0.0, extra_body={"cache_salt": salt()}
+    )
     assert other.usage.prompt_tokens_details.cached_tokens == 0  # another salt shares nothing
 
 
@@ -271,10 +337,15 @@ def test_sixteen_concurrent_async_streams(http, zmq, wait_idle):
     refs = [zmq.generate(messages=msgs(p), max_tokens=8, temperature=0.0, cache_salt=salt()) for p in prompts]
 
     async def one(client: openai.AsyncOpenAI, prompt: str) -> tuple[str, tuple]:
-        stream = await client.chat.completions.create(model=MODEL, messages=msgs(prompt), max_tokens=8,
-                                                      temperature=0.0, stream=True,
-                                                      stream_options={"include_usage": True},
-                                                      extra_body={"cache_salt": salt()})
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=msgs(prompt),
+            max_tokens=8,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"cache_salt": salt()},
+        )
         parts, usage = [], None
         async for ch in stream:
             parts.extend(c.delta.content or "" for c in ch.choices)
@@ -292,15 +363,20 @@ def test_sixteen_concurrent_async_streams(http, zmq, wait_idle):
 
 def test_tokenize_and_detokenize(http, oai, smollm2_tokenizer):
     messages = msgs("tokenize me")
-    req = urllib.request.Request(http.url + "/tokenize", data=json.dumps({"messages": messages}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        http.url + "/tokenize",
+        data=json.dumps({"messages": messages}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         chat_ids = json.loads(resp.read())
     r = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=1, temperature=0.0)
     assert chat_ids["count"] == len(chat_ids["tokens"]) == r.usage.prompt_tokens
     ids = smollm2_tokenizer.encode("héllo world")
-    for path, body, expected in [("/tokenize", {"prompt": "héllo world"}, {"count": len(ids), "tokens": ids}),
-                                 ("/detokenize", {"tokens": ids}, {"prompt": "héllo world"})]:
+    for path, body, expected in [
+        ("/tokenize", {"prompt": "héllo world"}, {"count": len(ids), "tokens": ids}),
+        ("/detokenize", {"tokens": ids}, {"prompt": "héllo world"}),
+    ]:
         req = urllib.request.Request(http.url + path, data=json.dumps(body).encode())
         with urllib.request.urlopen(req, timeout=30) as resp:
             assert json.loads(resp.read()) == expected

@@ -91,8 +91,12 @@ CLIENT_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("mode", ["stream", "generate"])
 def test_killed_client_process_is_aborted(tiny_server, wait_idle, mode):
-    proc = subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, tiny_server.endpoint, mode, "6300"], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLIENT_SCRIPT, tiny_server.endpoint, mode, "6300"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "started"
         with tiny_server.client() as c:

@@ -6,13 +6,19 @@ the same choices."""
 from __future__ import annotations
 
 import pytest
-from test_http_openai import MODEL, start_http
 
 from runtime.engine import Engine
 from runtime.sampling_params import SamplingParams
+from tests.e2e.http_servers import MODEL, start_http
 
-BEAM = {"use_beam_search": True, "n": 3, "temperature": 0.0, "max_tokens": 10, "ignore_eos": True,
-        "length_penalty": 0.5}  # fmt: skip
+BEAM = {
+    "use_beam_search": True,
+    "n": 3,
+    "temperature": 0.0,
+    "max_tokens": 10,
+    "ignore_eos": True,
+    "length_penalty": 0.5,
+}
 
 
 def test_beam_search_over_zeromq_equals_the_engine(tiny_server, tiny_llama_dir, wait_idle):
@@ -21,8 +27,14 @@ def test_beam_search_over_zeromq_equals_the_engine(tiny_server, tiny_llama_dir, 
         got = [c.generate(input_ids=p, **BEAM) for p in prompts]
         chunks = list(c.stream(input_ids=prompts[0], **BEAM))
         stats = wait_idle(c, 30)
-    engine = Engine(str(tiny_llama_dir), num_blocks=1024, block_size=16, max_prefill_tokens=512,
-                    chunked_prefill_size=256, dtype="float32")  # the flags of tiny_server  # fmt: skip
+    engine = Engine(
+        str(tiny_llama_dir),
+        num_blocks=1024,
+        block_size=16,
+        max_prefill_tokens=512,
+        chunked_prefill_size=256,
+        dtype="float32",
+    )  # the flags of tiny_server
     refs = engine.generate(input_ids=prompts, sampling_params=SamplingParams(**BEAM))
     for completion, ref in zip(got, refs, strict=True):
         assert [ch.index for ch in completion.choices] == [0, 1, 2]
@@ -36,22 +48,30 @@ def test_beam_search_over_zeromq_equals_the_engine(tiny_server, tiny_llama_dir, 
         assert len({tuple(ch.token_ids) for ch in completion.choices}) == 3  # distinct beams
         assert completion.usage.completion_tokens == 30
     assert sorted((ch.index, ch.token_ids, ch.score) for ch in chunks) == sorted(
-        (ch.index, ch.token_ids, ch.score) for ch in got[0].choices)
+        (ch.index, ch.token_ids, ch.score) for ch in got[0].choices
+    )
     assert stats.num_used_blocks == 0
 
 
 def test_http_use_beam_search_equals_the_zeromq_client(tiny_server, tiny_llama_dir, tmp_path):
     prompt = list(range(500, 521))
-    server = start_http(tiny_server.endpoint, tmp_path / "http.log", "--model", str(tiny_llama_dir),
-                        "--served-model-name", MODEL)  # fmt: skip
+    server = start_http(
+        tiny_server.endpoint, tmp_path / "http.log", "--model", str(tiny_llama_dir), "--served-model-name", MODEL
+    )
     try:
         with server.openai() as oai:
-            r = oai.completions.create(model=MODEL, prompt=prompt, max_tokens=10, n=3, extra_body={
-                "use_beam_search": True, "length_penalty": 0.5, "ignore_eos": True})  # temperature 0 implied
+            r = oai.completions.create(
+                model=MODEL,
+                prompt=prompt,
+                max_tokens=10,
+                n=3,
+                extra_body={"use_beam_search": True, "length_penalty": 0.5, "ignore_eos": True},
+            )  # temperature 0 implied
             bad = None
             try:
-                oai.completions.create(model=MODEL, prompt=prompt, max_tokens=4, n=1,
-                                       extra_body={"use_beam_search": True})  # fmt: skip
+                oai.completions.create(
+                    model=MODEL, prompt=prompt, max_tokens=4, n=1, extra_body={"use_beam_search": True}
+                )
             except Exception as exc:  # a 400 naming the beam width
                 bad = exc
     finally:

@@ -32,8 +32,9 @@ def test_stream_equals_generate_with_multibyte_text(smol_server):
     assert chunks[-1].finish_reason == full.finish_reason
     prompt = full.usage.prompt_tokens  # the second request reuses the first one's full prompt blocks
     assert full.usage == Usage(prompt, 0, len(full.token_ids), full.usage.queue_time_s)
-    assert chunks[-1].usage == Usage(prompt, (prompt - 1) // BLOCK * BLOCK, len(full.token_ids),
-                                     chunks[-1].usage.queue_time_s)
+    assert chunks[-1].usage == Usage(
+        prompt, (prompt - 1) // BLOCK * BLOCK, len(full.token_ids), chunks[-1].usage.queue_time_s
+    )
     assert 0 <= full.usage.queue_time_s < 60 and 0 <= chunks[-1].usage.queue_time_s < 60  # the scheduler's, carried
     assert full.usage.completion_tokens == len(full.token_ids)
 
@@ -67,8 +68,10 @@ def test_sixteen_concurrent_clients(smol_server, smollm2_tokenizer):
 
 
 def test_second_chat_turn_hits_the_cache(tiny_server):
-    history = [{"role": "system", "content": "You answer about turn caching, case 71."},
-               {"role": "user", "content": "What is a radix tree? Explain in detail please."}]
+    history = [
+        {"role": "system", "content": "You answer about turn caching, case 71."},
+        {"role": "user", "content": "What is a radix tree? Explain in detail please."},
+    ]
     with tiny_server.client() as c:
         first = c.generate(messages=history, ignore_eos=True, **greedy(max_tokens=20))
         assert first.usage.cached_tokens == 0
@@ -96,12 +99,13 @@ def test_stop_string_ends_text_and_caches_no_block_past_it(tiny_server):
     with tiny_server.client() as c:
         ref = c.generate(input_ids=prompt, cache_salt="ref", ignore_eos=True, **greedy(max_tokens=40))
         cut = len(ref.text) // 2
-        stop = ref.text[cut: cut + 3]
+        stop = ref.text[cut : cut + 3]
         assert len(stop) == 3 and stop.strip()
         expected_text = ref.text[: ref.text.find(stop)]
         stopped = c.generate(input_ids=prompt, cache_salt="stop", ignore_eos=True, stop=[stop], **greedy(max_tokens=40))
-        streamed = list(c.stream(input_ids=prompt, cache_salt="stream", ignore_eos=True, stop=[stop],
-                                 **greedy(max_tokens=40)))
+        streamed = list(
+            c.stream(input_ids=prompt, cache_salt="stream", ignore_eos=True, stop=[stop], **greedy(max_tokens=40))
+        )
         kept = len(stopped.token_ids)
         probe = c.generate(input_ids=prompt + ref.token_ids, cache_salt="stop", **greedy(max_tokens=1))
     assert stopped.text == expected_text and stopped.finish_reason == "stop"
@@ -114,8 +118,14 @@ def test_stop_string_ends_text_and_caches_no_block_past_it(tiny_server):
 
 
 def test_n2_returns_two_indexed_completions(tiny_server):
-    kw = {"input_ids": list(range(4000, 4030)), "n": 2, "temperature": 1.0, "seed": 5, "ignore_eos": True,
-          "max_tokens": 6}
+    kw = {
+        "input_ids": list(range(4000, 4030)),
+        "n": 2,
+        "temperature": 1.0,
+        "seed": 5,
+        "ignore_eos": True,
+        "max_tokens": 6,
+    }
     with tiny_server.client() as c:
         r = c.generate(**kw)
         again = c.generate(**kw)
@@ -133,11 +143,9 @@ def test_n2_returns_two_indexed_completions(tiny_server):
 def test_async_client_many_requests_in_flight(tiny_server):
     async def main():
         async with AsyncClient(tiny_server.endpoint, timeout=60) as ac:
-            gens = [ac.generate(input_ids=[5000 + i, 7, 8], ignore_eos=True, **greedy(max_tokens=5))
-                    for i in range(8)]
+            gens = [ac.generate(input_ids=[5000 + i, 7, 8], ignore_eos=True, **greedy(max_tokens=5)) for i in range(8)]
             results = await asyncio.gather(*gens)
-            streamed = [ch async for ch in ac.stream(input_ids=[5000, 7, 8], ignore_eos=True,
-                                                     **greedy(max_tokens=5))]
+            streamed = [ch async for ch in ac.stream(input_ids=[5000, 7, 8], ignore_eos=True, **greedy(max_tokens=5))]
             return results, streamed, await ac.stats(), await ac.health()
 
     results, streamed, stats, health = asyncio.run(main())

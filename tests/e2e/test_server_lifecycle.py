@@ -50,8 +50,9 @@ def child_endpoints(pid: int) -> Endpoints:
 
 
 def run_launcher(*flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "runtime.launch", *flags], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "runtime.launch", *flags], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 def start_up_failure(stderr: str) -> str:
@@ -69,11 +70,31 @@ def test_every_server_arg_is_a_flag():
     parser = build_parser()
     dests = {a.dest for a in parser._actions}
     assert {f.name for f in dataclasses.fields(ServerArgs)} <= dests
-    ns = parser.parse_args(["--no-enable-prefix-caching", "--num-blocks", "64", "--schedule-policy", "lpm",
-                            "--preemption-mode", "swap", "--kv-cache-memory", "1048576", "--dtype", "bfloat16",
-                            "--max-model-len", "256", "--host", "0.0.0.0"])
-    assert (ns.enable_prefix_caching, ns.num_blocks, ns.schedule_policy, ns.preemption_mode) == (False, 64, "lpm",
-                                                                                                "swap")
+    ns = parser.parse_args(
+        [
+            "--no-enable-prefix-caching",
+            "--num-blocks",
+            "64",
+            "--schedule-policy",
+            "lpm",
+            "--preemption-mode",
+            "swap",
+            "--kv-cache-memory",
+            "1048576",
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            "256",
+            "--host",
+            "0.0.0.0",
+        ]
+    )
+    assert (ns.enable_prefix_caching, ns.num_blocks, ns.schedule_policy, ns.preemption_mode) == (
+        False,
+        64,
+        "lpm",
+        "swap",
+    )
     assert (ns.kv_cache_memory, ns.dtype, ns.max_model_len, ns.host) == (1048576, "bfloat16", 256, "0.0.0.0")
     defaults = parser.parse_args([])
     assert defaults.enable_prefix_caching is True and defaults.num_blocks is None and defaults.port == 5557
@@ -114,7 +135,8 @@ def test_killed_launcher_fails_the_stream_and_leaves_nothing_behind(tiny_llama_d
     name = endpoints.base.removeprefix("@")
     assert endpoints.base == "@" + name and name.startswith("radixserve-")
     assert [getattr(endpoints, f) for f in Endpoints.__struct_fields__] == [
-        f"ipc://@{name}/{f}" for f in ("launcher", "worker_in", "worker_out", "scheduler_in", "tokenizer_in", "events")]
+        f"ipc://@{name}/{f}" for f in ("launcher", "worker_in", "worker_out", "scheduler_in", "tokenizer_in", "events")
+    ]
     assert f"@{name}/worker_in" in Path("/proc/net/unix").read_text()
     with server.client(timeout=60) as c:
         stream = c.stream(input_ids=[1, 2, 3], ignore_eos=True, temperature=0.0, max_tokens=1000)
@@ -156,8 +178,13 @@ def test_killed_worker_fails_clients_and_launcher_exits_nonzero(tiny_llama_dir, 
 
 
 def test_out_of_range_flag_is_a_usage_error():
-    proc = subprocess.run([sys.executable, "-m", "runtime.launch", "--block-size", "3"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime.launch", "--block-size", "3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "block_size must be a power of two, got 3" in proc.stderr
 
 
@@ -165,8 +192,9 @@ def test_port_in_use_exits_nonzero(tiny_server, tiny_llama_dir):
     port = tiny_server.endpoint.rsplit(":", 1)[1]
     proc = run_launcher("--model", str(tiny_llama_dir), "--port", port, "--num-blocks", "16")
     assert proc.returncode == 1
-    assert start_up_failure(proc.stderr) == (f"tokenizer process failed to start: cannot bind tcp://127.0.0.1:{port}: "
-                                             "Address already in use")
+    assert start_up_failure(proc.stderr) == (
+        f"tokenizer process failed to start: cannot bind tcp://127.0.0.1:{port}: Address already in use"
+    )
 
 
 def test_events_port_in_use_names_the_cause(tiny_llama_dir):
@@ -174,30 +202,50 @@ def test_events_port_in_use_names_the_cause(tiny_llama_dir):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = run_launcher("--model", str(tiny_llama_dir), "--port", "0", "--num-blocks", "16", "--events-port",
-                            str(port))
+        proc = run_launcher(
+            "--model", str(tiny_llama_dir), "--port", "0", "--num-blocks", "16", "--events-port", str(port)
+        )
     assert proc.returncode == 1
-    assert start_up_failure(proc.stderr) == (f"scheduler process failed to start: cannot bind events_port "
-                                             f"tcp://127.0.0.1:{port}: Address already in use")
+    assert start_up_failure(proc.stderr) == (
+        f"scheduler process failed to start: cannot bind events_port tcp://127.0.0.1:{port}: Address already in use"
+    )
 
 
 def test_model_that_fails_to_load_exits_nonzero(tmp_path):
     proc = run_launcher("--model", str(tmp_path / "missing"), "--port", "0")
     assert proc.returncode == 1
-    assert start_up_failure(proc.stderr).startswith(f"worker process failed to start: ModelNotFoundError: model "
-                                                    f"'{tmp_path / 'missing'}' not found (no such folder or file); ")
+    assert start_up_failure(proc.stderr).startswith(
+        f"worker process failed to start: ModelNotFoundError: model "
+        f"'{tmp_path / 'missing'}' not found (no such folder or file); "
+    )
 
 
 def test_kv_pool_under_four_blocks_names_the_cause(tiny_llama_dir):
     proc = run_launcher("--model", str(tiny_llama_dir), "--port", "0", "--kv-cache-memory", "10")
     assert proc.returncode == 1
-    assert start_up_failure(proc.stderr).startswith("worker process failed to start: InvalidConfig: KV pool of 0 "
-                                                    "usable blocks (kv_cache_memory 10 bytes, ")
+    assert start_up_failure(proc.stderr).startswith(
+        "worker process failed to start: InvalidConfig: KV pool of 0 usable blocks (kv_cache_memory 10 bytes, "
+    )
 
 
 def test_demo_script_runs_on_a_tiny_model(tiny_llama_dir):
-    proc = subprocess.run([sys.executable, "-m", "runtime.demo", "--model", str(tiny_llama_dir), "--max-tokens", "6",
-                           "--conversations", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runtime.demo",
+            "--model",
+            str(tiny_llama_dir),
+            "--max-tokens",
+            "6",
+            "--conversations",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = re.findall(r"^\s+(\d) +(\d) +(\d+) +(\d+) +[\d.]+$", proc.stdout, re.M)
     assert [(int(c), int(t)) for c, t, _, _ in rows] == [(1, 1), (2, 1), (1, 2), (2, 2), (1, 3), (2, 3)]

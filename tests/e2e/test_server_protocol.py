@@ -60,12 +60,18 @@ BAD_INPUTS = {
     "unknown sampling field": (gen(prompt="hi", sampling_params={"colour": 1}), "r", p.ERR_MALFORMED),
     "top_k beyond int64": (gen(prompt="hi", sampling_params={"top_k": 2**63}), "r", p.ERR_INVALID),
     "max_tokens beyond int32": (gen(prompt="hi", sampling_params={"max_tokens": 2**31}), "r", p.ERR_INVALID),
-    "stop token id beyond int32": (gen(prompt="hi", sampling_params={"stop_token_ids": [2**64 - 1]}), "r",
-                                   p.ERR_INVALID),
+    "stop token id beyond int32": (
+        gen(prompt="hi", sampling_params={"stop_token_ids": [2**64 - 1]}),
+        "r",
+        p.ERR_INVALID,
+    ),
     "no prompt field": (gen(), "r", p.ERR_INVALID),
     "two prompt fields": (gen(prompt="hi", input_ids=[1, 2]), "r", p.ERR_INVALID),
-    "three prompt fields": (gen(prompt="hi", input_ids=[1], messages=[{"role": "user", "content": "x"}]), "r",
-                            p.ERR_INVALID),
+    "three prompt fields": (
+        gen(prompt="hi", input_ids=[1], messages=[{"role": "user", "content": "x"}]),
+        "r",
+        p.ERR_INVALID,
+    ),
     "empty prompt": (gen(prompt=""), "r", p.ERR_INVALID),
     "empty input_ids": (gen(input_ids=[]), "r", p.ERR_INVALID),
     "empty messages": (gen(messages=[]), "r", p.ERR_INVALID),
@@ -88,9 +94,16 @@ def test_bad_input_gets_typed_error_and_server_keeps_serving(dealer, name):
     reply = ask(dealer, frame)
     assert isinstance(reply, p.ErrorResponse)
     assert (reply.rid, reply.code) == (rid, code), reply.message
-    ok = ask(dealer, enc(p.GenerateRequest(rid="ok", input_ids=[1, 2, 3],
-                                           sampling_params=p.SamplingParams(max_tokens=2, temperature=0.0,
-                                                                            ignore_eos=True))))
+    ok = ask(
+        dealer,
+        enc(
+            p.GenerateRequest(
+                rid="ok",
+                input_ids=[1, 2, 3],
+                sampling_params=p.SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
+            )
+        ),
+    )
     assert isinstance(ok, p.StreamChunk) and ok.rid == "ok" and ok.finish_reason == "length"
     assert len(ok.token_ids) == 2
 
@@ -200,8 +213,12 @@ PICKLE_USE = [
 def test_product_source_has_no_pickle():
     files = [f for d in PRODUCT_DIRS for f in (ROOT / d).rglob("*.py")]
     assert len(files) >= 10
-    offenders = [f"{f.relative_to(ROOT)}: {m.group(0).strip()}" for f in files for rx in PICKLE_USE
-                 for m in rx.finditer(f.read_text())]
+    offenders = [
+        f"{f.relative_to(ROOT)}: {m.group(0).strip()}"
+        for f in files
+        for rx in PICKLE_USE
+        for m in rx.finditer(f.read_text())
+    ]
     assert offenders == []
 
 
@@ -213,3 +230,22 @@ def test_kv_snapshot_lists_the_cached_blocks(tiny_server, wait_idle):
     assert (snap.block_size, snap.events_port) == (16, 0)  # no --events-port: KV events on ipc only
     assert len(snap.snapshot.block_hashes) == stats.num_cached_blocks >= 2
     assert len(set(snap.snapshot.block_hashes)) == len(snap.snapshot.block_hashes)
+
+
+def test_server_rejects_text_over_the_character_limit(tiny_server):
+    from runtime.client import InvalidRequestError
+
+    limit = 32 * 1024  # the tiny model's context is 1024 tokens; max_prompt_chars is not set
+    with tiny_server.client(timeout=60) as c:
+        with pytest.raises(InvalidRequestError) as info:
+            c.generate(prompt="a" * (limit + 1), max_tokens=2)
+        assert (info.value.code, info.value.message) == (
+            p.ERR_INVALID,
+            f"prompt too long: {limit + 1} characters, the limit is {limit} (max_prompt_chars)",
+        )
+        with pytest.raises(InvalidRequestError) as info:
+            c.generate(messages=[{"role": "user", "content": "a" * limit}], max_tokens=2)
+        assert info.value.message == (
+            f"messages too long: {limit + 4 + 32} characters (32 per message for the chat "
+            f"template included), the limit is {limit} (max_prompt_chars)"
+        )

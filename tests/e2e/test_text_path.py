@@ -1,6 +1,6 @@
 """One text path: the Engine and the server (real processes) give identical text, token_ids, finish_reason and
 logprobs for the same requests, streamed or not: EOS, a stop token id, a stop string that begins inside a token,
-n > 1 and logprobs (runtime.tokenizer.CompletionStream's rule, on both sides).
+n > 1 and logprobs (runtime.text.completion_stream.CompletionStream's rule, on both sides).
 
 The model is the tiny random Llama of tests/conftest.py with its EOS moved to an ordinary (not special) token that
 greedy decoding of PROMPT produces, so the rule "an EOS id is kept in token_ids, never in the text" is visible (a
@@ -22,16 +22,22 @@ from runtime.sampling_params import SamplingParams
 PROMPT = [9000 + 17 * i for i in range(21)]
 EOS_AT = 4  # the greedy token at this index becomes the EOS
 # float32: the logprobs of separate runs (engine, server, the reference) are compared to 4 decimals
-FLAGS = {"num_blocks": 1024, "block_size": 16, "max_prefill_tokens": 512, "chunked_prefill_size": 256,
-         "dtype": "float32"}
+FLAGS = {
+    "num_blocks": 1024,
+    "block_size": 16,
+    "max_prefill_tokens": 512,
+    "chunked_prefill_size": 256,
+    "dtype": "float32",
+}
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_llama_dir) -> list[int]:
     """Greedy completion tokens of PROMPT on the original tiny model (EOS ignored)."""
     engine = Engine(model=str(tiny_llama_dir), **FLAGS)
-    out = engine.generate(input_ids=[PROMPT], sampling_params=SamplingParams(max_tokens=24, temperature=0.0,
-                                                                             ignore_eos=True))[0]  # fmt: skip
+    out = engine.generate(
+        input_ids=[PROMPT], sampling_params=SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    )[0]
     engine.shutdown()
     return out.token_ids
 
@@ -93,8 +99,14 @@ def _fold(chunks, n: int) -> list[tuple]:
         has_lp = any(c.logprobs is not None for c in mine)
         finals = [c.finish_reason for c in mine if c.finish_reason is not None]
         assert len(finals) == 1 and mine[-1].finish_reason is not None  # exactly one last chunk per completion
-        out.append(("".join(c.text for c in mine), [t for c in mine for t in c.token_ids], finals[0],
-                    _lp(lps) if has_lp else None))
+        out.append(
+            (
+                "".join(c.text for c in mine),
+                [t for c in mine for t in c.token_ids],
+                finals[0],
+                _lp(lps) if has_lp else None,
+            )
+        )
     return out
 
 
@@ -125,8 +137,9 @@ def test_eos_is_kept_in_token_ids_and_hidden_from_text(engine, server, reference
 
 def test_stop_token_id_is_kept_in_token_ids_and_hidden_from_text(engine, server, reference, smollm2_tokenizer):
     j = next(i for i in range(EOS_AT + 2, len(reference)) if reference[i] not in reference[:i])
-    [(text, ids, reason, _)] = run_four(engine, server, "stop-id", max_tokens=20, temperature=0.0, ignore_eos=True,
-                                        stop_token_ids=[reference[j]])
+    [(text, ids, reason, _)] = run_four(
+        engine, server, "stop-id", max_tokens=20, temperature=0.0, ignore_eos=True, stop_token_ids=[reference[j]]
+    )
     assert ids == reference[: j + 1] and reason == "stop"
     assert text == smollm2_tokenizer.decode(reference[:j], skip_special_tokens=True)
 
@@ -148,8 +161,9 @@ def _mid_token_stop(reference: list[int], tokenizer) -> tuple[str, int, int]:
 
 def test_stop_string_that_begins_inside_a_token_with_logprobs(engine, server, reference, smollm2_tokenizer):
     stop, i, pos = _mid_token_stop(reference, smollm2_tokenizer)
-    [(text, ids, reason, lps)] = run_four(engine, server, "stop-str", max_tokens=len(reference), temperature=0.0,
-                                          ignore_eos=True, stop=[stop], logprobs=2)
+    [(text, ids, reason, lps)] = run_four(
+        engine, server, "stop-str", max_tokens=len(reference), temperature=0.0, ignore_eos=True, stop=[stop], logprobs=2
+    )
     full = smollm2_tokenizer.decode(reference, skip_special_tokens=True)
     assert text == full[:pos] and reason == "stop"
     assert ids == reference[: i + 1]  # the token in which the stop string begins is kept, none after it
@@ -168,19 +182,25 @@ def test_malformed_inputs_get_the_same_error_from_engine_and_server(engine, serv
     code and message the server answers, for malformed inputs and for prompts that can never run."""
     from runtime.client import ServerError
     from runtime.protocol import ERR_CONTEXT, ERR_INVALID
-    from runtime.request import RequestRejected
+    from runtime.scheduler.request import RequestRejected
 
     vocab = engine.scheduler.vocab_size
     cases = {
         "empty prompt": ({"prompt": ""}, ERR_INVALID, "prompt is empty"),
         "empty messages": ({"messages": []}, ERR_INVALID, "messages is empty"),
         "empty input_ids": ({"input_ids": []}, ERR_INVALID, "input_ids is empty"),
-        "out of vocabulary": ({"input_ids": [1, vocab]}, ERR_INVALID,
-                              f"token ids outside the vocabulary [0, {vocab}): [{vocab}]"),
+        "out of vocabulary": (
+            {"input_ids": [1, vocab]},
+            ERR_INVALID,
+            f"token ids outside the vocabulary [0, {vocab}): [{vocab}]",
+        ),
         "too long": ({"input_ids": [5] * engine.scheduler.max_model_len}, ERR_CONTEXT, None),
-        "too many characters": ({"prompt": "a" * (32 * engine.scheduler.max_model_len + 1)}, ERR_INVALID,
-                                f"prompt too long: {32 * engine.scheduler.max_model_len + 1} characters, the limit "
-                                f"is {32 * engine.scheduler.max_model_len} (max_prompt_chars)"),
+        "too many characters": (
+            {"prompt": "a" * (32 * engine.scheduler.max_model_len + 1)},
+            ERR_INVALID,
+            f"prompt too long: {32 * engine.scheduler.max_model_len + 1} characters, the limit "
+            f"is {32 * engine.scheduler.max_model_len} (max_prompt_chars)",
+        ),
     }
     for case, (inputs, code, message) in cases.items():
         with pytest.raises(RequestRejected) as engine_error:

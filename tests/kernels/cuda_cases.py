@@ -11,10 +11,11 @@ import os
 
 import pytest
 import torch
-from kernel_cases import PAIRWISE, dense_attention, make_batch, mixed_spec
 
 import kernels
 from kernels.triton_decode import decode_attention
+from radix.blocks import cdiv
+from tests.kernels.kernel_cases import PAIRWISE, dense_attention, make_batch, mixed_spec
 
 # Overridable only to dry-run this file's logic on a CPU under TRITON_INTERPRET=1 with small sizes.
 DEVICE = os.environ.get("KERNELS_TEST_DEVICE", "cuda")
@@ -26,8 +27,9 @@ BIG_DTYPE = getattr(torch, os.environ.get("KERNELS_TEST_BIG_DTYPE", "bfloat16"))
 
 def _reference_fp32(batch_args: tuple) -> torch.Tensor:
     q, k_cache, v_cache, tables, seq_lens, qsl, scale = batch_args
-    return kernels.paged_attention(q.float(), k_cache.float(), v_cache.float(), tables, seq_lens, qsl, scale,
-                                   backend="reference")  # fmt: skip
+    return kernels.paged_attention(
+        q.float(), k_cache.float(), v_cache.float(), tables, seq_lens, qsl, scale, backend="reference"
+    )
 
 
 @pytest.mark.parametrize(("ratio", "head_dim", "block_size"), PAIRWISE)
@@ -70,7 +72,7 @@ def test_block_ids_near_2_pow_20() -> None:
     tables = torch.zeros(len(spec), 4, dtype=torch.int32)
     slots, k_new, v_new = [], [], []
     for i, (cached, new) in enumerate(spec):
-        n_blocks = -(-(cached + new) // bs)
+        n_blocks = cdiv(cached + new, bs)
         tables[i, :n_blocks] = torch.tensor([ids.pop() for _ in range(n_blocks)], dtype=torch.int32)
         pos = torch.arange(cached + new)
         slots.append(tables[i, pos // bs].long() * bs + pos % bs)

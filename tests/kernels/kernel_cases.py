@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radix.blocks import cdiv
+
 # Pairwise cover of GQA ratio x head_dim x block_size: every pair of values appears in some case (12 cases, not 24).
 GQA_RATIOS = (1, 3, 4, 8)
 HEAD_DIMS = (64, 128)
@@ -68,7 +70,7 @@ def make_batch(
     garbage so that a read outside a sequence's context shows in the output."""
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [c + n for c, n in spec]
-    need = [-(-s // block_size) for s in seq_lens]
+    need = [cdiv(s, block_size) for s in seq_lens]
     num_blocks = 1 + sum(need) + spare_blocks
     order = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
     shape = (num_blocks, block_size, num_kv_heads, head_dim)

@@ -8,10 +8,33 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FIELDS = {"backend", "phase", "batch", "context", "heads", "dtype", "seconds", "gbps", "fraction_of_copy_bw",
-          "vs_contiguous", "cpu_seconds", "vs_contiguous_cpu"}  # fmt: skip
-MACHINE = {"type", "cpu_model", "cpu_capability", "flags", "native_bf16", "cores", "load_average", "torch_threads",
-           "torch", "copy_gbps", "dtype"}  # fmt: skip
+FIELDS = {
+    "backend",
+    "phase",
+    "batch",
+    "context",
+    "heads",
+    "dtype",
+    "seconds",
+    "gbps",
+    "fraction_of_copy_bw",
+    "vs_contiguous",
+    "cpu_seconds",
+    "vs_contiguous_cpu",
+}
+MACHINE = {
+    "type",
+    "cpu_model",
+    "cpu_capability",
+    "flags",
+    "native_bf16",
+    "cores",
+    "load_average",
+    "torch_threads",
+    "torch",
+    "copy_gbps",
+    "dtype",
+}
 
 
 def test_smoke_writes_rows_for_every_backend(tmp_path: Path) -> None:
@@ -38,7 +61,8 @@ def test_smoke_writes_rows_for_every_backend(tmp_path: Path) -> None:
     baselines = [r for r in rows if r["backend"] == "sdpa_contiguous"]
     assert [(r["vs_contiguous"], r["vs_contiguous_cpu"]) for r in baselines] == [(1.0, 1.0), (1.0, 1.0)]
     assert [(r["backend"], r["phase"]) for r in data["step_rows"]] == [
-        ("linears_only", "step 2 layers"), ("fused", "step 2 layers")
+        ("linears_only", "step 2 layers"),
+        ("fused", "step 2 layers"),
     ]
     assert [r["vs_fused"] for r in data["step_rows"]][1] == 1.0
     assert [(s["dtype"], sorted(s)) for s in data["summary"]] == [

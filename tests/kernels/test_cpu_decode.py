@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_cases import PAIRWISE, dense_attention, make_batch
 
 import kernels
 from kernels import cpu_decode
 from kernels.errors import KernelInputError
+from tests.kernels.kernel_cases import PAIRWISE, dense_attention, make_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 BF16_RTOL = 2**-8  # bfloat16's unit roundoff: the output is rounded once, to 8 significant bits
@@ -43,8 +43,9 @@ def enabled(monkeypatch):
 
 
 def run_op(batch) -> torch.Tensor:
-    out = cpu_decode.paged_decode(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
-                                  batch.scale)  # fmt: skip
+    out = cpu_decode.paged_decode(
+        batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, batch.scale
+    )
     assert out is not None, "the operator did not build (see the warning logged by kernels.cpu_decode)"
     return out
 
@@ -63,8 +64,9 @@ def test_bfloat16_matches_float_math_on_the_same_inputs(ratio: int, head_dim: in
     accumulator are float32, so the only large error is the output's rounding to bf16: at most half an ulp, i.e.
     BF16_RTOL relative. head_dim 80 and 48 end with a half chunk (the kernel reads bf16 rows 2 x 16 at a time)."""
     spec = decode_spec(block_size)
-    batch = make_batch(spec, block_size, num_kv_heads=2, group=ratio, head_dim=head_dim, dtype=torch.bfloat16,
-                       seed=ratio)  # fmt: skip
+    batch = make_batch(
+        spec, block_size, num_kv_heads=2, group=ratio, head_dim=head_dim, dtype=torch.bfloat16, seed=ratio
+    )
     out = run_op(batch)
     want = dense_attention(batch)
     assert out.dtype == torch.bfloat16
@@ -148,8 +150,14 @@ def test_one_openmp_runtime_in_the_process() -> None:
 def test_build_command_prints_the_library(tmp_path) -> None:
     """`python -m kernels.cpu_decode` (make install) finds or builds the library and says where, with no runpy
     warning about a module imported twice."""
-    proc = subprocess.run([sys.executable, "-m", "kernels.cpu_decode"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONWARNINGS": "default"})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernels.cpu_decode"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONWARNINGS": "default"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     path = cpu_decode.library_path(cpu_decode.source_bytes())
     assert proc.stdout.startswith(f"{path}: ") and path.exists()
@@ -181,8 +189,9 @@ def test_concurrent_first_builds_compile_once(tmp_path) -> None:
         os.replace(tmp, target)
 
     results: list[cpu_decode.Built] = []
-    threads = [threading.Thread(target=lambda: results.append(cpu_decode.ensure_built(path, slow_compile)))
-               for _ in range(4)]  # fmt: skip
+    threads = [
+        threading.Thread(target=lambda: results.append(cpu_decode.ensure_built(path, slow_compile))) for _ in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:

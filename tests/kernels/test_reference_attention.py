@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import PAIRWISE, dense_attention, make_batch, mixed_spec
 
 import kernels
+from tests.kernels.kernel_cases import PAIRWISE, dense_attention, make_batch, mixed_spec
 
 
 @pytest.mark.parametrize(("ratio", "head_dim", "block_size"), PAIRWISE)
@@ -80,7 +80,7 @@ def test_strided_q_from_a_fused_qkv_projection(spec: list[tuple[int, int]]) -> N
 
 
 def test_pairwise_cover_has_every_pair() -> None:
-    from kernel_cases import BLOCK_SIZES, GQA_RATIOS, HEAD_DIMS, PAIRWISE
+    from tests.kernels.kernel_cases import BLOCK_SIZES, GQA_RATIOS, HEAD_DIMS, PAIRWISE
 
     assert {(r, d) for r, d, _ in PAIRWISE} == {(r, d) for r in GQA_RATIOS for d in HEAD_DIMS}
     assert {(r, b) for r, _, b in PAIRWISE} == {(r, b) for r in GQA_RATIOS for b in BLOCK_SIZES}

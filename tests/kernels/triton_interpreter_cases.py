@@ -12,12 +12,17 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from kernel_cases import PAIRWISE, dense_attention, make_batch, mixed_spec  # noqa: E402
-from test_scattered_blocks import run_c10  # noqa: E402
 
 import kernels  # noqa: E402
 from kernels import reference  # noqa: E402
 from kernels.triton_decode import decode_attention  # noqa: E402
+from tests.kernels.kernel_cases import (  # noqa: E402
+    PAIRWISE,
+    dense_attention,
+    make_batch,
+    mixed_spec,
+    run_c10,  # noqa: E402
+)
 
 
 @pytest.mark.parametrize(("ratio", "head_dim", "block_size"), PAIRWISE)

@@ -16,10 +16,6 @@ from dataclasses import dataclass
 B = 2  # block size: small so that prompts share and split blocks often
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 @dataclass
 class Entry:
     dev: int | None
@@ -77,13 +73,19 @@ class Model:
         return sum(self.refs[b] == 1 for b in self.device().values())
 
     def device_lru(self) -> list[int]:
-        leaves = [k for k, b in self.device().items()
-                  if self.refs[b] == 1 and all(self.cache[c].dev is None for c in self.children(k))]  # fmt: skip
+        leaves = [
+            k
+            for k, b in self.device().items()
+            if self.refs[b] == 1 and all(self.cache[c].dev is None for c in self.children(k))
+        ]
         return [self.cache[k].dev for k in sorted(leaves, key=lambda k: (self.last[k], self.cache[k].dev))]
 
     def host_lru(self) -> list[int]:
-        droppable = [k for k, e in self.cache.items() if e.host is not None and self.tier_refs[e.host] == 1
-                     and (e.dev is not None or not self.children(k))]  # fmt: skip
+        droppable = [
+            k
+            for k, e in self.cache.items()
+            if e.host is not None and self.tier_refs[e.host] == 1 and (e.dev is not None or not self.children(k))
+        ]
         return [self.cache[k].host for k in sorted(droppable, key=lambda k: self.host_key[k])]
 
     # ----------------------------------------------------------------- matching and eviction

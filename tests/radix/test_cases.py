@@ -7,10 +7,9 @@ import subprocess
 import sys
 import tracemalloc
 
-from radix_testing import admit, is_cached, match, ref_count
-
 from radix.hashing import hash_block_tokens
 from radix.manager import KVCacheManager
+from tests.radix.radix_testing import admit, is_cached, match, ref_count
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -4,9 +4,8 @@ references it too (its shadow). Exact block ids, ref counts, free queue and even
 
 from __future__ import annotations
 
-from radix_testing import admit, match, ref_count
-
 from radix.manager import KVCacheManager
+from tests.radix.radix_testing import admit, match, ref_count
 
 
 def toks(a: int, b: int) -> list[int]:

@@ -3,12 +3,11 @@ hit, pins of pending copies, host LRU, per-tier invariants, events with a medium
 
 from __future__ import annotations
 
-from radix_testing import admit, match, ref_count
-
 from radix.events import AllBlocksCleared, BlockRemoved, BlockStored
 from radix.hashing import hash_block_tokens
 from radix.host_tier import TierCopies
 from radix.manager import KVCacheManager
+from tests.radix.radix_testing import admit, match, ref_count
 
 
 def toks(a: int, b: int) -> list[int]:
@@ -35,8 +34,10 @@ def step(m: KVCacheManager) -> TierCopies:
 
 def tiers(m: KVCacheManager) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     s = m.stats()
-    return ((s.free_blocks, s.evictable_blocks, s.in_use_blocks),
-            (s.host_cache_free_blocks, s.host_cache_evictable_blocks, s.host_cache_in_use_blocks))  # fmt: skip
+    return (
+        (s.free_blocks, s.evictable_blocks, s.in_use_blocks),
+        (s.host_cache_free_blocks, s.host_cache_evictable_blocks, s.host_cache_in_use_blocks),
+    )
 
 
 def two_blocks_on_host(m: KVCacheManager) -> None:
@@ -71,8 +72,13 @@ def test_eviction_writes_back_and_a_hit_loads_back():
     assert not m.waits_for_loads(3)
     assert m.tree.host_lru_order() == [0, 1]  # on both tiers now: redundant copies, loaded at the same tick
     stats = m.stats()
-    assert (stats.prefix_hits_tokens, stats.prefix_host_hits_tokens, stats.written_back_blocks,
-            stats.loaded_back_blocks, stats.host_cached_blocks) == (8, 8, 2, 2, 2)  # fmt: skip
+    assert (
+        stats.prefix_hits_tokens,
+        stats.prefix_host_hits_tokens,
+        stats.written_back_blocks,
+        stats.loaded_back_blocks,
+        stats.host_cached_blocks,
+    ) == (8, 8, 2, 2, 2)
     m.commit_computed(3, 13)
     m.free(3)
     assert tiers(m) == ((1, 3, 0), (2, 2, 0)) and m.stats().cached_blocks == 3  # + toks(9, 12) computed
@@ -118,8 +124,11 @@ def test_host_lru_drops_the_least_recently_used_copy_when_full():
     # 3 takes host 0 (its leaf toks(5, 8) dropped: the only droppable copy); then toks(1, 4) is a host leaf: 4 takes 1
     h1, h2 = hash_block_tokens(toks(1, 8), 4)
     h200, h204 = hash_block_tokens(toks(200, 207), 4)
-    assert m.drain_events() == [BlockStored(4, [h204, h200], None, 4, "host"), BlockRemoved(5, [h204, h200]),
-                                BlockRemoved(6, [h2, h1], "host")]  # fmt: skip
+    assert m.drain_events() == [
+        BlockStored(4, [h204, h200], None, 4, "host"),
+        BlockRemoved(5, [h204, h200]),
+        BlockRemoved(6, [h2, h1], "host"),
+    ]
     assert step(m) == TierCopies([(3, 0), (4, 1)], [])
     assert match(m, toks(1, 13)) == ([], 0)
     m.free(5)

@@ -33,8 +33,11 @@ def test_extended_shares_the_blocks_and_packs_the_rest():
     assert longer.blocks[0] is keys.blocks[0]
     fresh = BlockKeys([1, 2, 3, 4, 5, 6, 7, 8, 9], 4, "s")
     assert (longer.blocks, longer.tail, longer.salt, longer.chain_ids) == (
-        fresh.blocks, fresh.tail, fresh.salt, fresh.chain_ids
-    )  # fmt: skip
+        fresh.blocks,
+        fresh.tail,
+        fresh.salt,
+        fresh.chain_ids,
+    )
     with pytest.raises(ValueError):
         keys.extended([1, 2])
 

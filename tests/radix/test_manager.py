@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from radix_testing import (
+
+from radix.block_pool import NoFreeBlocksError
+from radix.events import AllBlocksCleared, BlockRemoved, BlockStored
+from radix.hashing import blake2b_128, hash_block_tokens
+from radix.keys import BlockKeys
+from radix.manager import KVCacheManager, KVStats, StaleMatchError, UnknownSequenceError
+from tests.radix.radix_testing import (
     admit,
     cache_computed_blocks,
     has_sequence,
@@ -13,12 +19,6 @@ from radix_testing import (
     ref_count,
     snapshot,
 )
-
-from radix.block_pool import NoFreeBlocksError
-from radix.events import AllBlocksCleared, BlockRemoved, BlockStored
-from radix.hashing import blake2b_128, hash_block_tokens
-from radix.keys import BlockKeys
-from radix.manager import KVCacheManager, KVStats, StaleMatchError, UnknownSequenceError
 
 
 def toks(a: int, b: int) -> list[int]:
@@ -283,10 +283,19 @@ def test_stats_waste_and_totals():
     assert admit(m, 2, toks(1, 3), num_new_tokens=9) == 0
     stats = m.stats()
     assert stats == KVStats(
-        total_blocks=10, free_blocks=5, evictable_blocks=0, in_use_blocks=5, cached_blocks=0,
-        prefix_queries_tokens=8, prefix_hits_tokens=0, waste_slots=3 + 9, num_sequences=2, num_swapped=0,
-        host_total_blocks=0, host_free_blocks=0,
-    )  # fmt: skip
+        total_blocks=10,
+        free_blocks=5,
+        evictable_blocks=0,
+        in_use_blocks=5,
+        cached_blocks=0,
+        prefix_queries_tokens=8,
+        prefix_hits_tokens=0,
+        waste_slots=3 + 9,
+        num_sequences=2,
+        num_swapped=0,
+        host_total_blocks=0,
+        host_free_blocks=0,
+    )
 
 
 def test_snapshot_events_and_reset():

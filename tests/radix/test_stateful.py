@@ -9,11 +9,12 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from radix_model import B, Model, ModelSeq, cdiv
-from radix_testing import admit, match, ref_count, snapshot
 
 from radix.block_pool import NoFreeBlocksError
+from radix.blocks import cdiv
 from radix.manager import KVCacheManager, PrefixMatch, StaleMatchError
+from tests.radix.radix_model import B, Model, ModelSeq
+from tests.radix.radix_testing import admit, match, ref_count, snapshot
 
 TOKENS = st.lists(st.integers(1, 3), min_size=1, max_size=9)
 SALT = st.sampled_from([None, "s"])
@@ -252,8 +253,10 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert len(free) + len(evictable) + len(in_use) == md.usable
         stats = m.stats()
         assert (stats.free_blocks, stats.evictable_blocks, stats.in_use_blocks) == (
-            len(free), len(evictable), len(in_use)
-        )  # fmt: skip
+            len(free),
+            len(evictable),
+            len(in_use),
+        )
         assert stats.cached_blocks == len(device)
         assert sorted(m.tree.resident_block(h) for h in snapshot(m)) == sorted(device.values())
         for key in md.cache:  # no cached child without its parent; device residency is prefix-closed

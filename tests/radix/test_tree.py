@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from radix_testing import tree_insert, tree_match
-
 from radix.block_pool import BlockPool
 from radix.events import BlockRemoved, BlockStored, KvEventLog
 from radix.hashing import hash_block_tokens
 from radix.invariants import check_tree
 from radix.keys import pack_blocks
 from radix.tree import RadixTree
+from tests.radix.radix_testing import tree_insert, tree_match
 
 
 def toks(a: int, b: int) -> list[int]:

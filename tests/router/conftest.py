@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from router_cases import start_replica
+
+from tests.router.router_cases import start_replica
 
 
 @pytest.fixture(scope="session")

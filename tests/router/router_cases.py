@@ -19,8 +19,20 @@ from runtime.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 # float32: the router tests compare replies across replicas, cached with uncached
-REPLICA_FLAGS = ["--num-blocks", "512", "--block-size", "16", "--max-prefill-tokens", "512", "--events-port", "0",
-                 "--log-interval-s", "3600", "--dtype", "float32"]
+REPLICA_FLAGS = [
+    "--num-blocks",
+    "512",
+    "--block-size",
+    "16",
+    "--max-prefill-tokens",
+    "512",
+    "--events-port",
+    "0",
+    "--log-interval-s",
+    "3600",
+    "--dtype",
+    "float32",
+]
 ROUTER_FLAGS = ["--health-interval-s", "0.2", "--health-timeout-s", "1.5"]
 BLOCK = 16
 
@@ -53,8 +65,9 @@ def start(module: str, args: list[str], log: Path, ready_prefix: str, timeout: f
     """Runs `python -m <module> <args>` and waits for its ready line on stdout."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RADIXSERVE_LOG_LEVEL": "WARNING"}
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=err, text=True, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, env=env
+        )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
@@ -68,15 +81,30 @@ def start(module: str, args: list[str], log: Path, ready_prefix: str, timeout: f
 
 def start_replica(model: Path, log: Path, port: int = 0) -> Proc:
     """A runtime server of `model` on 127.0.0.1:<port> (0: free) with KV events on TCP."""
-    return start("runtime.launch", ["--model", str(model), "--port", str(port), *REPLICA_FLAGS], log,
-                 "radixserve ready at ")
+    return start(
+        "runtime.launch", ["--model", str(model), "--port", str(port), *REPLICA_FLAGS], log, "radixserve ready at "
+    )
 
 
 def start_router(model: Path, backends: list[str], log: Path, *flags: str) -> Proc:
     """`python -m router.launch --backends ...` in front of running replicas."""
-    return start("router.launch", ["--model", str(model), "--port", "0", "--backends", ",".join(backends),
-                                   "--log-level", "WARNING", *ROUTER_FLAGS, *flags], log,
-                 "radixserve router ready at ")
+    return start(
+        "router.launch",
+        [
+            "--model",
+            str(model),
+            "--port",
+            "0",
+            "--backends",
+            ",".join(backends),
+            "--log-level",
+            "WARNING",
+            *ROUTER_FLAGS,
+            *flags,
+        ],
+        log,
+        "radixserve router ready at ",
+    )
 
 
 def served_by(replicas: list[Proc], before: list[int]) -> int:
@@ -102,8 +130,9 @@ def kv_snapshot(endpoint: str) -> p.KvSnapshotResponse:
         return c._control(p.KvSnapshotRequest)
 
 
-def conversation(endpoint: str, system: str, users: list[str], salt: str, replicas: list[Proc] | None = None,
-                 max_tokens: int = 8) -> tuple[list[int], list[int | None], list[str]]:
+def conversation(
+    endpoint: str, system: str, users: list[str], salt: str, replicas: list[Proc] | None = None, max_tokens: int = 8
+) -> tuple[list[int], list[int | None], list[str]]:
     """Runs a greedy chat conversation turn by turn through endpoint (each turn's request holds the whole history).
     Returns (cached_tokens per turn, the position of the replica that served each turn (None without replicas),
     reply texts)."""
@@ -113,8 +142,7 @@ def conversation(endpoint: str, system: str, users: list[str], salt: str, replic
         for user in users:
             history.append({"role": "user", "content": user})
             before = prompt_tokens(replicas) if replicas else None
-            out = c.generate(messages=history, max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
-                             cache_salt=salt)
+            out = c.generate(messages=history, max_tokens=max_tokens, temperature=0.0, ignore_eos=True, cache_salt=salt)
             served.append(served_by(replicas, before) if replicas else None)
             cached.append(out.usage.cached_tokens)
             texts.append(out.text)

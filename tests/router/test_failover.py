@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from router_cases import prompt_tokens, start_replica, start_router
 
 from runtime.client import Client, ServerFailedError
+from tests.router.router_cases import prompt_tokens, start_replica, start_router
 
 PROMPT = "Count slowly from one to a thousand, one number per line."
 LONG = {"max_tokens": 120, "temperature": 0.0, "ignore_eos": True}
@@ -48,8 +48,9 @@ def _wait_running(replica, n: int, timeout_s: float = 30.0) -> None:
 def test_killed_replica(tiny_llama_dir, tmp_path):
     victim = start_replica(tiny_llama_dir, tmp_path / "victim.log")
     survivor = start_replica(tiny_llama_dir, tmp_path / "survivor.log")
-    router = start_router(tiny_llama_dir, [victim.endpoint, survivor.endpoint], tmp_path / "router.log",
-                          "--policy", "round_robin")
+    router = start_router(
+        tiny_llama_dir, [victim.endpoint, survivor.endpoint], tmp_path / "router.log", "--policy", "round_robin"
+    )
     try:
         with survivor.client() as c:
             want = c.generate(prompt=PROMPT, **LONG).token_ids

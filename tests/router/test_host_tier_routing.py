@@ -8,13 +8,13 @@ import random
 import time
 
 import pytest
-from router_cases import REPLICA_FLAGS, kv_snapshot, serve_in_thread, start
 
 from radix.hashing import hash_block_tokens
 from router.config import RouterArgs
 from router.router import Router
 from runtime.client import Client
 from runtime.model.loader import load_tokenizer
+from tests.router.router_cases import REPLICA_FLAGS, kv_snapshot, serve_in_thread, start
 
 SMALL_POOL = ["--num-blocks", "24", "--num-host-cache-blocks", "64"]  # 23 usable blocks of 16: 368 tokens
 
@@ -23,16 +23,21 @@ SMALL_POOL = ["--num-blocks", "24", "--num-host-cache-blocks", "64"]  # 23 usabl
 def tiered(tiny_llama_dir, tmp_path_factory):
     flags = REPLICA_FLAGS[2:] + SMALL_POOL  # REPLICA_FLAGS without its --num-blocks 512
     assert REPLICA_FLAGS[:2] == ["--num-blocks", "512"]
-    proc = start("runtime.launch", ["--model", str(tiny_llama_dir), "--port", "0", *flags],
-                 tmp_path_factory.mktemp("tier_logs") / "replica.log", "radixserve ready at ")
+    proc = start(
+        "runtime.launch",
+        ["--model", str(tiny_llama_dir), "--port", "0", *flags],
+        tmp_path_factory.mktemp("tier_logs") / "replica.log",
+        "radixserve ready at ",
+    )
     yield proc
     proc.stop()
 
 
 @pytest.fixture
 def router(tiered, tiny_llama_dir):
-    args = RouterArgs(backends=[tiered.endpoint], model=str(tiny_llama_dir), port=0, health_interval_s=0.2,
-                      health_timeout_s=1.5)
+    args = RouterArgs(
+        backends=[tiered.endpoint], model=str(tiny_llama_dir), port=0, health_interval_s=0.2, health_timeout_s=1.5
+    )
     r = Router(args, load_tokenizer(str(tiny_llama_dir)))
     with serve_in_thread(r) as served:
         yield served
@@ -60,7 +65,8 @@ def test_router_index_learns_the_host_tier_and_the_next_turn_loads_back(tiered, 
         _wait(lambda: index.tier_prefix(hashes) == (4, 8))
         snapshot = kv_snapshot(tiered.endpoint).snapshot
         assert set(hashes[4:12]) <= set(snapshot.host_block_hashes) and not set(hashes[4:12]) & set(
-            snapshot.block_hashes)
+            snapshot.block_hashes
+        )
         turn2 = c.generate(input_ids=history + [rng.randrange(100, 40000) for _ in range(20)], **greedy)
         assert (turn2.usage.cached_tokens, turn2.usage.host_cached_tokens) == (192, 128)
         stats = c.stats()

@@ -115,10 +115,26 @@ def test_merge_stats_sums_every_field_and_recomputes_the_ratios():
 
 
 def test_merge_stats_sums_replicas():
-    a = p.ServerStats(num_running=1, num_blocks=11, num_used_blocks=5, prompt_tokens=100, cached_tokens=50,
-                      tokens_per_s=10.0, num_preemptions=2, num_swaps=1, recomputed_tokens=30)
-    b = p.ServerStats(num_running=2, num_blocks=11, num_used_blocks=0, prompt_tokens=300, cached_tokens=250,
-                      tokens_per_s=5.0, num_preemptions=3)
+    a = p.ServerStats(
+        num_running=1,
+        num_blocks=11,
+        num_used_blocks=5,
+        prompt_tokens=100,
+        cached_tokens=50,
+        tokens_per_s=10.0,
+        num_preemptions=2,
+        num_swaps=1,
+        recomputed_tokens=30,
+    )
+    b = p.ServerStats(
+        num_running=2,
+        num_blocks=11,
+        num_used_blocks=0,
+        prompt_tokens=300,
+        cached_tokens=250,
+        tokens_per_s=5.0,
+        num_preemptions=3,
+    )
     m = merge_stats([a, b])
     assert (m.num_running, m.num_blocks, m.prompt_tokens, m.cached_tokens) == (3, 22, 400, 300)
     assert m.kv_usage == 5 / 20 and m.hit_rate == 0.75 and m.tokens_per_s == 15.0

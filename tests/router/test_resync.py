@@ -6,14 +6,14 @@ from __future__ import annotations
 import time
 
 import pytest
-from router_cases import conversation, kv_snapshot, prompt_tokens, serve_in_thread, served_by
 
 from radix.hashing import hash_block_tokens
 from router.config import RouterArgs
 from router.router import Router
 from runtime.client import Client
 from runtime.model.loader import load_tokenizer
-from runtime.tokenizer import apply_chat_template
+from runtime.text.prompt import apply_chat_template
+from tests.router.router_cases import conversation, kv_snapshot, prompt_tokens, serve_in_thread, served_by
 
 SYSTEM = "You answer questions about trains in one short sentence, politely and without any guessing."
 USERS = ["When does the first train to the coast leave?", "Is there a dining car on that train?"]
@@ -37,8 +37,13 @@ class DroppingRouter(Router):
 
 @pytest.fixture
 def router(replicas, tiny_llama_dir):
-    args = RouterArgs(backends=[r.endpoint for r in replicas], model=str(tiny_llama_dir), port=0,
-                      health_interval_s=0.2, health_timeout_s=1.5)
+    args = RouterArgs(
+        backends=[r.endpoint for r in replicas],
+        model=str(tiny_llama_dir),
+        port=0,
+        health_interval_s=0.2,
+        health_timeout_s=1.5,
+    )
     r = DroppingRouter(args, load_tokenizer(str(tiny_llama_dir)))
     with serve_in_thread(r) as served:
         yield served
@@ -53,11 +58,12 @@ def test_event_gap_resyncs_from_snapshot(replicas, router, smollm2_tokenizer):
     router.armed = True
     cached1, served1, _ = conversation(router.endpoint, SYSTEM, USERS[:1], salt, replicas)
     _settle(router)
-    (position, seq), = router.dropped
+    ((position, seq),) = router.dropped
     assert position == served1[0]
     home = router.replicas[position]
-    turn1 = apply_chat_template(smollm2_tokenizer, [{"role": "system", "content": SYSTEM},
-                                                    {"role": "user", "content": USERS[0]}])
+    turn1 = apply_chat_template(
+        smollm2_tokenizer, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USERS[0]}]
+    )
     hashes = hash_block_tokens(turn1, 16, salt)
     assert home.index.prefix_blocks(hashes) == 0  # the lost event held this conversation's blocks
     assert router.stats.resyncs == 0

@@ -16,8 +16,17 @@ def test_parse_target():
 
 def test_router_bench_smoke(replicas, tiny_llama_dir, tmp_path):
     out = tmp_path / "router.json"
-    result = main(["--smoke", "--model", str(tiny_llama_dir), "--backends", ",".join(r.endpoint for r in replicas),
-                   "--out", str(out)])
+    result = main(
+        [
+            "--smoke",
+            "--model",
+            str(tiny_llama_dir),
+            "--backends",
+            ",".join(r.endpoint for r in replicas),
+            "--out",
+            str(out),
+        ]
+    )
     targets = result["targets"]
     assert list(targets) == ["single", "router=cache_aware:2", "router=round_robin:2"]
     for t in targets.values():

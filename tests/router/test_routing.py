@@ -6,15 +6,21 @@ from __future__ import annotations
 import msgspec
 import pytest
 import zmq
-from router_cases import conversation, prompt_tokens, start_router
 
 from runtime import protocol as p
 from runtime.client import ContextLengthError, InvalidRequestError
+from tests.router.router_cases import conversation, prompt_tokens, start_router
 
-SYSTEM = ("You are a careful assistant for a small bakery. Answer questions about bread, opening hours, "
-          "ingredients and allergies in short, friendly sentences, and never invent prices you were not told.")
-USERS = ["Do you bake rye bread on Mondays?", "Which of your breads have no nuts at all?",
-         "Can I order a birthday cake two days ahead?", "Thanks! When do you close on Saturday?"]
+SYSTEM = (
+    "You are a careful assistant for a small bakery. Answer questions about bread, opening hours, "
+    "ingredients and allergies in short, friendly sentences, and never invent prices you were not told."
+)
+USERS = [
+    "Do you bake rye bread on Mondays?",
+    "Which of your breads have no nuts at all?",
+    "Can I order a birthday cake two days ahead?",
+    "Thanks! When do you close on Saturday?",
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +34,10 @@ def reference(replicas):
 def routers(replicas, tiny_llama_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("router_logs")
     backends = [r.endpoint for r in replicas]
-    out = {policy: start_router(tiny_llama_dir, backends, logs / f"{policy}.log", "--policy", policy)
-           for policy in ("cache_aware", "round_robin")}
+    out = {
+        policy: start_router(tiny_llama_dir, backends, logs / f"{policy}.log", "--policy", policy)
+        for policy in ("cache_aware", "round_robin")
+    }
     yield out
     for proc in out.values():
         proc.stop()

@@ -14,14 +14,17 @@ def test_defaults_are_valid_and_unknown_fields_are_named():
         ServerArgs.from_kwargs(blok_size=16)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"block_size": 12}, "block_size must be a power of two"),
-    ({"num_blocks": 1}, "num_blocks must be >= 5"),
-    ({"num_blocks": 4}, "num_blocks must be >= 5"),
-    ({"max_prompt_chars": 0}, "max_prompt_chars must be None or >= 1"),
-    ({"port": 70000}, "port must be in"),
-    ({"preemption_mode": "swap"}, "needs num_host_blocks > 0"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"block_size": 12}, "block_size must be a power of two"),
+        ({"num_blocks": 1}, "num_blocks must be >= 5"),
+        ({"num_blocks": 4}, "num_blocks must be >= 5"),
+        ({"max_prompt_chars": 0}, "max_prompt_chars must be None or >= 1"),
+        ({"port": 70000}, "port must be in"),
+        ({"preemption_mode": "swap"}, "needs num_host_blocks > 0"),
+    ],
+)
 def test_out_of_range_values_raise(kwargs, message):
     with pytest.raises(InvalidConfig, match=message):
         ServerArgs(**kwargs)

@@ -7,18 +7,15 @@ that served wrong KV, a bad copy-on-write or a lost swap shows up as a different
 from __future__ import annotations
 
 import pytest
-from forward_counts import forward_tokens_by_seq
 
 from runtime.engine import Engine
 from runtime.protocol import ForwardBatch
-from runtime.request import RequestRejected
 from runtime.sampling_params import SamplingParams
+from runtime.scheduler.request import RequestRejected
+from tests.runtime.engine_helpers import assert_idle, greedy, record_batches
+from tests.runtime.forward_counts import forward_tokens_by_seq
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0)
-
-
-def greedy(n: int, **kw) -> SamplingParams:
-    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -45,26 +42,6 @@ def cold(make_engine):
         return memo[key]
 
     return run
-
-
-def record_batches(engine: Engine) -> list[ForwardBatch]:
-    batches: list[ForwardBatch] = []
-    execute = engine.runner.execute
-
-    def spy(batch: ForwardBatch):
-        batches.append(batch)
-        out = execute(batch)
-        engine.manager.check_invariants()
-        return out
-
-    engine.runner.execute = spy
-    return batches
-
-
-def assert_idle(engine: Engine) -> None:
-    s = engine.stats()
-    assert s.num_used_blocks == 0 and s.num_free_blocks + s.num_evictable_blocks == s.num_blocks - 1
-    assert s.num_running == s.num_waiting == engine.manager.stats().num_sequences == 0
 
 
 def test_c1_c2_whole_prompt_cached(make_engine, cold):
@@ -196,8 +173,10 @@ def test_c8_hit_rate_and_chunks(make_engine):
 def test_c12_cache_salt(make_engine):
     engine = make_engine()
     prompt = list(range(1, 13))
-    cached = [engine.generate(input_ids=[prompt], sampling_params=greedy(1), cache_salt=salt)[0].usage.cached_tokens
-              for salt in ("s1", "s2", "s1", None)]  # fmt: skip
+    cached = [
+        engine.generate(input_ids=[prompt], sampling_params=greedy(1), cache_salt=salt)[0].usage.cached_tokens
+        for salt in ("s1", "s2", "s1", None)
+    ]
     assert cached == [0, 0, 8, 0]
 
 
@@ -231,4 +210,5 @@ def test_a_failed_forward_step_aborts_its_requests_and_returns_their_blocks(make
     assert stats.num_free_blocks + stats.num_evictable_blocks == stats.num_blocks - 1
     engine.manager.check_invariants()
     assert engine.generate(input_ids=[list(range(1, 10))], sampling_params=greedy(3))[0].token_ids == cold(
-        list(range(1, 10)), 3)
+        list(range(1, 10)), 3
+    )

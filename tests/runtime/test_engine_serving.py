@@ -4,11 +4,11 @@ memory pressure with both preemption modes, aborts at every stage, streaming and
 from __future__ import annotations
 
 import pytest
-from forward_counts import forward_tokens_by_seq
-from test_engine import assert_idle, greedy, record_batches
 
 from runtime.engine import Engine
 from runtime.sampling_params import SamplingParams
+from tests.runtime.engine_helpers import assert_idle, greedy, record_batches
+from tests.runtime.forward_counts import forward_tokens_by_seq
 
 SYSTEM = [3000 + 11 * i for i in range(24)]
 PROMPTS = [SYSTEM + [100 + 13 * i + j for j in range(3 + i)] for i in range(6)]

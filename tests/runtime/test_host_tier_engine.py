@@ -26,8 +26,9 @@ def chat(engine: Engine, convs: int = 3, turns: int = 3) -> list[tuple[list, int
             res = engine.generate(input_ids=[prompt], sampling_params=GREEDY)[0]
             logprobs = res.outputs[0].logprobs
             assert logprobs is not None
-            out.append((list(zip(res.token_ids, logprobs, strict=True)), res.usage.cached_tokens,
-                        res.usage.host_cached_tokens))
+            out.append(
+                (list(zip(res.token_ids, logprobs, strict=True)), res.usage.cached_tokens, res.usage.host_cached_tokens)
+            )
             history[c] = prompt + res.token_ids
     return out
 

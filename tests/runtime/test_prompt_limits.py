@@ -15,10 +15,10 @@ from runtime.prompt_check import (
     check_prompt_chars,
     prompt_chars,
 )
-from runtime.request import RequestRejected
 from runtime.sampling_params import SamplingParams
-from runtime.serve.prompt_prep import INLINE_CHARS, PromptPrep
-from runtime.tokenizer import PromptError, encode_prompt
+from runtime.scheduler.request import RequestRejected
+from runtime.serve.tokenizer.prompt_prep import INLINE_CHARS, PromptPrep
+from runtime.text.prompt import PromptError, encode_prompt
 
 EMPTY = {"role": "", "content": ""}
 READY = p.Ready(num_blocks=32, block_size=4, max_model_len=64, num_host_blocks=0, vocab_size=49152, eos_token_ids=[2])
@@ -46,10 +46,13 @@ def test_each_message_counts_its_template_overhead():
     assert prompt_chars(None, chat) == 9 + 2 * 32 and prompt_chars(None, [EMPTY] * 4096) == 131072
     assert check_prompt_chars(None, [EMPTY] * 4096, 131072) is None
     assert check_prompt_chars(None, [EMPTY] * 4096, 131071) == PromptProblem(
-        p.ERR_INVALID, "messages too long: 131072 characters (32 per message for the chat template included), the "
-                       "limit is 131071 (max_prompt_chars)")  # fmt: skip
+        p.ERR_INVALID,
+        "messages too long: 131072 characters (32 per message for the chat template included), the "
+        "limit is 131071 (max_prompt_chars)",
+    )
     assert check_prompt_chars("x" * 73, None, 72).message == (
-        "prompt too long: 73 characters, the limit is 72 (max_prompt_chars)")  # prompts: unchanged
+        "prompt too long: 73 characters, the limit is 72 (max_prompt_chars)"
+    )  # prompts: unchanged
 
 
 def test_many_empty_messages_are_not_prepared_on_the_loop_thread():
@@ -66,15 +69,21 @@ def test_precheck_rejects_floods_and_impossible_input_ids_before_any_per_item_wo
     with pytest.raises(RequestRejected) as info:
         prep.precheck(_req(messages=[EMPTY] * 200_000))
     assert (info.value.code, str(info.value)) == (
-        p.ERR_INVALID, "too many messages: 200000, the limit is 4096 (MAX_CHAT_MESSAGES)")
+        p.ERR_INVALID,
+        "too many messages: 200000, the limit is 4096 (MAX_CHAT_MESSAGES)",
+    )
     ids = [10**9] * 2_000_000  # outside the vocabulary too: the O(1) length check answers first, as check_prompt does
     with pytest.raises(RequestRejected) as info:
         prep.precheck(_req(input_ids=ids))
     assert (info.value.code, str(info.value)) == (
-        p.ERR_CONTEXT, "prompt of 2000000 tokens leaves no room to generate under max_model_len 64")
+        p.ERR_CONTEXT,
+        "prompt of 2000000 tokens leaves no room to generate under max_model_len 64",
+    )
     assert check_prompt(ids, 64, 49152, 4, 32) == (info.value.code, str(info.value))
     prep.precheck(_req(input_ids=[10**9] * 63))  # fits the context: the vocabulary is checked in prepare
     with pytest.raises(RequestRejected) as info:
         prep.prepare("1", _req(input_ids=[10**9] * 63))
     assert (info.value.code, str(info.value)) == (
-        p.ERR_INVALID, f"token ids outside the vocabulary [0, 49152): {[10**9] * 8}")
+        p.ERR_INVALID,
+        f"token ids outside the vocabulary [0, 49152): {[10**9] * 8}",
+    )

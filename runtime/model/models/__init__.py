@@ -16,8 +16,13 @@ __all__ = ["AttentionMetadata", "LlamaForCausalLM", "build_model"]
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {name: LlamaForCausalLM for name in SUPPORTED_ARCHITECTURES}
 
 
-def build_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], max_positions: int,
-                attention_backend: str | None = None, quantization: str = "none") -> LlamaForCausalLM:
+def build_model(
+    cfg: ModelConfig,
+    weights: dict[str, torch.Tensor],
+    max_positions: int,
+    attention_backend: str | None = None,
+    quantization: str = "none",
+) -> LlamaForCausalLM:
     """The model for cfg.architecture built from Hugging Face weights (emptied as they are taken).
 
     max_positions: tokens the rotary tables cover (the runner's max_model_len).
@@ -36,6 +41,8 @@ def build_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], max_position
         raise InvalidConfig(f"quantization {quantization!r}; supported: {list(QUANTIZATIONS)}")
     devices = {t.device.type for t in weights.values()}
     if quantization != "none" and devices - {"cpu"}:
-        raise InvalidConfig(f"quantization {quantization!r} runs on CPU only; the weights are on {sorted(devices)}: "
-                            "use quantization 'none' there")
+        raise InvalidConfig(
+            f"quantization {quantization!r} runs on CPU only; the weights are on {sorted(devices)}: "
+            "use quantization 'none' there"
+        )
     return cls(cfg, weights, max_positions, attention_backend, quantization).eval()

@@ -102,8 +102,9 @@ class BlockTableRows:
         self.table = grown
 
 
-def decode_metadata(positions: list[int], slots: list[int], block_tables: torch.Tensor, sample_rows: list[int],
-                    device: torch.device) -> AttentionMetadata:  # fmt: skip
+def decode_metadata(
+    positions: list[int], slots: list[int], block_tables: torch.Tensor, sample_rows: list[int], device: torch.device
+) -> AttentionMetadata:
     """The metadata of a step whose every sequence runs one token: token i is sequence i's, at positions[i], written
     to slots[i]; block_tables int32 [num_seqs, max_blocks]; sample_rows the rows whose logits are returned.
     Five small host tensors, no per-token tensor arithmetic."""
@@ -121,8 +122,14 @@ def decode_metadata(positions: list[int], slots: list[int], block_tables: torch.
     )
 
 
-def varlen_metadata(starts: list[int], q_lens: list[int], block_tables: torch.Tensor, sample_rows: list[int],
-                    block_size: int, device: torch.device) -> AttentionMetadata:  # fmt: skip
+def varlen_metadata(
+    starts: list[int],
+    q_lens: list[int],
+    block_tables: torch.Tensor,
+    sample_rows: list[int],
+    block_size: int,
+    device: torch.device,
+) -> AttentionMetadata:
     """The metadata of any mix of prefill chunks and decodes: sequence i runs q_lens[i] >= 1 tokens from position
     starts[i]; its tokens are consecutive in the flat batch. block_tables int32 [num_seqs, max_blocks] must cover
     every position run; slot = block_tables[i, pos // block_size] * block_size + pos % block_size. O(num_seqs)
@@ -147,8 +154,15 @@ def varlen_metadata(starts: list[int], q_lens: list[int], block_tables: torch.Te
     )
 
 
-def step_metadata(starts: list[int], q_lens: list[int], samples: list[bool], tables: Sequence[Sequence[int]],
-                  block_tables: torch.Tensor, block_size: int, device: torch.device) -> AttentionMetadata:  # fmt: skip
+def step_metadata(
+    starts: list[int],
+    q_lens: list[int],
+    samples: list[bool],
+    tables: Sequence[Sequence[int]],
+    block_tables: torch.Tensor,
+    block_size: int,
+    device: torch.device,
+) -> AttentionMetadata:
     """The metadata of a step whose sequence i runs q_lens[i] >= 1 consecutive tokens of the flat batch from position
     starts[i], returns its last token's logits where samples[i], and has block table tables[i] (also row i of
     block_tables int32 [num_seqs, max_blocks], padded with 0). A step of one token per sequence (every decode step)

@@ -59,8 +59,15 @@ class RMSNorm(torch.nn.Module):
 class Attention(torch.nn.Module):
     """GQA self-attention over the paged KV cache: fused qkv projection, rotary, store_kv, paged_attention, o_proj."""
 
-    def __init__(self, cfg: ModelConfig, src: WeightSource, prefix: str, rotary: RotaryEmbedding,
-                 backend: str | None, quantization: str = "none") -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        src: WeightSource,
+        prefix: str,
+        rotary: RotaryEmbedding,
+        backend: str | None,
+        quantization: str = "none",
+    ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
@@ -77,19 +84,30 @@ class Attention(torch.nn.Module):
         self.scale = self.head_dim**-0.5
         self.backend = backend
 
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor,
-                v_cache: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]. Writes this step's K/V into k_cache/v_cache [num_blocks, bs, kvh, d]."""
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         t = x.shape[0]
-        q, k = self.rotary(meta.positions, q.view(t, self.num_heads, self.head_dim),
-                           k.view(t, self.num_kv_heads, self.head_dim))
+        q, k = self.rotary(
+            meta.positions, q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim)
+        )
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=self.backend)
-        out = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                      self.scale, max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
-                                      backend=self.backend)
+        out = kernels.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.query_start_loc,
+            self.scale,
+            max_query_len=meta.max_query_len,
+            max_seq_len=meta.max_seq_len,
+            backend=self.backend,
+        )
         return self.o_proj(out.reshape(t, self.q_size))
 
 
@@ -113,17 +131,24 @@ class MLP(torch.nn.Module):
 class DecoderLayer(torch.nn.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: ModelConfig, src: WeightSource, prefix: str, rotary: RotaryEmbedding,
-                 backend: str | None, quantization: str = "none") -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        src: WeightSource,
+        prefix: str,
+        rotary: RotaryEmbedding,
+        backend: str | None,
+        quantization: str = "none",
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(src.take(f"{prefix}.input_layernorm.weight"), cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, src, f"{prefix}.self_attn", rotary, backend, quantization)
-        self.post_attention_layernorm = RMSNorm(src.take(f"{prefix}.post_attention_layernorm.weight"),
-                                                cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(src.take(f"{prefix}.post_attention_layernorm.weight"), cfg.rms_norm_eps)
         self.mlp = MLP(src, f"{prefix}.mlp", quantization)
 
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor,
-                v_cache: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]; writes this layer's K/V."""
         x = x + self.self_attn(self.input_layernorm(x), meta, k_cache, v_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -139,15 +164,22 @@ class LlamaForCausalLM(torch.nn.Module):
     lookup keeps the dense table. Raises ValueError for an unknown quantization.
     """
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], max_positions: int,
-                 attention_backend: str | None = None, quantization: str = "none") -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        max_positions: int,
+        attention_backend: str | None = None,
+        quantization: str = "none",
+    ) -> None:
         super().__init__()
         src = WeightSource(weights)
         embed = src.take("model.embed_tokens.weight")
         self.config = cfg
         self.embed_weight = _frozen(embed)
-        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_type, cfg.rope_scaling,
-                                 embed.dtype, embed.device)
+        rotary = RotaryEmbedding(
+            cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_type, cfg.rope_scaling, embed.dtype, embed.device
+        )
         self.rotary = rotary
         self.layers = torch.nn.ModuleList(
             DecoderLayer(cfg, src, f"model.layers.{i}", rotary, attention_backend, quantization)
@@ -162,8 +194,9 @@ class LlamaForCausalLM(torch.nn.Module):
         self.lm_head = Linear(head_weight, None, "int8" if quantization == "int4" else quantization)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor,
-                v_cache: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
         """Run one step and return float32 logits [len(meta.logits_indices) or T, vocab_size].
 
         input_ids: int64 [T]; k_cache, v_cache: [num_layers, num_blocks, block_size, num_kv_heads, head_dim]

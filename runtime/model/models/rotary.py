@@ -48,8 +48,16 @@ class RotaryEmbedding(torch.nn.Module):
     cos: torch.Tensor
     sin: torch.Tensor
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float, rope_type: str, scaling: dict[str, Any],
-                 dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        max_positions: int,
+        theta: float,
+        rope_type: str,
+        scaling: dict[str, Any],
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
         super().__init__()
         inv_freq = inv_frequencies(head_dim, theta, rope_type, scaling)
         freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inv_freq[None, :]

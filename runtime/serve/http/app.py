@@ -72,8 +72,11 @@ class Routes:
     def check_model(self, model: str | None) -> None:
         """Raises OpenAIError 404 model_not_found unless model is None, the served name or the model argument."""
         if model is not None and model not in (self.config.model_name, self.config.model):
-            raise not_found(f"the model {model[:100]!r} does not exist; this server serves "
-                            f"{self.config.model_name!r}", "model_not_found", "model")
+            raise not_found(
+                f"the model {model[:100]!r} does not exist; this server serves {self.config.model_name!r}",
+                "model_not_found",
+                "model",
+            )
 
     async def chat(self, request: Request) -> Response:
         return await self._complete(request, schema.ChatCompletionRequest)
@@ -93,9 +96,15 @@ class Routes:
         try:
             if req.stream:
                 first = await race_disconnect(gen.first(), request.receive)
-                ctx = StreamContext(("chatcmpl-" if chat else "cmpl-") + rid,
-                                    "chat.completion.chunk" if chat else "text_completion", created, model,
-                                    self.tokens.text, "logprobs" in backend_req.params, backend_req.include_usage)
+                ctx = StreamContext(
+                    ("chatcmpl-" if chat else "cmpl-") + rid,
+                    "chat.completion.chunk" if chat else "text_completion",
+                    created,
+                    model,
+                    self.tokens.text,
+                    "logprobs" in backend_req.params,
+                    backend_req.include_usage,
+                )
                 return EventStream((chat_events if chat else completion_events)(gen, first, ctx))
             choices = await race_disconnect(gen.collect(), request.receive)
         except ClientDisconnected:
@@ -106,8 +115,13 @@ class Routes:
         return _json(build(rid, created, model, choices, usage_of(choices), self.tokens.text))
 
     async def models(self, request: Request) -> Response:
-        card = {"id": self.config.model_name, "object": "model", "created": self.created, "owned_by": "radixserve",
-                "root": self.config.model}
+        card = {
+            "id": self.config.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "radixserve",
+            "root": self.config.model,
+        }
         return _json({"object": "list", "data": [card]})
 
     async def health(self, request: Request) -> Response:
@@ -153,8 +167,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 404:
         return not_found(f"no route {request.method} {request.url.path}").response()
     code = "method_not_allowed" if exc.status_code == 405 else None
-    return OpenAIError(exc.status_code, INVALID, f"{request.method} {request.url.path}: {exc.detail}", None,
-                       code).response()
+    return OpenAIError(
+        exc.status_code, INVALID, f"{request.method} {request.url.path}: {exc.detail}", None, code
+    ).response()
 
 
 async def _disconnected(request: Request, exc: Exception) -> Response:

@@ -29,8 +29,9 @@ class ApiKeyMiddleware:
             return
         missing = not any(name == b"authorization" for name, _ in scope["headers"])
         reason = "no Authorization header" if missing else "the API key is not valid"
-        error = OpenAIError(401, "authentication_error", f"{reason}: send 'Authorization: Bearer <api key>'", None,
-                            "invalid_api_key")
+        error = OpenAIError(
+            401, "authentication_error", f"{reason}: send 'Authorization: Bearer <api key>'", None, "invalid_api_key"
+        )
         await error.response()(scope, receive, send)
 
     def _authorized(self, scope: Scope) -> bool:

@@ -71,7 +71,8 @@ class Backend:
         try:
             return await asyncio.wait_for(client.stats(), self.health_timeout_s)
         except TimeoutError:
-            raise unavailable(f"the backend at {self.endpoint} did not answer a stats request within "
-                              f"{self.health_timeout_s} s") from None
+            raise unavailable(
+                f"the backend at {self.endpoint} did not answer a stats request within {self.health_timeout_s} s"
+            ) from None
         except ClientError as exc:
             raise from_exception(exc, {}, "") from None

@@ -23,7 +23,7 @@ import orjson
 from starlette.responses import Response
 
 from runtime import protocol as p
-from runtime.client_errors import (
+from runtime.client.errors import (
     ClientError,
     InvalidInputError,
     InvalidRequestError,
@@ -42,8 +42,7 @@ INVALID = "invalid_request_error"
 class OpenAIError(Exception):
     """An HTTP error answer: status (int), type, message, param (the request field at fault, or None), code."""
 
-    def __init__(self, status: int, type: str, message: str, param: str | None = None,
-                 code: str | None = None) -> None:
+    def __init__(self, status: int, type: str, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status, self.type, self.message, self.param, self.code = status, type, message, param, code
 
@@ -74,8 +73,9 @@ def not_found(message: str, code: str = "not_found", param: str | None = None) -
 def too_large(size: int | None, limit: int) -> OpenAIError:
     """A 413: the body has size bytes (None: more than limit, still being read), over limit."""
     shown = f"{size} bytes" if size is not None else f"more than {limit} bytes"
-    return OpenAIError(413, INVALID, f"request body of {shown} exceeds the limit of {limit} bytes", None,
-                       "request_too_large")
+    return OpenAIError(
+        413, INVALID, f"request body of {shown} exceeds the limit of {limit} bytes", None, "request_too_large"
+    )
 
 
 _PATH = re.compile(r" - at `\$\.?(.*)`$")
@@ -95,8 +95,9 @@ def from_decode_error(exc: Exception) -> OpenAIError:
     if field is not None:
         param = f"{path}.{field.group(1)}" if path else field.group(1)
         if "unknown field" in text:
-            return bad_request(f"unknown parameter {param!r}: this server does not implement it", param,
-                               "unknown_parameter")
+            return bad_request(
+                f"unknown parameter {param!r}: this server does not implement it", param, "unknown_parameter"
+            )
         return bad_request(f"missing required parameter {param!r}", param, "missing_required_parameter")
     if not path:
         return bad_request(f"the body must be a JSON object: {text}", None, "invalid_type")
@@ -132,4 +133,4 @@ def from_exception(exc: BaseException, params: dict[str, str], prompt_param: str
 
 
 def _rename(message: str, name: str, param: str) -> str:
-    return message if name == param else param + message[len(name):]
+    return message if name == param else param + message[len(name) :]

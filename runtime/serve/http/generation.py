@@ -73,8 +73,13 @@ class Generation:
         self.request, self.metrics, self.arrival = request, metrics, arrival
         n = request.params.get("n", 1)
         self.choices = [ChoiceResult(i, "logprobs" in request.params) for i in range(n)]
-        stream = client.stream(prompt=request.prompt, messages=request.messages, input_ids=request.input_ids,
-                               cache_salt=request.cache_salt, **request.params)
+        stream = client.stream(
+            prompt=request.prompt,
+            messages=request.messages,
+            input_ids=request.input_ids,
+            cache_salt=request.cache_salt,
+            **request.params,
+        )
         self._stream = cast(AsyncGenerator[p.StreamChunk, None], stream)
 
     async def first(self) -> p.StreamChunk:

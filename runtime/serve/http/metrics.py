@@ -35,14 +35,97 @@ PREFIX = "radixserve:"
 
 # Bucket upper bounds in seconds (the +Inf bucket is implied): TTFT and ITL from 1 ms (a GPU decode step) up; e2e and
 # queue time up to the hour.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0, 160.0, 640.0)
-ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-               10.0, 20.0, 80.0)
-E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-               120.0, 240.0, 480.0, 960.0, 1920.0, 3600.0)
-QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
-                 640.0, 3600.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
+ITL_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.01,
+    0.05,
+    0.1,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    3600.0,
+)
+QUEUE_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    3600.0,
+)
 
 # (name without the prefix and the _total suffix, ServerStats field, help)
 COUNTERS = (
@@ -98,17 +181,19 @@ class HttpMetrics:
         self._stats: ServerStats | None = None
         self._success = dict.fromkeys(FINISH_REASONS, 0)
         self.ttft = _Histogram("time_to_first_token_seconds", "Time to first token (s).", TTFT_BUCKETS)
-        self.itl = _Histogram("inter_token_latency_seconds", "Time between consecutive output tokens (s).",
-                              ITL_BUCKETS)
-        self.e2e = _Histogram("e2e_request_latency_seconds", "Request latency, arrival to last token (s).",
-                              E2E_BUCKETS)
-        self.queue = _Histogram("request_queue_time_seconds", "Time from arrival at the scheduler to the first "
-                                "admission (s).", QUEUE_BUCKETS)
+        self.itl = _Histogram("inter_token_latency_seconds", "Time between consecutive output tokens (s).", ITL_BUCKETS)
+        self.e2e = _Histogram("e2e_request_latency_seconds", "Request latency, arrival to last token (s).", E2E_BUCKETS)
+        self.queue = _Histogram(
+            "request_queue_time_seconds",
+            "Time from arrival at the scheduler to the first admission (s).",
+            QUEUE_BUCKETS,
+        )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
-    def observe(self, finish_reason: str, ttft_s: float | None, itl_s: Iterable[float], e2e_s: float,
-                queue_s: float | None) -> None:
+    def observe(
+        self, finish_reason: str, ttft_s: float | None, itl_s: Iterable[float], e2e_s: float, queue_s: float | None
+    ) -> None:
         """Counts one finished completion: request_success_total{finish_reason} += 1 and one observation per
         histogram (ttft_s / queue_s None: not observed; itl_s: every gap between consecutive output tokens, so a
         completion of k tokens gives k - 1 values). Seconds throughout. O(len(itl_s) * log buckets)."""
@@ -145,8 +230,11 @@ class HttpMetrics:
                 gauge = GaugeMetricFamily(PREFIX + name, help, labels=["model_name"])
                 gauge.add_metric(labels, getattr(s, field))
                 yield gauge
-        success = CounterMetricFamily(PREFIX + "request_success", "Completions served over HTTP, by finish reason.",
-                                      labels=["model_name", "finish_reason"])
+        success = CounterMetricFamily(
+            PREFIX + "request_success",
+            "Completions served over HTTP, by finish reason.",
+            labels=["model_name", "finish_reason"],
+        )
         for reason, count in self._success.items():
             success.add_metric([self.model_name, reason], count)
         yield success

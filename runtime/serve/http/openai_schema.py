@@ -169,8 +169,10 @@ UNSUPPORTED: dict[str, Any] = {
 _MESSAGE_UNSUPPORTED = ("tool_calls", "tool_call_id", "function_call", "audio")
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
-_decoders = {cls: msgspec.json.Decoder(cls) for cls in (ChatCompletionRequest, CompletionRequest, TokenizeRequest,
-                                                         DetokenizeRequest)}
+_decoders = {
+    cls: msgspec.json.Decoder(cls)
+    for cls in (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
+}
 
 
 def decode(body: bytes, cls: type[Any]) -> Any:
@@ -223,8 +225,9 @@ def _text_parts(at: str, parts: list[dict[str, Any]]) -> str:
         if kind != "text":
             raise _unsupported(f"{at}.content[{j}].type")
         if not isinstance(text, str) or set(part) - {"type", "text"}:
-            raise bad_request(f"{at}.content[{j}] must be {{'type': 'text', 'text': <string>}}",
-                              f"{at}.content[{j}]", "invalid_type")
+            raise bad_request(
+                f"{at}.content[{j}] must be {{'type': 'text', 'text': <string>}}", f"{at}.content[{j}]", "invalid_type"
+            )
         texts.append(text)
     return "".join(texts)
 
@@ -242,5 +245,6 @@ def completion_prompt(prompt: str | list[Any]) -> tuple[str | None, list[int] | 
         raise bad_request("a list of several prompts is not supported: send one prompt per request", "prompt")
     if not prompt:
         raise bad_request("prompt must not be empty", "prompt")
-    raise bad_request("prompt must be a string, a list of token ids, or a list holding one of them", "prompt",
-                      "invalid_type")
+    raise bad_request(
+        "prompt must be a string, a list of token ids, or a list holding one of them", "prompt", "invalid_type"
+    )

@@ -21,8 +21,21 @@ from runtime.serve.http.errors import bad_request
 from runtime.serve.http.openai_schema import ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompt
 
 COMPLETIONS_MAX_TOKENS = 16  # the OpenAI completions default
-_SAME_NAME = ("temperature", "top_p", "top_k", "min_p", "n", "seed", "stop_token_ids", "ignore_eos",
-              "frequency_penalty", "presence_penalty", "repetition_penalty", "use_beam_search", "length_penalty")
+_SAME_NAME = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "n",
+    "seed",
+    "stop_token_ids",
+    "ignore_eos",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "use_beam_search",
+    "length_penalty",
+)
 
 
 class BackendRequest(NamedTuple):

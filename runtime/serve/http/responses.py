@@ -36,9 +36,12 @@ def _logprob(value: float | None) -> float:
 
 def usage_body(usage: p.Usage) -> dict[str, Any]:
     """OpenAI usage: prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details.cached_tokens."""
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
 
 
 def chat_logprobs(token_ids: list[int], logprobs: list[p.TokenLogprobs | None], text: TokenText) -> dict[str, Any]:
@@ -47,10 +50,19 @@ def chat_logprobs(token_ids: list[int], logprobs: list[p.TokenLogprobs | None], 
     content = []
     for tid, lp in zip(token_ids, logprobs, strict=True):
         token = text(tid)
-        top = [] if lp is None else [_chat_top(text(t), v) for t, v in zip(lp.top_token_ids, lp.top_logprobs,
-                                                                            strict=True)]
-        content.append({"token": token, "logprob": _logprob(None if lp is None else lp.logprob),
-                        "bytes": list(token.encode("utf-8", "replace")), "top_logprobs": top})
+        top = (
+            []
+            if lp is None
+            else [_chat_top(text(t), v) for t, v in zip(lp.top_token_ids, lp.top_logprobs, strict=True)]
+        )
+        content.append(
+            {
+                "token": token,
+                "logprob": _logprob(None if lp is None else lp.logprob),
+                "bytes": list(token.encode("utf-8", "replace")),
+                "top_logprobs": top,
+            }
+        )
     return {"content": content}
 
 
@@ -58,8 +70,9 @@ def _chat_top(token: str, value: float) -> dict[str, Any]:
     return {"token": token, "logprob": _logprob(value), "bytes": list(token.encode("utf-8", "replace"))}
 
 
-def completion_logprobs(token_ids: list[int], logprobs: list[p.TokenLogprobs | None], text: TokenText,
-                        offset: int = 0) -> dict[str, Any]:
+def completion_logprobs(
+    token_ids: list[int], logprobs: list[p.TokenLogprobs | None], text: TokenText, offset: int = 0
+) -> dict[str, Any]:
     """Completions logprobs: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"};
     offset: characters of completion text before the first token (for a stream chunk)."""
     tokens, values, tops, offsets = [], [], [], []
@@ -67,31 +80,54 @@ def completion_logprobs(token_ids: list[int], logprobs: list[p.TokenLogprobs | N
         token = text(tid)
         tokens.append(token)
         values.append(_logprob(None if lp is None else lp.logprob))
-        tops.append({} if lp is None else {text(t): _logprob(v) for t, v in zip(lp.top_token_ids, lp.top_logprobs,
-                                                                                 strict=True)})
+        tops.append(
+            {} if lp is None else {text(t): _logprob(v) for t, v in zip(lp.top_token_ids, lp.top_logprobs, strict=True)}
+        )
         offsets.append(offset)
         offset += len(token)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
-def chat_response(rid: str, created: int, model: str, choices: list[Any], usage: p.Usage,
-                  text: TokenText) -> dict[str, Any]:
+def chat_response(
+    rid: str, created: int, model: str, choices: list[Any], usage: p.Usage, text: TokenText
+) -> dict[str, Any]:
     """A chat.completion object; choices: generation.ChoiceResult values."""
     out = []
     for c in choices:
         logprobs = None if c.logprobs is None else chat_logprobs(c.token_ids, c.logprobs, text)
-        out.append({"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": logprobs, "finish_reason": c.finish_reason})
-    return {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created, "model": model,
-            "choices": out, "usage": usage_body(usage), "system_fingerprint": None}
+        out.append(
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": logprobs,
+                "finish_reason": c.finish_reason,
+            }
+        )
+    return {
+        "id": f"chatcmpl-{rid}",
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": out,
+        "usage": usage_body(usage),
+        "system_fingerprint": None,
+    }
 
 
-def completion_response(rid: str, created: int, model: str, choices: list[Any], usage: p.Usage,
-                        text: TokenText) -> dict[str, Any]:
+def completion_response(
+    rid: str, created: int, model: str, choices: list[Any], usage: p.Usage, text: TokenText
+) -> dict[str, Any]:
     """A text_completion object; choices: generation.ChoiceResult values."""
     out = []
     for c in choices:
         logprobs = None if c.logprobs is None else completion_logprobs(c.token_ids, c.logprobs, text)
         out.append({"index": c.index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason})
-    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
-            "choices": out, "usage": usage_body(usage), "system_fingerprint": None}
+    return {
+        "id": f"cmpl-{rid}",
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": out,
+        "usage": usage_body(usage),
+        "system_fingerprint": None,
+    }

@@ -53,9 +53,19 @@ def url_host(host: str) -> str:
 
 async def _serve(config: HttpConfig) -> None:
     app = build_app(config, HttpMetrics(config.model_name))
-    server = _Server(uvicorn.Config(app, host=config.host, port=config.port, loop="none", http="httptools",
-                                    lifespan="on", access_log=False, log_level="warning",
-                                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+    server = _Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            loop="none",
+            http="httptools",
+            lifespan="on",
+            access_log=False,
+            log_level="warning",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+    )
     serving = asyncio.ensure_future(server.serve())
     ready = asyncio.ensure_future(_announce(server, app.state.backend.ready, config))
     try:
@@ -87,19 +97,28 @@ def serve(config: HttpConfig) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The CLI: --backend, --host, --port, --api-key, --model, --served-model-name, --max-body-bytes,
     --health-timeout-s, --log-level."""
-    parser = argparse.ArgumentParser(prog="python -m runtime.serve.http",
-                                     description="OpenAI-compatible HTTP server in front of a radixserve endpoint.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m runtime.serve.http",
+        description="OpenAI-compatible HTTP server in front of a radixserve endpoint.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--backend", default="tcp://127.0.0.1:5557", help="the radixserve public ZeroMQ endpoint")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on (0: a free port)")
-    parser.add_argument("--api-key", default=None,
-                        help=f"require 'Authorization: Bearer KEY' on all routes but /health (default: ${API_KEY_ENV})")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' on all routes but /health (default: ${API_KEY_ENV})",
+    )
     parser.add_argument("--model", default="smollm2", help="the backend's model (its tokenizer serves /tokenize)")
     parser.add_argument("--served-model-name", default=None, help="the model name clients use (default: --model)")
     parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="largest request body (413 above)")
-    parser.add_argument("--health-timeout-s", type=float, default=5.0,
-                        help="seconds a health probe of the backend may take before /health answers 503")
+    parser.add_argument(
+        "--health-timeout-s",
+        type=float,
+        default=5.0,
+        help="seconds a health probe of the backend may take before /health answers 503",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -108,10 +127,16 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry: serves until Ctrl-C / SIGTERM; returns the exit status (1 when the port cannot be bound)."""
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=ns.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = HttpConfig(backend=ns.backend, host=ns.host, port=ns.port,
-                        api_key=ns.api_key or os.environ.get(API_KEY_ENV) or None, model=ns.model,
-                        served_model_name=ns.served_model_name, max_body_bytes=ns.max_body_bytes,
-                        health_timeout_s=ns.health_timeout_s)
+    config = HttpConfig(
+        backend=ns.backend,
+        host=ns.host,
+        port=ns.port,
+        api_key=ns.api_key or os.environ.get(API_KEY_ENV) or None,
+        model=ns.model,
+        served_model_name=ns.served_model_name,
+        max_body_bytes=ns.max_body_bytes,
+        health_timeout_s=ns.health_timeout_s,
+    )
     try:
         serve(config)
     except SystemExit as exc:

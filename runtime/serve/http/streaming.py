@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from runtime import protocol as p
-from runtime.client_errors import ClientError
+from runtime.client.errors import ClientError
 from runtime.serve.http.errors import OpenAIError, from_exception
 from runtime.serve.http.generation import Generation, usage_of, wait_disconnect
 from runtime.serve.http.responses import TokenText, chat_logprobs, completion_logprobs, usage_body
@@ -75,8 +75,9 @@ class StreamContext:
     """What every event of one answer shares: the object header (id, object, created, model), token texts for
     logprobs, whether logprobs and the usage chunk were asked for."""
 
-    def __init__(self, rid: str, object_name: str, created: int, model: str, text: TokenText, logprobs: bool,
-                 include_usage: bool) -> None:
+    def __init__(
+        self, rid: str, object_name: str, created: int, model: str, text: TokenText, logprobs: bool, include_usage: bool
+    ) -> None:
         self.header = {"id": rid, "object": object_name, "created": created, "model": model}
         self.text, self.logprobs, self.include_usage = text, logprobs, include_usage
 
@@ -111,15 +112,17 @@ def completion_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext)
         logprobs = None
         if ctx.logprobs:
             offset = gen.choices[chunk.index].num_chars - len(chunk.text)
-            logprobs = completion_logprobs(chunk.token_ids, chunk.logprobs or [None] * len(chunk.token_ids),
-                                           ctx.text, offset)
+            logprobs = completion_logprobs(
+                chunk.token_ids, chunk.logprobs or [None] * len(chunk.token_ids), ctx.text, offset
+            )
         return {"index": chunk.index, "text": chunk.text, "logprobs": logprobs, "finish_reason": chunk.finish_reason}
 
     return _events(gen, first, ctx, choice)
 
 
-async def _events(gen: Generation, first: p.StreamChunk, ctx: StreamContext,
-                  choice: Any) -> AsyncGenerator[bytes, None]:
+async def _events(
+    gen: Generation, first: p.StreamChunk, ctx: StreamContext, choice: Any
+) -> AsyncGenerator[bytes, None]:
     chunks = gen.chunks(first)
     try:
         async for chunk in chunks:

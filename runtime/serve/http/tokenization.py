@@ -15,7 +15,7 @@ from typing import Any
 from runtime.serve.http.errors import bad_request, unavailable
 from runtime.serve.http.openai_schema import DetokenizeRequest, TokenizeRequest, chat_messages
 from runtime.serve.http.responses import TokenText
-from runtime.tokenizer import PromptError, encode_prompt, encode_text
+from runtime.text.prompt import PromptError, encode_prompt, encode_text
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,2 @@
+"""Continuous batching over the radix KV cache (pure Python, no torch): requests and sequences, admission, the step
+plan, preemption, host-tier loads, beam search and the scheduler's counters. `scheduler.Scheduler` is the entry."""

@@ -1,0 +1,78 @@
+"""PromptPrep: what the tokenizer process does to a GenerateRequest before forwarding it to the scheduler.
+
+Two stages. precheck runs on the loop thread and costs O(fields + messages): it rejects a malformed request, one
+with too many messages or whose text exceeds the character limit (runtime.prompt_check.prompt_char_limit, which
+counts each message's template overhead too), and input_ids too long for the context, before any tokenizing or any
+O(len(input_ids)) work. prepare costs
+the tokenizer's time, bounded by that limit, and runs on the PromptWorker thread (on the loop thread only for a
+request that is cheap(): a few ms at most): chat template, encode
+(runtime.text.prompt.encode_prompt, the Engine's and the router's path too), the one prompt check, and the
+CompletionStreams (whose stop-string automaton is built there too). Neither touches a socket or a request table.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from runtime import protocol as p
+from runtime.prompt_check import check_prompt, check_prompt_chars, check_prompt_length, prompt_char_limit, prompt_chars
+from runtime.scheduler.request import RequestRejected
+from runtime.text.completion_stream import CompletionStream
+from runtime.text.prompt import PromptError, encode_prompt
+
+INLINE_CHARS = 2048  # a request this small (prompt characters as prompt_chars counts them, or ids, plus stop-string
+# characters) is prepared on the loop thread in a few ms (2048 characters of CJK text: ~2-3 ms to encode; 64 empty chat
+# messages, 2048 counted characters: ~0.6 ms to render and encode; 2048 stop characters: ~2 ms of automaton)
+
+
+class Prepared(NamedTuple):
+    """A prompt ready to forward: the scheduler's message and one CompletionStream per sample (params.n)."""
+
+    message: p.TokenizedRequest
+    completions: list[CompletionStream]
+
+
+class PromptPrep:
+    """The prompt path of one tokenizer process. ready: the worker's Ready (context, vocabulary, pool for
+    check_prompt; EOS ids for the completions). max_prompt_chars: ServerArgs'; prompt_chars is the limit in force.
+    Immutable after construction, so prepare may run on another thread than precheck."""
+
+    def __init__(self, tokenizer: Any, ready: p.Ready, max_prompt_chars: int | None = None) -> None:
+        self.tokenizer, self.ready = tokenizer, ready
+        self.prompt_chars = prompt_char_limit(max_prompt_chars, ready.max_model_len)
+
+    def precheck(self, req: p.GenerateRequest) -> None:
+        """Raises RequestRejected: ERR_INVALID for a malformed request, more than MAX_CHAT_MESSAGES messages or text
+        over prompt_chars characters; ERR_CONTEXT for input_ids that can never fit the context or the pool (the
+        message check_prompt would give). O(len(messages)), O(1) for input_ids; tokenizes nothing."""
+        problem = req.check()
+        if problem:
+            raise RequestRejected(p.ERR_INVALID, problem)
+        too_long = check_prompt_chars(req.prompt, req.messages, self.prompt_chars)
+        if too_long is None and req.input_ids is not None:
+            r = self.ready
+            too_long = check_prompt_length(len(req.input_ids), r.max_model_len, r.block_size, r.num_blocks)
+        if too_long is not None:
+            raise RequestRejected(*too_long)
+
+    def cheap(self, req: p.GenerateRequest) -> bool:
+        """True when preparing req costs a few milliseconds at most (INLINE_CHARS, each chat message counted with its
+        template overhead), so the loop may do it itself. O(len(messages) + len(stop)); call after precheck."""
+        size = prompt_chars(req.prompt, req.messages) + len(req.input_ids or ())
+        return size + sum(len(s) for s in req.sampling_params.stop) <= INLINE_CHARS
+
+    def prepare(self, internal: str, req: p.GenerateRequest) -> Prepared:
+        """The TokenizedRequest (under the internal rid) and the completions of a prechecked request. Raises
+        RequestRejected (code, message) for a prompt this server cannot serve: PromptError -> ERR_INVALID, then
+        check_prompt's problem."""
+        try:
+            ids = encode_prompt(self.tokenizer, req.prompt, req.messages, req.input_ids, max_chars=self.prompt_chars)
+        except PromptError as exc:
+            raise RequestRejected(p.ERR_INVALID, str(exc)) from None
+        r = self.ready
+        prompt_problem = check_prompt(ids, r.max_model_len, r.vocab_size, r.block_size, r.num_blocks)
+        if prompt_problem is not None:
+            raise RequestRejected(*prompt_problem)
+        sp = req.sampling_params
+        msg = p.TokenizedRequest(rid=internal, input_ids=ids, sampling_params=sp, cache_salt=req.cache_salt)
+        return Prepared(msg, [CompletionStream(self.tokenizer, sp, r.eos_token_ids) for _ in range(sp.n)])

@@ -1,0 +1,135 @@
+"""The one text path of a completion: CompletionStream combines the Detokenizer and the StopChecker into text,
+token_ids, logprobs, finish_reason and the keep_tokens the scheduler is told. The Engine uses it in process; the
+tokenizer process wraps it around its ZeroMQ loop."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from runtime.protocol import TokenLogprobs, TokenOutput, Usage
+from runtime.text.detokenizer import Detokenizer
+from runtime.text.stop_strings import StopChecker
+
+if TYPE_CHECKING:
+    from runtime.sampling_params import SamplingParams
+
+
+class CompletionDelta(NamedTuple):
+    """What CompletionStream.feed releases to the client: the next StreamChunk's fields, plus an order for the
+    scheduler.
+
+    text / token_ids / logprobs: new since the previous delta (logprobs aligned with token_ids, None when the request
+        asked for none). finish_reason: set once, on the last delta. usage: set with finish_reason (prompt and cached
+        tokens as the scheduler reported them; completion_tokens = len(CompletionStream.token_ids)).
+    stop_keep_tokens: set when a stop string ended the completion while the scheduler still runs it: the caller must
+        tell the scheduler to finish it keeping this many completion tokens (Scheduler.stop / protocol.Stop).
+    """
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None] | None
+    finish_reason: str | None
+    usage: Usage | None
+    stop_keep_tokens: int | None
+
+    @property
+    def empty(self) -> bool:
+        """True when there is nothing to send (no text, no token, not the last delta)."""
+        return not self.text and not self.token_ids and self.finish_reason is None
+
+
+class CompletionStream:
+    """One completion's text path, fed the scheduler's TokenOutputs; the Engine and the tokenizer process both use it.
+
+    The rule for EOS, stop token ids and stop strings:
+        - EOS (any of eos_token_ids, unless params.ignore_eos) and params.stop_token_ids: the scheduler ends the
+          completion on the id with finish_reason "stop". The id stays in token_ids (it was generated and counts as a
+          completion token) and adds no text, special token or not. Nothing is told to the scheduler.
+        - A stop string (params.stop): finish_reason "stop"; text ends right before the stop string's first
+          occurrence, even when it begins inside a token; token_ids (and logprobs) keep the fewest tokens whose text
+          covers that text (StopChecker: the token in which the stop string begins is kept; an EOS / stop id after it
+          is dropped); while the scheduler still runs the completion, the delta's stop_keep_tokens says how many
+          tokens it must keep (it caches no block past them). A stop string found in the step the scheduler finished
+          the completion ("length", EOS) still wins: "stop", truncated.
+        - Otherwise ("length", "abort"): text and token_ids are everything generated; held-back text is released.
+        - Special tokens are skipped in text. Without a tokenizer text is "" and stop strings are not applied.
+        - Streaming: a delta releases the text that can no longer begin a stop string and the token ids a later stop
+          string can no longer drop, so streamed token_ids never pass the final ones; the deltas concatenated equal
+          the final text, token_ids and logprobs.
+
+    State: token_ids, logprobs (appended, O(1) per token), text (property), finish_reason, usage (the latest usage the
+    scheduler reported). Mutated only by feed.
+    """
+
+    def __init__(self, tokenizer: Any, params: SamplingParams, eos_token_ids: Sequence[int] = ()) -> None:
+        self._hidden = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else frozenset(eos_token_ids)
+        )
+        self._detok = Detokenizer(tokenizer) if tokenizer is not None else None
+        self._stop = StopChecker(params.stop) if params.stop and tokenizer is not None else None
+        self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprobs | None] | None = [] if params.logprobs is not None else None
+        self.finish_reason: str | None = None
+        self.usage: Usage | None = None
+        self._end = 0  # characters of the decoded text released (a stop string's start once stopped)
+        self._sent = 0  # token ids released
+
+    @property
+    def text(self) -> str:
+        """The completion text released so far (the final text once finish_reason is set)."""
+        return self._detok.text[: self._end] if self._detok is not None else ""
+
+    def feed(self, out: TokenOutput) -> CompletionDelta:
+        """Apply one scheduler delta of this completion (O(new tokens + new characters)); returns what may be sent.
+
+        After the completion finished (finish_reason set), later deltas (the scheduler's own end after a stop string)
+        are ignored: an empty delta. Mutates token_ids, logprobs, text, finish_reason, usage.
+        """
+        if self.finish_reason is not None:
+            return CompletionDelta("", [], None, None, None, None)
+        if out.usage is not None:
+            self.usage = out.usage
+        ids = out.token_ids
+        self.token_ids.extend(ids)
+        if self.logprobs is not None:
+            self.logprobs.extend(out.logprobs if out.logprobs is not None else [None] * len(ids))
+        finish, keep, start = out.finish_reason, None, self._end
+        detok = self._detok
+        if detok is not None:
+            if ids:
+                detok.step(ids, self._hidden)
+            if self._stop is None:
+                self._end = len(detok.text)
+            else:
+                check = self._stop.update(detok.text, detok.token_ends)
+                self._end += len(check.new_text)
+                if check.stopped:
+                    del self.token_ids[check.keep_tokens :]
+                    if self.logprobs is not None:
+                        del self.logprobs[check.keep_tokens :]
+                    keep = check.keep_tokens if finish is None else None
+                    finish = "stop"
+                elif finish is not None:
+                    self._end += len(self._stop.flush(detok.text))
+        release = len(self.token_ids) if finish is not None else self._releasable()
+        sent, self._sent = self._sent, max(self._sent, release)
+        usage = None
+        if finish is not None:
+            self.finish_reason = finish
+            u = self.usage or Usage(0, 0, 0)
+            usage = Usage(u.prompt_tokens, u.cached_tokens, len(self.token_ids), u.queue_time_s, u.host_cached_tokens)
+        text = detok.text[start : self._end] if detok is not None else ""
+        logprobs = self.logprobs[sent : self._sent] if self.logprobs is not None else None
+        return CompletionDelta(text, self.token_ids[sent : self._sent], logprobs, finish, usage, keep)
+
+    def _releasable(self) -> int:
+        """How many token ids no later stop string can drop: all without stop strings; with them, the tokens whose
+        text is released, but none a stop string at the released end would not keep (StopChecker's keep rule)."""
+        if self._stop is None or self._detok is None:
+            return len(self.token_ids)
+        if self._end == 0:
+            return 0
+        ends = self._detok.token_ends
+        return min(bisect.bisect_right(ends, self._end), bisect.bisect_left(ends, self._end) + 1)

@@ -1,0 +1,304 @@
+"""The HTTP server's pure parts, without a server: request decoding (accepted, unsupported and unknown fields), the
+mapping onto SamplingParams, the OpenAI error shape of every client-library error, and the answer bodies."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from runtime import protocol as p
+from runtime.client.errors import (
+    ContextLengthError,
+    InvalidInputError,
+    MalformedRequestError,
+    ServerFailedError,
+    ServerGoneError,
+)
+from runtime.sampling_params import INT32_MAX, InvalidSamplingParams, SamplingParams
+from runtime.serve.http.errors import OpenAIError, from_exception
+from runtime.serve.http.openai_schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_messages,
+    completion_prompt,
+    decode,
+)
+from runtime.serve.http.request_map import chat_request, completion_request
+from runtime.serve.http.responses import TokenText, chat_logprobs, completion_logprobs, usage_body
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields) -> ChatCompletionRequest:
+    return decode(orjson.dumps({"messages": MSG, **fields}), ChatCompletionRequest)
+
+
+def error_of(body: bytes, cls=ChatCompletionRequest) -> tuple[int, str, str | None, str | None]:
+    with pytest.raises(OpenAIError) as info:
+        decode(body, cls)
+    e = info.value
+    return e.status, e.type, e.code, e.param
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "param"),
+    [
+        (b"{not json", "invalid_json", None),
+        (b'{"messages": [], "model": "\xff"}', "invalid_json", None),
+        (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "invalid_json", None),  # a lone surrogate
+        (b"[1, 2]", "invalid_type", None),
+        (b'{"messages": [], "max_tokens": "10"}', "invalid_type", "max_tokens"),
+        (b'{"messages": [], "n": true}', "invalid_type", "n"),
+        (b'{"messages": [{"role": "user", "content": 5}]}', "invalid_type", "messages[0].content"),
+        (b'{"messages": [], "temprature": 0.5}', "unknown_parameter", "temprature"),
+        (
+            b'{"messages": [], "stream_options": {"include_usage": true, "x": 1}}',
+            "unknown_parameter",
+            "stream_options.x",
+        ),
+        (b'{"messages": [{"role": "user", "content": "a", "foo": 1}]}', "unknown_parameter", "messages[0].foo"),
+        (b'{"max_tokens": 3}', "missing_required_parameter", "messages"),
+        (b'{"messages": [], "tools": [{"type": "function"}]}', "unsupported_parameter", "tools"),
+        (b'{"messages": [], "response_format": {"type": "json_object"}}', "unsupported_parameter", "response_format"),
+        (b'{"messages": [], "logit_bias": {"5": 10}}', "unsupported_parameter", "logit_bias"),
+        (b'{"messages": [], "audio": {"voice": "x"}}', "unsupported_parameter", "audio"),
+    ],
+)
+def test_bad_chat_bodies_are_400_naming_the_field(body, code, param):
+    assert error_of(body) == (400, "invalid_request_error", code, param)
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "param"),
+    [
+        (b'{"prompt": "a", "echo": true}', "unsupported_parameter", "echo"),
+        (b'{"prompt": "a", "best_of": 3}', "unsupported_parameter", "best_of"),
+        (b'{"prompt": "a", "suffix": "z"}', "unsupported_parameter", "suffix"),
+        (b'{"prompt": "a", "logprobs": true}', "invalid_type", "logprobs"),
+    ],
+)
+def test_bad_completion_bodies_are_400_naming_the_field(body, code, param):
+    assert error_of(body, CompletionRequest) == (400, "invalid_request_error", code, param)
+
+
+def test_neutral_values_of_unsupported_fields_and_harmless_fields_are_accepted():
+    req = chat(
+        tools=[],
+        tool_choice="none",
+        response_format={"type": "text"},
+        logit_bias={},
+        user="u",
+        metadata={"k": "v"},
+        store=False,
+        service_tier="auto",
+        parallel_tool_calls=True,
+        modalities=["text"],
+        stream=True,
+        stream_options={"include_usage": True, "include_obfuscation": False},
+        stop=None,
+        temperature=None,
+    )
+    assert chat_request(req).params == {"max_tokens": INT32_MAX}
+    assert chat_request(req).include_usage is True
+
+
+def test_chat_fields_map_onto_sampling_params():
+    req = chat(
+        max_tokens=5,
+        max_completion_tokens=7,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=4,
+        min_p=0.1,
+        n=2,
+        seed=3,
+        stop="x",
+        stop_token_ids=[9],
+        ignore_eos=True,
+        frequency_penalty=0.5,
+        presence_penalty=-0.5,
+        repetition_penalty=1.2,
+        logprobs=True,
+        top_logprobs=3,
+        cache_salt="tenant",
+        user="ignored",
+    )
+    backend = chat_request(req)
+    assert backend.params == {
+        "max_tokens": 7,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 4,
+        "min_p": 0.1,
+        "n": 2,
+        "seed": 3,
+        "stop": ["x"],
+        "stop_token_ids": [9],
+        "ignore_eos": True,
+        "frequency_penalty": 0.5,
+        "presence_penalty": -0.5,
+        "repetition_penalty": 1.2,
+        "logprobs": 3,
+    }
+    assert SamplingParams(**backend.params).logprobs == 3  # every name is a SamplingParams field
+    assert (backend.messages, backend.cache_salt, backend.prompt, backend.input_ids) == (MSG, "tenant", None, None)
+    assert backend.param_names == {"max_tokens": "max_completion_tokens", "logprobs": "top_logprobs"}
+    assert chat_request(chat(logprobs=True)).params["logprobs"] == 0
+    assert "logprobs" not in chat_request(chat(logprobs=False)).params
+
+
+def test_completion_fields_map_onto_sampling_params():
+    req = decode(b'{"prompt": [5, 6, 7], "logprobs": 2, "stop": ["a", "b"]}', CompletionRequest)
+    backend = completion_request(req)
+    assert (backend.prompt, backend.input_ids) == (None, [5, 6, 7])
+    assert backend.params == {"max_tokens": 16, "logprobs": 2, "stop": ["a", "b"]}
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        ("text", ("text", None)),
+        ([1, 2], (None, [1, 2])),
+        (["text"], ("text", None)),
+        ([[3, 4]], (None, [3, 4])),
+    ],
+)
+def test_completion_prompt_forms(prompt, expected):
+    assert completion_prompt(prompt) == expected
+
+
+@pytest.mark.parametrize(
+    ("prompt", "code"),
+    [
+        (["a", "b"], "invalid_value"),
+        ([[1], [2]], "invalid_value"),
+        ([], "invalid_value"),
+        ([1, "a"], "invalid_type"),
+        ([True], "invalid_type"),
+    ],
+)
+def test_bad_completion_prompts(prompt, code):
+    with pytest.raises(OpenAIError) as info:
+        completion_prompt(prompt)
+    assert (info.value.status, info.value.code, info.value.param) == (400, code, "prompt")
+
+
+def test_chat_messages_roles_and_parts():
+    msgs = decode(
+        orjson.dumps(
+            {
+                "messages": [
+                    {"role": "developer", "content": "be brief"},
+                    {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                    {"role": "assistant", "content": "c", "name": "bot"},
+                ]
+            }
+        ),
+        ChatCompletionRequest,
+    ).messages
+    assert chat_messages(msgs) == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "ab"},
+        {"role": "assistant", "content": "c"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("message", "code", "param"),
+    [
+        ({"role": "wizard", "content": "x"}, "invalid_value", "messages[0].role"),
+        ({"role": "tool", "content": "x", "tool_call_id": "1"}, "unsupported_parameter", "messages[0].tool_call_id"),
+        ({"role": "tool", "content": "x"}, "unsupported_parameter", "messages[0].role"),
+        ({"role": "user"}, "missing_required_parameter", "messages[0].content"),
+        (
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]},
+            "unsupported_parameter",
+            "messages[0].content[0].type",
+        ),
+        ({"role": "user", "content": [{"type": "text"}]}, "invalid_type", "messages[0].content[0]"),
+    ],
+)
+def test_bad_messages(message, code, param):
+    msgs = decode(orjson.dumps({"messages": [message]}), ChatCompletionRequest).messages
+    with pytest.raises(OpenAIError) as info:
+        chat_messages(msgs)
+    assert (info.value.status, info.value.code, info.value.param) == (400, code, param)
+
+
+def test_empty_messages_and_request_level_rules():
+    for req, param in [
+        (chat(messages=[]), "messages"),
+        (chat(top_logprobs=2), "top_logprobs"),
+        (chat(stream_options={"include_usage": True}), "stream_options"),
+    ]:
+        with pytest.raises(OpenAIError) as info:
+            chat_request(req)
+        assert (info.value.status, info.value.code, info.value.param) == (400, "invalid_value", param)
+
+
+def test_client_errors_become_openai_errors():
+    with pytest.raises(InvalidSamplingParams) as bad:
+        SamplingParams(max_tokens=0)
+    e = from_exception(bad.value, {"max_tokens": "max_completion_tokens"}, "messages")
+    assert (e.status, e.type, e.code, e.param) == (
+        400,
+        "invalid_request_error",
+        "invalid_value",
+        "max_completion_tokens",
+    )
+    assert e.message == "max_completion_tokens must be in [1, 2147483647], got 0"
+    cases = [
+        (ContextLengthError("r", p.ERR_CONTEXT, "too long"), (400, "invalid_request_error", p.ERR_CONTEXT, "messages")),
+        (
+            InvalidInputError("messages[0].content is not UTF-8"),
+            (400, "invalid_request_error", "invalid_value", "messages"),
+        ),
+        (ServerGoneError("r", p.ERR_SERVER, "gone"), (503, "service_unavailable_error", "backend_unavailable", None)),
+        (ServerFailedError("r", p.ERR_SERVER, "worker died"), (500, "server_error", "server_error", None)),
+        (
+            MalformedRequestError("r", p.ERR_TOO_LARGE, "too big"),
+            (413, "invalid_request_error", p.ERR_TOO_LARGE, "messages"),
+        ),
+    ]
+    for exc, expected in cases:
+        e = from_exception(exc, {}, "messages")
+        assert (e.status, e.type, e.code, e.param) == expected
+        assert set(e.body()["error"]) == {"message", "type", "param", "code"}
+
+
+class FakeTokenizer:
+    def decode(self, ids, skip_special_tokens=False):
+        return {1: "a", 2: "é", 3: "bc"}[ids[0]]
+
+
+def test_answer_bodies():
+    assert usage_body(p.Usage(10, 4, 3)) == {
+        "prompt_tokens": 10,
+        "completion_tokens": 3,
+        "total_tokens": 13,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    }
+    text = TokenText(FakeTokenizer())
+    lps = [p.TokenLogprobs(-0.5, [1, 3], [-0.5, -1.0]), None]
+    assert chat_logprobs([1, 2], lps, text) == {
+        "content": [
+            {
+                "token": "a",
+                "logprob": -0.5,
+                "bytes": [97],
+                "top_logprobs": [
+                    {"token": "a", "logprob": -0.5, "bytes": [97]},
+                    {"token": "bc", "logprob": -1.0, "bytes": [98, 99]},
+                ],
+            },
+            {"token": "é", "logprob": -9999.0, "bytes": [195, 169], "top_logprobs": []},
+        ]
+    }
+    lps = [p.TokenLogprobs(float("-inf"), [3], [-2.0]), p.TokenLogprobs(-0.25, [], [])]
+    assert completion_logprobs([3, 1], lps, text, offset=5) == {
+        "tokens": ["bc", "a"],
+        "token_logprobs": [-9999.0, -0.25],
+        "top_logprobs": [{"bc": -2.0}, {}],
+        "text_offset": [5, 7],
+    }
+    assert TokenText(None)(7) == "token_id:7"
