@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
+
 PACKAGES = ("radix", "kernels", "runtime", "router")
 MAX_LINES = 400
 

@@ -23,7 +23,8 @@ from typing import Any
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.processes import ROOT, stop_process
+from tests.e2e.processes import stop_process
+from tests.paths import ROOT
 
 
 @dataclass

@@ -7,8 +7,6 @@ import signal
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository
-
 
 def stop_process(proc: subprocess.Popen, timeout: float = 20.0) -> int:
     """SIGINT proc if it still runs, wait up to timeout seconds, else SIGKILL it; returns its exit status."""

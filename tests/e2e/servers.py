@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.client import Client
-from tests.e2e.processes import ROOT, children, stop_process
+from tests.e2e.processes import children, stop_process
+from tests.paths import ROOT
 
 # float32: tests of these servers compare outputs of separate requests, cached with uncached (bfloat16 is measured
 # against float32 in tests/runtime/test_bf16_agreement.py; the servers the lifecycle tests launch run the default).

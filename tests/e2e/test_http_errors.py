@@ -17,8 +17,8 @@ import openai
 import pytest
 
 from tests.e2e.http_servers import MODEL, assert_idle, start_http
-from tests.e2e.processes import ROOT
 from tests.e2e.servers import TINY_FLAGS
+from tests.paths import ROOT
 
 KEY = "sk-radixserve-test"
 LIMIT = 262144  # --max-body-bytes of the server under test

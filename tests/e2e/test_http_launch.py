@@ -20,8 +20,9 @@ from runtime.serve.http.process import check_bindable, connect_endpoint, http_ch
 from runtime.serve.launch import build_parser
 from runtime.serve.process import StartupError
 from tests.e2e.http_servers import http, scrape, start_http_server
-from tests.e2e.processes import ROOT, descendants
+from tests.e2e.processes import descendants
 from tests.e2e.servers import TINY_FLAGS
+from tests.paths import ROOT
 
 KEY = "sk-test-0123456789"
 

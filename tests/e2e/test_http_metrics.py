@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from runtime.protocol import ServerStats
 from runtime.serve.http.metrics import CONTENT_TYPE, HttpMetrics
 from tests.e2e.servers import TINY_FLAGS
+from tests.paths import ROOT
 
 BACKEND_SERIES = {  # name -> ServerStats field
     "radixserve:prefix_cache_queries_total": "prompt_tokens",
@@ -127,9 +128,8 @@ def test_every_series_carries_the_model_name():
     "name", list(BACKEND_SERIES) + ["radixserve:request_success_total"] + [f"radixserve:{h}" for h in HISTOGRAMS]
 )
 def test_every_series_is_documented_in_the_readme(name):
-    from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     assert f"`{name.removeprefix('radixserve:')}`" in readme, name
 
 

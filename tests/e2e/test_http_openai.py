@@ -13,14 +13,12 @@ import asyncio
 import json
 import urllib.request
 import uuid
-from pathlib import Path
 
 import openai
 import pytest
 
 from tests.e2e.http_servers import MODEL, assert_idle, start_http
 
-ROOT = Path(__file__).resolve().parents[2]
 BLOCK = 16
 
 

@@ -9,13 +9,12 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 from runtime.client import AsyncClient, RequestTimeout
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 LONG = {"ignore_eos": True, "temperature": 0.0, "max_tokens": 1000}
 
 

@@ -47,9 +47,10 @@ def test_beam_search_over_zeromq_equals_the_engine(tiny_server, tiny_llama_dir, 
         assert scores == sorted(scores, reverse=True)
         assert len({tuple(ch.token_ids) for ch in completion.choices}) == 3  # distinct beams
         assert completion.usage.completion_tokens == 30
-    assert sorted((ch.index, ch.token_ids, ch.score) for ch in chunks) == sorted(
-        (ch.index, ch.token_ids, ch.score) for ch in got[0].choices
-    )
+    # streamed after generate, the request hits the cached prompt: its scores differ by float32 rounding
+    streamed = sorted(chunks, key=lambda ch: ch.index)
+    assert [(ch.index, ch.token_ids) for ch in streamed] == [(ch.index, ch.token_ids) for ch in got[0].choices]
+    assert [ch.score for ch in streamed] == pytest.approx([ch.score for ch in got[0].choices], abs=1e-4)
     assert stats.num_used_blocks == 0
 
 

@@ -22,8 +22,7 @@ from runtime.client import ServerFailedError
 from runtime.config import ServerArgs
 from runtime.serve.launch import build_parser
 from runtime.serve.process import ChildSpec, Endpoints
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
 
 
 def alive(pid: int) -> bool:

@@ -22,8 +22,8 @@ import kernels
 from kernels import cpu_decode
 from kernels.errors import KernelInputError
 from tests.kernels.kernel_cases import PAIRWISE, dense_attention, make_batch
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 BF16_RTOL = 2**-8  # bfloat16's unit roundoff: the output is rounded once, to 8 significant bits
 F32_TOL = 1e-5  # float32 scores, softmax and accumulation over <= a few hundred tokens
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.paths import ROOT
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -17,6 +19,6 @@ def test_triton_kernels_under_the_interpreter() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     cases = str(HERE / "triton_interpreter_cases.py")
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", cases]
-    result = subprocess.run(cmd, cwd=HERE.parent.parent, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-4000:]
     assert " passed" in result.stdout and "failed" not in result.stdout and "skipped" not in result.stdout

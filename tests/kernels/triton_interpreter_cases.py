@@ -21,8 +21,8 @@ from tests.kernels.kernel_cases import (  # noqa: E402
     dense_attention,
     make_batch,
     mixed_spec,
-    run_c10,  # noqa: E402
 )
+from tests.kernels.scattered_blocks_case import run_c10  # noqa: E402
 
 
 @pytest.mark.parametrize(("ratio", "head_dim", "block_size"), PAIRWISE)

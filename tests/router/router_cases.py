@@ -16,9 +16,8 @@ from pathlib import Path
 
 from runtime import protocol as p
 from runtime.client import Client
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-# float32: the router tests compare replies across replicas, cached with uncached
 REPLICA_FLAGS = [
     "--num-blocks",
     "512",

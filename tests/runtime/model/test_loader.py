@@ -26,6 +26,7 @@ from runtime.model.loader import (
     resolve_model,
 )
 from runtime.model.runner import ModelRunner
+from tests.paths import ROOT
 
 
 @pytest.fixture
@@ -92,7 +93,7 @@ def test_tokenizer_loads_without_torch(smollm2_tokenizer):
         capture_output=True,
         text=True,
         check=True,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=ROOT,
     )
     assert out.stdout.strip() == "[1, 520, 9531, 198]"  # <|im_start|> assistant \n
 
