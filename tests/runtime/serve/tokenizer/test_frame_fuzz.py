@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from runtime import protocol as p
 from runtime.sampling_params import InvalidSamplingParams, SamplingParams
-from runtime.serve.tokenizer.process import TokenizerServer
+from runtime.serve.tokenizer.server import TokenizerServer
 
 MSGPACK_INT = (-(2**63), 2**64 - 1)  # what a msgpack frame can carry; beyond it the client refuses to encode
 BOUNDARY_INTS = [

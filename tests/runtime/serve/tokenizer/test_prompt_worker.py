@@ -16,8 +16,9 @@ import pytest
 import zmq
 
 from runtime import protocol as p
-from runtime.serve.tokenizer.process import TokenizerServer, serve_tokenizer
+from runtime.serve.tokenizer.loop import serve_tokenizer
 from runtime.serve.tokenizer.prompt_worker import PromptResult, PromptWorker
+from runtime.serve.tokenizer.server import TokenizerServer
 
 READY = p.Ready(
     num_blocks=1024, block_size=16, max_model_len=8192, num_host_blocks=0, vocab_size=49152, eos_token_ids=[2]
@@ -102,18 +103,18 @@ def test_large_prompts_wait_off_the_loop_in_client_order_and_a_duplicate_or_abor
     rig.send("A", p.AbortRequest("big2"))  # aborted while queued: never forwarded
     rig.send("A", _gen("big", "Hi"))  # "big" is in flight (being tokenized): a duplicate
     rig.send("B", _gen("b1", "Hi"))  # another client's small request goes straight through
-    assert [m.rid for m in rig.forwarded()] == [rig.server.by_client[(b"B", "b1")]]
+    assert [m.rid for m in rig.forwarded()] == [rig.server.in_flight.by_client[(b"B", "b1")]]
     duplicate = p.ErrorResponse("big", p.ERR_DUPLICATE, "a request with rid 'big' is already in flight")
     assert rig.replies("A") == [duplicate]
     tok.gate.set()
     assert rig.server.finish_prompts(10) == 3  # big, small, and big2's cancelled job
     forwarded = rig.forwarded()
-    internal = {rid: rig.server.by_client[(b"A", rid)] for rid in ("big", "small")}
+    internal = {rid: rig.server.in_flight.by_client[(b"A", rid)] for rid in ("big", "small")}
     assert [(m.rid, m.input_ids) for m in forwarded] == [
         (internal["big"], smollm2_tokenizer.encode(BIG)),
         (internal["small"], smollm2_tokenizer.encode("Hi")),
     ]
-    assert sorted(r.rid for r in rig.server.requests.values()) == ["b1", "big", "small"]
+    assert sorted(r.rid for r in rig.server.in_flight.requests.values()) == ["b1", "big", "small"]
     assert rig.server.prompts.in_flight == 0 and not rig.server.prompts.busy(b"A")
     rig.server.close()
 
@@ -124,10 +125,10 @@ def test_a_client_that_vanishes_while_its_prompt_is_tokenized_is_never_forwarded
     rig.send("A", _gen("big", BIG, stream=True))
     assert tok.started.wait(10)
     rig.server.drop_client(b"A")  # what ClientFrontend does when a send to A fails
-    assert rig.server.requests == {} and rig.server.by_client == {}
+    assert rig.server.in_flight.requests == {} and rig.server.in_flight.by_client == {}
     tok.gate.set()
     assert rig.server.finish_prompts(10) == 1
-    assert rig.forwarded() == [] and rig.server.requests == {}
+    assert rig.forwarded() == [] and rig.server.in_flight.requests == {}
     rig.server.close()
 
 

@@ -10,7 +10,7 @@ import pytest
 from runtime import protocol as p
 from runtime.client import InvalidInputError, build_request
 from runtime.protocol.public import MAX_RID_CHARS
-from runtime.serve.tokenizer.process import TokenizerServer
+from runtime.serve.tokenizer.server import TokenizerServer
 
 
 def enc(obj) -> bytes:
@@ -95,7 +95,7 @@ def test_the_tokenizer_answers_a_long_rid_once_with_rid_empty_and_keeps_nothing(
     )
     srv.on_client_frames([b"c1", frame])
     assert router.sent == [[b"c1", enc(rid_error(100_000))]]
-    assert push.sent == [] and srv.requests == {} and srv.by_client == {}
+    assert push.sent == [] and srv.in_flight.requests == {} and srv.in_flight.by_client == {}
 
 
 def test_the_client_refuses_to_build_a_longer_rid():
