@@ -141,7 +141,7 @@ def check_token_ids(prompt_ids: Sequence[int], vocab_size: int) -> PromptProblem
     """check_prompt's last check alone: PromptProblem(ERR_INVALID, naming up to 8 of them) when an id lies outside
     [0, vocab_size), else None. prompt_ids must not be empty. O(len(prompt_ids)); the tokenizer process runs it on
     input_ids whose length check_prompt_length already passed."""
-    if not 0 <= min(prompt_ids) <= max(prompt_ids) < vocab_size:  # ~2x faster than all()
+    if not 0 <= min(prompt_ids) <= max(prompt_ids) < vocab_size:  # min and max run in C: no per-id Python step
         bad = [t for t in prompt_ids if not 0 <= t < vocab_size][:8]
         return PromptProblem(ERR_INVALID, f"token ids outside the vocabulary [0, {vocab_size}): {bad}")
     return None

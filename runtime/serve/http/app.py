@@ -53,7 +53,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise too_large(int(length), limit)
-    parts, size = [], 0
+    parts = []
+    size = 0
     async for part in request.stream():
         size += len(part)
         if size > limit:
@@ -66,7 +67,10 @@ class Routes:
     """The route handlers over one Backend, tokenizer and HttpMetrics."""
 
     def __init__(self, config: HttpConfig, metrics: HttpMetrics, backend: Backend, tokens: Tokenization) -> None:
-        self.config, self.metrics, self.backend, self.tokens = config, metrics, backend, tokens
+        self.config = config
+        self.metrics = metrics
+        self.backend = backend
+        self.tokens = tokens
         self.created = int(time.time())
 
     def check_model(self, model: str | None) -> None:

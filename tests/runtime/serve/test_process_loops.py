@@ -22,7 +22,8 @@ class Pair:
     """A PUSH -> PULL inproc link; drain() returns the decoded messages waiting on the PULL side."""
 
     def __init__(self, ctx: zmq.Context, name: str, msg_type) -> None:
-        self.pull, self.push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        self.pull = ctx.socket(zmq.PULL)
+        self.push = ctx.socket(zmq.PUSH)
         self.pull.bind(f"inproc://{name}")
         self.push.connect(f"inproc://{name}")
         self.decoder = msgspec.msgpack.Decoder(msg_type)
@@ -44,7 +45,8 @@ def ctx():
 def make_scheduler_server(ctx):
     args = ServerArgs(num_blocks=32, block_size=4)
     sched = Scheduler(KVCacheManager(32, 4), args, max_model_len=64, eos_token_ids=[2])
-    to_worker, to_tok = Pair(ctx, "worker", p.WorkerInput), Pair(ctx, "tok", p.TokenizerInput)
+    to_worker = Pair(ctx, "worker", p.WorkerInput)
+    to_tok = Pair(ctx, "tok", p.TokenizerInput)
     return SchedulerServer(sched, to_worker.push, to_tok.push, None, 5.0), to_worker, to_tok
 
 
@@ -204,7 +206,8 @@ def test_tokenizer_loop_answers_a_handler_bug_and_its_last_resort_cannot_fail(ct
     server.close()
 
 
-HI, THERE = 26843, 665  # "Hi", " there" in the SmolLM2 tokenizer
+HI = 26843  # "Hi" in the SmolLM2 tokenizer
+THERE = 665  # " there"
 
 
 def test_a_failing_output_fails_only_its_request_and_the_loop_goes_on(ctx, smollm2_tokenizer):

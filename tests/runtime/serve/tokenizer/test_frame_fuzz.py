@@ -223,7 +223,8 @@ def stub_server(smollm2_tokenizer):
     ready = p.Ready(
         num_blocks=64, block_size=4, max_model_len=128, num_host_blocks=0, vocab_size=49152, eos_token_ids=[2]
     )
-    router, push = StubRouter(), StubPush()
+    router = StubRouter()
+    push = StubPush()
     return TokenizerServer(smollm2_tokenizer, ready, 4096, router, push), router, push
 
 

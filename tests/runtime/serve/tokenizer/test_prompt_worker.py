@@ -39,7 +39,8 @@ class GatedTokenizer:
 
     def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer
-        self.gate, self.started = threading.Event(), threading.Event()
+        self.gate = threading.Event()
+        self.started = threading.Event()
 
     def encode(self, text, **kwargs):
         if len(text) > 10_000:
@@ -60,7 +61,8 @@ class Rig:
         router = ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         router.bind(f"inproc://{name}")
-        self.sched_pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        self.sched_pull = ctx.socket(zmq.PULL)
+        push = ctx.socket(zmq.PUSH)
         self.sched_pull.bind(f"inproc://{name}-sched")
         push.connect(f"inproc://{name}-sched")
         self.server = TokenizerServer(tokenizer, READY, 8 << 20, router, push)
@@ -83,7 +85,8 @@ class Rig:
         return out
 
     def replies(self, client: str, wait_ms: int = 50) -> list:
-        out, sock = [], self.clients[client]
+        out = []
+        sock = self.clients[client]
         while sock.poll(wait_ms):
             out.append(msgspec.msgpack.decode(sock.recv(), type=p.ServerMessage))
         return out
@@ -134,7 +137,8 @@ def test_a_client_that_vanishes_while_its_prompt_is_tokenized_is_never_forwarded
 
 def test_prompt_worker_takes_groups_in_turn_and_skips_cancelled_jobs():
     worker = PromptWorker()
-    gate, ran = threading.Event(), []
+    gate = threading.Event()
+    ran = []
 
     def job(name: str, wait: bool = False):
         def run():
@@ -195,7 +199,9 @@ def test_streaming_and_heartbeats_go_on_while_three_max_size_prompts_are_tokeniz
     try:
         big = {c: _max_size_prompt(32 * READY.max_model_len, i) for i, c in enumerate("BCD")}  # the default limit
         start = time.monotonic()
-        heard, answers, chunks = [start], {}, 0
+        heard = [start]
+        answers = {}
+        chunks = 0
         for c in "BCD":
             rig.send(c, _gen(c.lower(), big[c]), handle=False)  # the loop thread handles them
         while len(answers) < 3 and time.monotonic() - start < 120:

@@ -77,7 +77,8 @@ def server(smollm2_tokenizer):
     ready = p.Ready(
         num_blocks=64, block_size=4, max_model_len=128, num_host_blocks=0, vocab_size=49152, eos_token_ids=[2]
     )
-    router, push = Router(), Push()
+    router = Router()
+    push = Push()
     return TokenizerServer(smollm2_tokenizer, ready, 1 << 20, router, push), router, push
 
 
