@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any, TypeVar
 
 import msgspec
@@ -346,12 +347,16 @@ class AsyncClient:
         cache_salt: str | None,
         params: dict[str, Any],
     ) -> str:
-        rid = _new_rid()
-        frame = encode_request(build_request(rid, prompt, messages, input_ids, stream, cache_salt, params))
-        self._queues[rid] = asyncio.Queue()
+        return await self._send_request(
+            build_request(_new_rid(), prompt, messages, input_ids, stream, cache_salt, params)
+        )
+
+    async def _send_request(self, request: p.GenerateRequest) -> str:
+        frame = encode_request(request)
+        self._queues[request.rid] = asyncio.Queue()
         await self._sock.send(frame)
         self._last_heard = time.monotonic()  # the liveness clock starts when a call starts waiting
-        return rid
+        return request.rid
 
     async def stream(
         self,
@@ -363,8 +368,18 @@ class AsyncClient:
         **params: Any,
     ) -> AsyncIterator[p.StreamChunk]:
         """Async generator of StreamChunks; cancellation, aclose() or a timeout sends AbortRequest."""
-        rid = await self._submit(prompt, messages, input_ids, True, cache_salt, params)
-        n, deadline = params.get("n", 1), self._deadline()
+        request = build_request(_new_rid(), prompt, messages, input_ids, True, cache_salt, params)
+        async with contextlib.aclosing(self.stream_request(request)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def stream_request(self, request: p.GenerateRequest) -> AsyncGenerator[p.StreamChunk, None]:
+        """stream() for a GenerateRequest built and validated by the caller (the HTTP server builds one from an
+        OpenAI body), sent as is: its rid must be unique among this client's requests in flight and request.stream
+        True. Async generator of StreamChunks; cancellation, aclose() or a timeout sends AbortRequest."""
+        rid = await self._send_request(request)
+        n = request.sampling_params.n
+        deadline = self._deadline()
         finished: set[int] = set()
         try:
             while len(finished) < n:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Awaitable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from starlette.types import Receive
 
@@ -71,16 +71,9 @@ class Generation:
 
     def __init__(self, client: AsyncClient, request: BackendRequest, metrics: Any, arrival: float) -> None:
         self.request, self.metrics, self.arrival = request, metrics, arrival
-        n = request.params.get("n", 1)
-        self.choices = [ChoiceResult(i, "logprobs" in request.params) for i in range(n)]
-        stream = client.stream(
-            prompt=request.prompt,
-            messages=request.messages,
-            input_ids=request.input_ids,
-            cache_salt=request.cache_salt,
-            **request.params,
-        )
-        self._stream = cast(AsyncGenerator[p.StreamChunk, None], stream)
+        params = request.sampling_params
+        self.choices = [ChoiceResult(i, params.logprobs is not None) for i in range(params.n)]
+        self._stream = client.stream_request(request.request)
 
     async def first(self) -> p.StreamChunk:
         """The first chunk (raises what AsyncClient raises: bad input, a backend error, the backend gone)."""
