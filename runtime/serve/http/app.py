@@ -31,7 +31,7 @@ from runtime.serve.http.auth import ApiKeyMiddleware
 from runtime.serve.http.backend import Backend
 from runtime.serve.http.config import HttpConfig
 from runtime.serve.http.errors import INVALID, OpenAIError, from_exception, not_found, too_large, unavailable
-from runtime.serve.http.generation import ClientDisconnected, Generation, race_disconnect, usage_of
+from runtime.serve.http.generation import ClientDisconnected, Generation, race_disconnect
 from runtime.serve.http.metrics import CONTENT_TYPE, HttpMetrics
 from runtime.serve.http.request_map import BackendRequest, chat_request, completion_request
 from runtime.serve.http.responses import chat_response, completion_response
@@ -112,7 +112,7 @@ class Routes:
         except (ClientError, InvalidSamplingParams) as exc:
             raise _error(exc, backend_req) from None
         build = chat_response if chat else completion_response
-        return _json(build(rid, created, model, choices, usage_of(choices), self.tokens.text))
+        return _json(build(rid, created, model, choices, gen.usage(), self.tokens.text))
 
     async def models(self, request: Request) -> Response:
         card = {
