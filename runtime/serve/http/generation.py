@@ -56,7 +56,9 @@ class Generation:
     the HTTP request arrived (TTFT and end-to-end latency count from it)."""
 
     def __init__(self, client: AsyncClient, request: BackendRequest, metrics: Any, arrival: float) -> None:
-        self.request, self.metrics, self.arrival = request, metrics, arrival
+        self.request = request
+        self.metrics = metrics
+        self.arrival = arrival
         n = request.params.get("n", 1)
         self.fold = CompletionFold(n, arrival)
         self.timings = [ChoiceTiming() for _ in range(n)]
