@@ -1,5 +1,7 @@
 """The one prompt check: can a prompt of token ids ever run? Used by the tokenizer process (before forwarding), the
-Engine (before queueing any prompt of a call) and Scheduler.add_request (the last gate). Pure Python, no torch.
+Engine (before queueing any prompt of a call) and Scheduler.add_request (the last gate, in the scheduler process).
+Pure Python, no torch. Each process runs each check once per request: the tokenizer process splits check_prompt into
+check_prompt_length (before tokenizing, for input_ids) and check_token_ids (after) where the length is known early.
 Before that, the text's size is bounded (prompt_char_limit, check_prompt_chars) so that no request makes the server
 tokenize or render more than a fixed number of characters: a chat request has at most MAX_CHAT_MESSAGES messages, and
 each counts CHAT_MESSAGE_CHARS characters beyond its role and content, so that what it costs to render is counted too.
@@ -46,13 +48,19 @@ def prompt_chars(prompt: str | None, messages: Sequence[Any] | None) -> int:
         return len(prompt) if isinstance(prompt, str) else 0
     total = CHAT_MESSAGE_CHARS * len(messages)
     for m in messages:
-        role, content = (
-            (m.get("role"), m.get("content"))
-            if isinstance(m, dict)
-            else (getattr(m, "role", None), getattr(m, "content", None))
-        )
-        total += (len(role) if isinstance(role, str) else 0) + (len(content) if isinstance(content, str) else 0)
+        if isinstance(m, dict):
+            role = m.get("role")
+            content = m.get("content")
+        else:
+            role = getattr(m, "role", None)
+            content = getattr(m, "content", None)
+        total += _text_len(role) + _text_len(content)
     return total
+
+
+def _text_len(text: object) -> int:
+    """len(text) for a str, else 0 (the chat template rejects a field that is not text)."""
+    return len(text) if isinstance(text, str) else 0
 
 
 def check_prompt_chars(prompt: str | None, messages: Sequence[Any] | None, limit: int | None) -> PromptProblem | None:
@@ -88,7 +96,8 @@ def check_prompt_length(
             ERR_CONTEXT, f"prompt of {num_tokens} tokens leaves no room to generate under max_model_len {max_model_len}"
         )
     if block_size is not None and num_blocks is not None:
-        blocks, usable = cdiv(num_tokens, block_size), num_blocks - 1
+        blocks = cdiv(num_tokens, block_size)
+        usable = num_blocks - 1
         if blocks > usable:
             return PromptProblem(
                 ERR_CONTEXT, f"prompt of {num_tokens} tokens needs {blocks} KV blocks; the pool has {usable}"
@@ -123,7 +132,16 @@ def check_prompt(
     too_long = check_prompt_length(n, max_model_len, block_size, num_blocks)
     if too_long is not None:
         return too_long
-    if vocab_size is not None and not 0 <= min(prompt_ids) <= max(prompt_ids) < vocab_size:  # ~2x faster than all()
+    if vocab_size is None:
+        return None
+    return check_token_ids(prompt_ids, vocab_size)
+
+
+def check_token_ids(prompt_ids: Sequence[int], vocab_size: int) -> PromptProblem | None:
+    """check_prompt's last check alone: PromptProblem(ERR_INVALID, naming up to 8 of them) when an id lies outside
+    [0, vocab_size), else None. prompt_ids must not be empty. O(len(prompt_ids)); the tokenizer process runs it on
+    input_ids whose length check_prompt_length already passed."""
+    if not 0 <= min(prompt_ids) <= max(prompt_ids) < vocab_size:  # min and max run in C: no per-id Python step
         bad = [t for t in prompt_ids if not 0 <= t < vocab_size][:8]
         return PromptProblem(ERR_INVALID, f"token ids outside the vocabulary [0, {vocab_size}): {bad}")
     return None

@@ -8,8 +8,9 @@ sends an AbortRequest.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import zmq
@@ -112,7 +113,7 @@ class AsyncClient:
             except TimeoutError:
                 pass  # judged again above
 
-    async def stream(
+    def stream(
         self,
         *,
         prompt: str | None = None,
@@ -120,9 +121,22 @@ class AsyncClient:
         input_ids: list[int] | None = None,
         cache_salt: str | None = None,
         **params: Any,
-    ) -> AsyncIterator[p.StreamChunk]:
-        """Async generator of StreamChunks; cancellation, aclose() or a timeout sends AbortRequest."""
-        out = self._core.open_generate(prompt, messages, input_ids, True, cache_salt, params)
+    ) -> AsyncGenerator[p.StreamChunk, None]:
+        """Async generator of StreamChunks; cancellation, aclose() or a timeout sends AbortRequest. Bad arguments
+        raise (InvalidSamplingParams, InvalidInputError) on the first iteration, before anything is sent."""
+        build = functools.partial(self._core.open_generate, prompt, messages, input_ids, True, cache_salt, params)
+        return self._chunks(build)
+
+    def stream_request(self, request: p.GenerateRequest) -> AsyncGenerator[p.StreamChunk, None]:
+        """stream() for a GenerateRequest built and validated by the caller (the HTTP server builds one from an
+        OpenAI body), sent as is: its rid must be unique among this client's requests in flight (InvalidInputError
+        otherwise) and request.stream True. Async generator of StreamChunks; cancellation, aclose() or a timeout
+        sends AbortRequest."""
+        return self._chunks(functools.partial(self._core.open_request, request))
+
+    async def _chunks(self, open_request: Callable[[], Outgoing]) -> AsyncGenerator[p.StreamChunk, None]:
+        """The chunks of the request open_request opens (on the first iteration) until every completion finished."""
+        out = open_request()
         try:
             await self._send(out)
             deadline = self._core.deadline(time.monotonic())

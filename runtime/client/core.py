@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, TypeVar
 import msgspec
 
 from runtime import protocol as p
-from runtime.client.errors import ClientError, RequestTimeout, ServerGoneError, error_from_response
+from runtime.client.errors import ClientError, InvalidInputError, RequestTimeout, ServerGoneError, error_from_response
 from runtime.client.wire import build_request, encode_request
 
 logger = logging.getLogger(__name__)
@@ -87,14 +87,22 @@ class ClientCore:
         cache_salt: str | None,
         params: dict[str, Any],
     ) -> Outgoing:
-        """Opens a GenerateRequest under a new rid (its SamplingParams.n completions tracked) and returns its frame.
+        """Opens a GenerateRequest built from generate()/stream() arguments under a new rid (see open_request).
         Raises InvalidSamplingParams or InvalidInputError (wire.build_request / encode_request), and then opens
         nothing: a refused call leaves no request behind."""
-        rid = uuid.uuid4().hex
-        request = build_request(rid, prompt, messages, input_ids, stream, cache_salt, params)
+        return self.open_request(
+            build_request(uuid.uuid4().hex, prompt, messages, input_ids, stream, cache_salt, params)
+        )
+
+    def open_request(self, request: p.GenerateRequest) -> Outgoing:
+        """Opens a GenerateRequest built by the caller (its SamplingParams.n completions tracked) and returns its
+        frame. Raises InvalidInputError when msgpack cannot carry it or its rid is already in flight, and then opens
+        nothing."""
+        if request.rid in self._open:
+            raise InvalidInputError(f"rid {request.rid!r} is already in flight on this client")
         frame = encode_request(request)
-        self._open[rid] = _Open(request.sampling_params.n)
-        return Outgoing(rid, frame)
+        self._open[request.rid] = _Open(request.sampling_params.n)
+        return Outgoing(request.rid, frame)
 
     def open_control(self, kind: ControlRequest) -> Outgoing:
         """Opens a control request (health, stats, KV snapshot) under a new rid; it ends with its one reply."""

@@ -4,7 +4,8 @@ Decoding is strict and typed (msgspec); nothing here is ever pickled. One module
   worker.py    scheduler <-> worker (ScheduledSeq, ForwardBatch, ForwardResult, Ready, WorkerProbe): the delta
                format
   public.py    client <-> tokenizer process (GenerateRequest ... StreamChunk, ErrorResponse, ServerStats),
-               the error codes, decode_client_frame
+               the error codes
+  client_frame.py  decode_client_frame: the server's strict reader of a public frame (validates what a client sent)
   internal.py  tokenizer <-> scheduler (TokenizedRequest, Stop, TokenOutputs, ...), launcher <-> children
 Import from here (`from runtime import protocol as p`, `from runtime.protocol import X`); every name is re-exported.
 """
@@ -12,6 +13,7 @@ Import from here (`from runtime import protocol as p`, `from runtime.protocol im
 from __future__ import annotations
 
 from radix.events import KvSnapshot
+from runtime.protocol.client_frame import decode_client_frame
 from runtime.protocol.internal import (
     LauncherInput,
     ProcessFailed,
@@ -54,7 +56,6 @@ from runtime.protocol.public import (
     StatsResponse,
     StreamChunk,
     Usage,
-    decode_client_frame,
     input_problem,
 )
 from runtime.protocol.worker import (

@@ -308,7 +308,8 @@ def test_every_sampling_field_reaches_the_backend(oai, zmq):
 
 
 def test_turn2_cached_tokens_equal_the_zeromq_clients(oai, zmq):
-    http_salt, zmq_salt = salt(), salt()
+    http_salt = salt()
+    zmq_salt = salt()
     turn1 = msgs("the first turn of a conversation " * 3)
     r1 = oai.chat.completions.create(
         model=MODEL, messages=turn1, max_tokens=6, temperature=0.0, extra_body={"cache_salt": http_salt}
@@ -344,7 +345,8 @@ def test_sixteen_concurrent_async_streams(http, zmq, wait_idle):
             stream_options={"include_usage": True},
             extra_body={"cache_salt": salt()},
         )
-        parts, usage = [], None
+        parts = []
+        usage = None
         async for ch in stream:
             parts.extend(c.delta.content or "" for c in ch.choices)
             usage = ch.usage or usage

@@ -24,8 +24,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
+from runtime import protocol as p
 from runtime.client import ClientError
-from runtime.sampling_params import InvalidSamplingParams
 from runtime.serve.http import openai_schema as schema
 from runtime.serve.http.auth import ApiKeyMiddleware
 from runtime.serve.http.backend import Backend
@@ -53,7 +53,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise too_large(int(length), limit)
-    parts, size = [], 0
+    parts = []
+    size = 0
     async for part in request.stream():
         size += len(part)
         if size > limit:
@@ -66,7 +67,10 @@ class Routes:
     """The route handlers over one Backend, tokenizer and HttpMetrics."""
 
     def __init__(self, config: HttpConfig, metrics: HttpMetrics, backend: Backend, tokens: Tokenization) -> None:
-        self.config, self.metrics, self.backend, self.tokens = config, metrics, backend, tokens
+        self.config = config
+        self.metrics = metrics
+        self.backend = backend
+        self.tokens = tokens
         self.created = int(time.time())
 
     def check_model(self, model: str | None) -> None:
@@ -90,29 +94,43 @@ class Routes:
         req = schema.decode(await read_body(request, self.config.max_body_bytes), cls)
         self.check_model(req.model)
         chat = cls is schema.ChatCompletionRequest
-        backend_req = chat_request(req) if chat else completion_request(req)
+        rid = uuid.uuid4().hex  # the answer's id and the backend request's rid
+        if chat:
+            backend_req = chat_request(req, rid)
+        else:
+            backend_req = completion_request(req, rid)
         gen = Generation(client, backend_req, self.metrics, arrival)
-        rid, created, model = uuid.uuid4().hex, int(time.time()), self.config.model_name
+        created = int(time.time())
+        model = self.config.model_name
         try:
             if req.stream:
                 first = await race_disconnect(gen.first(), request.receive)
-                ctx = StreamContext(
-                    ("chatcmpl-" if chat else "cmpl-") + rid,
-                    "chat.completion.chunk" if chat else "text_completion",
-                    created,
-                    model,
-                    self.tokens.text,
-                    "logprobs" in backend_req.params,
-                    backend_req.include_usage,
-                )
-                return EventStream((chat_events if chat else completion_events)(gen, first, ctx))
+                return self._event_stream(chat, rid, created, backend_req, gen, first)
             choices = await race_disconnect(gen.collect(), request.receive)
         except ClientDisconnected:
             return Response(status_code=499)  # nobody reads it: the client is gone, its request aborted
-        except (ClientError, InvalidSamplingParams) as exc:
-            raise _error(exc, backend_req) from None
-        build = chat_response if chat else completion_response
-        return _json(build(rid, created, model, choices, gen.usage(), self.tokens.text))
+        except ClientError as exc:
+            raise from_exception(exc, backend_req.param_names, backend_req.prompt_param) from None
+        if chat:
+            body = chat_response(rid, created, model, choices, gen.usage(), self.tokens.text)
+        else:
+            body = completion_response(rid, created, model, choices, gen.usage(), self.tokens.text)
+        return _json(body)
+
+    def _event_stream(
+        self, chat: bool, rid: str, created: int, backend_req: BackendRequest, gen: Generation, first: p.StreamChunk
+    ) -> EventStream:
+        """The SSE answer of a streamed request whose first backend chunk arrived."""
+        model = self.config.model_name
+        logprobs = backend_req.sampling_params.logprobs is not None
+        usage = backend_req.include_usage
+        if chat:
+            ctx = StreamContext(
+                f"chatcmpl-{rid}", "chat.completion.chunk", created, model, self.tokens.text, logprobs, usage
+            )
+            return EventStream(chat_events(gen, first, ctx))
+        ctx = StreamContext(f"cmpl-{rid}", "text_completion", created, model, self.tokens.text, logprobs, usage)
+        return EventStream(completion_events(gen, first, ctx))
 
     async def models(self, request: Request) -> Response:
         card = {
@@ -151,10 +169,6 @@ class Routes:
         req = schema.decode(await read_body(request, self.config.max_body_bytes), schema.DetokenizeRequest)
         self.check_model(req.model)
         return _json(self.tokens.detokenize(req))
-
-
-def _error(exc: BaseException, req: BackendRequest) -> OpenAIError:
-    return from_exception(exc, req.param_names, req.prompt_param)
 
 
 async def _openai_error(request: Request, exc: Exception) -> Response:

@@ -23,7 +23,8 @@ class Backend:
     backend that is gone fails its requests with ServerGoneError (503) anyway. /health probes on every call."""
 
     def __init__(self, endpoint: str, health_timeout_s: float) -> None:
-        self.endpoint, self.health_timeout_s = endpoint, health_timeout_s
+        self.endpoint = endpoint
+        self.health_timeout_s = health_timeout_s
         self.client: AsyncClient | None = None
         self.ready = asyncio.Event()
         self._startup: asyncio.Task[None] | None = None

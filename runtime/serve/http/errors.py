@@ -44,7 +44,11 @@ class OpenAIError(Exception):
 
     def __init__(self, status: int, type: str, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.type, self.message, self.param, self.code = status, type, message, param, code
+        self.status = status
+        self.type = type
+        self.message = message
+        self.param = param
+        self.code = code
 
     def body(self) -> dict:
         """The JSON object of the answer (also the `data:` of an error event in a stream)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Awaitable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from starlette.types import Receive
 
@@ -59,17 +59,10 @@ class Generation:
         self.request = request
         self.metrics = metrics
         self.arrival = arrival
-        n = request.params.get("n", 1)
+        n = request.sampling_params.n
         self.fold = CompletionFold(n, arrival)
         self.timings = [ChoiceTiming() for _ in range(n)]
-        stream = client.stream(
-            prompt=request.prompt,
-            messages=request.messages,
-            input_ids=request.input_ids,
-            cache_salt=request.cache_salt,
-            **request.params,
-        )
-        self._stream = cast(AsyncGenerator[p.StreamChunk, None], stream)
+        self._stream = client.stream_request(request.request)
 
     async def first(self) -> p.StreamChunk:
         """The first chunk (raises what AsyncClient raises: bad input, a backend error, the backend gone)."""

@@ -149,7 +149,9 @@ class _Histogram:
     """Cumulative-bucket histogram of one label set: counts per upper bound (+Inf last) and the sum of values."""
 
     def __init__(self, name: str, help: str, buckets: Sequence[float]) -> None:
-        self.name, self.help, self.bounds = name, help, tuple(buckets)
+        self.name = name
+        self.help = help
+        self.bounds = tuple(buckets)
         self.counts = [0] * (len(self.bounds) + 1)
         self.sum = 0.0
 
@@ -159,7 +161,8 @@ class _Histogram:
         self.sum += value
 
     def family(self, model_name: str) -> HistogramMetricFamily:
-        cumulative, total = [], 0
+        cumulative = []
+        total = 0
         for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts, strict=True):
             total += count
             cumulative.append((bound, total))

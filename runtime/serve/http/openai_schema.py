@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI API as msgspec Structs, decoded strictly from JSON.
 
 Which fields are accepted (the rule, documented in the README):
-    - Implemented fields are honoured (see runtime.serve.http.request_map for their mapping onto SamplingParams).
+    - Implemented fields are honoured (see runtime.serve.http.request_map for their mapping onto one GenerateRequest).
     - Harmless OpenAI fields that change nothing about the completion are accepted and ignored: user, metadata, store,
       service_tier, safety_identifier, prompt_cache_key, prompt_cache_retention, parallel_tool_calls,
       stream_options.include_obfuscation.
@@ -15,10 +15,11 @@ Nulls are accepted everywhere a field is optional and mean "not given".
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
+from runtime import protocol as p
 from runtime.serve.http.errors import OpenAIError, bad_request, from_decode_error
 
 
@@ -195,16 +196,17 @@ def _unsupported(param: str) -> OpenAIError:
     return bad_request(f"{param!r} is not supported by this server", param, "unsupported_parameter")
 
 
-def chat_messages(messages: list[ChatMessageIn], field: str = "messages") -> list[dict[str, str]]:
-    """The messages as the chat template takes them: [{"role", "content"}], developer mapped to system, text parts
-    joined. Raises OpenAIError (400) for an empty list, an unknown role, a missing content, a non-text part or a
-    tool message / tool call (tools are not supported), naming the field (e.g. "messages[1].role")."""
+def chat_messages(messages: list[ChatMessageIn], field: str = "messages") -> list[p.ChatMessage]:
+    """The messages as a GenerateRequest carries them (runtime.protocol.ChatMessage: role, content), developer
+    mapped to system, text parts joined. Raises OpenAIError (400) for an empty list, an unknown role, a missing
+    content, a non-text part or a tool message / tool call (tools are not supported), naming the field (e.g.
+    "messages[1].role")."""
     if not messages:
         raise bad_request(f"{field} must not be empty", field)
     return [_message(f"{field}[{i}]", m) for i, m in enumerate(messages)]
 
 
-def _message(at: str, m: ChatMessageIn) -> dict[str, str]:
+def _message(at: str, m: ChatMessageIn) -> p.ChatMessage:
     for name in _MESSAGE_UNSUPPORTED:
         if getattr(m, name) is not None:
             raise _unsupported(f"{at}.{name}")
@@ -215,14 +217,16 @@ def _message(at: str, m: ChatMessageIn) -> dict[str, str]:
         raise bad_request(f"{at}.role must be one of {sorted(CHAT_ROLES)}, got {m.role[:40]!r}", f"{at}.role")
     if m.content is None:
         raise bad_request(f"{at}.content is required", f"{at}.content", "missing_required_parameter")
-    return {"role": role, "content": m.content if isinstance(m.content, str) else _text_parts(at, m.content)}
+    if isinstance(m.content, str):
+        return p.ChatMessage(role, m.content)
+    return p.ChatMessage(role, _text_parts(at, m.content))
 
 
 def _text_parts(at: str, parts: list[dict[str, Any]]) -> str:
     texts = []
     for j, part in enumerate(parts):
-        kind, text = part.get("type"), part.get("text")
-        if kind != "text":
+        text = part.get("text")
+        if part.get("type") != "text":
             raise _unsupported(f"{at}.content[{j}].type")
         if not isinstance(text, str) or set(part) - {"type", "text"}:
             raise bad_request(
@@ -232,15 +236,22 @@ def _text_parts(at: str, parts: list[dict[str, Any]]) -> str:
     return "".join(texts)
 
 
-def completion_prompt(prompt: str | list[Any]) -> tuple[str | None, list[int] | None]:
-    """(text, token ids) of a completions prompt, exactly one set: a string, a list of token ids, or a list holding
-    one string or one list of token ids. Raises OpenAIError (400) for several prompts or a mixed list."""
+class CompletionPrompt(NamedTuple):
+    """A completions prompt: exactly one of text and input_ids (token ids) is set."""
+
+    text: str | None
+    input_ids: list[int] | None
+
+
+def completion_prompt(prompt: str | list[Any]) -> CompletionPrompt:
+    """The prompt of a completions request: a string, a list of token ids, or a list holding one string or one list
+    of token ids. Raises OpenAIError (400) for several prompts or a mixed list."""
     if isinstance(prompt, str):
-        return prompt, None
+        return CompletionPrompt(prompt, None)
     if len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         return completion_prompt(prompt[0])
     if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return None, list(prompt)
+        return CompletionPrompt(None, list(prompt))
     if len(prompt) > 1 and all(isinstance(t, (str, list)) for t in prompt):
         raise bad_request("a list of several prompts is not supported: send one prompt per request", "prompt")
     if not prompt:

@@ -1,12 +1,17 @@
-"""OpenAI request fields -> one radixserve request: the prompt (messages, text or token ids), the SamplingParams
-keyword arguments, and the request field each of them came from (named by an out-of-range error).
+"""OpenAI request fields -> the one GenerateRequest the HTTP server sends (runtime.protocol), with the request field
+each sampling parameter came from (named by an out-of-range error).
+
+The request is built and its SamplingParams validated here, once; AsyncClient.stream_request sends it as is. The
+tokenizer process validates it again as it decodes the frame: that is another process, behind a socket any client
+can write to.
 
 Mapping (a field left out or null keeps SamplingParams' default):
     max_tokens / max_completion_tokens (chat; the latter wins) -> max_tokens; not given: 16 for completions (the
         OpenAI default), unbounded for chat (the completion ends at EOS or at the model's context).
     temperature, top_p, top_k, min_p, n, seed, stop_token_ids, ignore_eos, frequency_penalty, presence_penalty,
         repetition_penalty, use_beam_search, length_penalty (vLLM's extra fields: n beams, choices best first) -> the
-        field of the same name. stop (a string or a list) -> stop (a list).
+        field of the same name. stop (a string or a list) -> stop (a list). use_beam_search without temperature:
+        temperature 0 (beam search is deterministic; vLLM ignores temperature there).
     chat: logprobs (bool) + top_logprobs -> logprobs = top_logprobs (0 when not given) when logprobs is true;
         top_logprobs without logprobs is a 400. completions: logprobs (int) -> logprobs.
     cache_salt -> the request's cache_salt (requests with different salts share no cached block). user: ignored.
@@ -16,8 +21,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from runtime.sampling_params import INT32_MAX
-from runtime.serve.http.errors import bad_request
+from runtime import protocol as p
+from runtime.sampling_params import INT32_MAX, InvalidSamplingParams, SamplingParams
+from runtime.serve.http.errors import bad_request, from_exception
 from runtime.serve.http.openai_schema import ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompt
 
 COMPLETIONS_MAX_TOKENS = 16  # the OpenAI completions default
@@ -39,31 +45,39 @@ _SAME_NAME = (
 
 
 class BackendRequest(NamedTuple):
-    """What the app sends through AsyncClient.stream: exactly one of prompt / messages / input_ids, cache_salt,
-    params (SamplingParams keyword arguments), and param_names (SamplingParams field -> request field, for errors);
-    prompt_param: the request field holding the prompt ("messages" or "prompt"); include_usage: stream_options."""
+    """What one OpenAI request sends to the backend.
 
-    prompt: str | None
-    messages: list[dict[str, str]] | None
-    input_ids: list[int] | None
-    cache_salt: str | None
-    params: dict[str, Any]
+    request: the GenerateRequest (stream True: the backend always streams, so TTFT and inter-token latency are
+        measured for every request), its SamplingParams validated.
+    param_names: SamplingParams field -> the request field it came from, where the names differ (for errors the
+        backend raises later).
+    prompt_param: the request field holding the prompt ("messages" or "prompt"). include_usage: stream_options'.
+    """
+
+    request: p.GenerateRequest
     param_names: dict[str, str]
     prompt_param: str
     include_usage: bool
 
+    @property
+    def sampling_params(self) -> SamplingParams:
+        return self.request.sampling_params
 
-def _sampling(req: ChatCompletionRequest | CompletionRequest) -> tuple[dict[str, Any], dict[str, str]]:
-    params: dict[str, Any] = {}
+
+def _same_name_fields(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """The SamplingParams fields whose request field has the same name (or stop, as a list), as given."""
+    fields: dict[str, Any] = {}
     for name in _SAME_NAME:
         value = getattr(req, name)
         if value is not None:
-            params[name] = value
-    if req.stop is not None:
-        params["stop"] = [req.stop] if isinstance(req.stop, str) else req.stop
+            fields[name] = value
+    if isinstance(req.stop, str):
+        fields["stop"] = [req.stop]
+    elif req.stop is not None:
+        fields["stop"] = req.stop
     if req.use_beam_search and req.temperature is None:
-        params["temperature"] = 0.0  # beam search is deterministic (vLLM ignores temperature there)
-    return params, {}
+        fields["temperature"] = 0.0  # beam search is deterministic (vLLM ignores temperature there)
+    return fields
 
 
 def _include_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:
@@ -72,30 +86,62 @@ def _include_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:
     return bool(req.stream_options is not None and req.stream_options.include_usage)
 
 
-def chat_request(req: ChatCompletionRequest) -> BackendRequest:
-    """The backend request of a chat completion. Raises OpenAIError (400) for bad messages, top_logprobs without
-    logprobs, stream_options without stream."""
+def _sampling_params(fields: dict[str, Any], param_names: dict[str, str], prompt_param: str) -> SamplingParams:
+    """SamplingParams(**fields), the one validation in this process; raises OpenAIError (400) naming the request
+    field of an out-of-range value."""
+    try:
+        return SamplingParams(**fields)
+    except InvalidSamplingParams as exc:
+        raise from_exception(exc, param_names, prompt_param) from None
+
+
+def chat_request(req: ChatCompletionRequest, rid: str) -> BackendRequest:
+    """The backend request of a chat completion under rid. Raises OpenAIError (400) for bad messages, top_logprobs
+    without logprobs, stream_options without stream, an out-of-range sampling parameter."""
     messages = chat_messages(req.messages)
-    params, names = _sampling(req)
+    fields = _same_name_fields(req)
+    names: dict[str, str] = {}
     if req.max_completion_tokens is not None:
-        params["max_tokens"], names["max_tokens"] = req.max_completion_tokens, "max_completion_tokens"
+        fields["max_tokens"] = req.max_completion_tokens
+        names["max_tokens"] = "max_completion_tokens"
     elif req.max_tokens is not None:
-        params["max_tokens"] = req.max_tokens
+        fields["max_tokens"] = req.max_tokens
     else:
-        params["max_tokens"] = INT32_MAX
+        fields["max_tokens"] = INT32_MAX
     if req.logprobs:
-        params["logprobs"], names["logprobs"] = (req.top_logprobs or 0), "top_logprobs"
+        fields["logprobs"] = req.top_logprobs or 0
+        names["logprobs"] = "top_logprobs"
     elif req.top_logprobs is not None:
         raise bad_request("top_logprobs requires logprobs: true", "top_logprobs")
-    return BackendRequest(None, messages, None, req.cache_salt, params, names, "messages", _include_usage(req))
+    include_usage = _include_usage(req)
+    request = p.GenerateRequest(
+        rid=rid,
+        messages=messages,
+        sampling_params=_sampling_params(fields, names, "messages"),
+        stream=True,
+        cache_salt=req.cache_salt,
+    )
+    return BackendRequest(request, names, "messages", include_usage)
 
 
-def completion_request(req: CompletionRequest) -> BackendRequest:
-    """The backend request of a (text) completion. Raises OpenAIError (400) for a list of several prompts,
-    stream_options without stream."""
-    prompt, input_ids = completion_prompt(req.prompt)
-    params, names = _sampling(req)
-    params["max_tokens"] = req.max_tokens if req.max_tokens is not None else COMPLETIONS_MAX_TOKENS
+def completion_request(req: CompletionRequest, rid: str) -> BackendRequest:
+    """The backend request of a (text) completion under rid. Raises OpenAIError (400) for a list of several prompts,
+    stream_options without stream, an out-of-range sampling parameter."""
+    prompt = completion_prompt(req.prompt)
+    fields = _same_name_fields(req)
+    if req.max_tokens is not None:
+        fields["max_tokens"] = req.max_tokens
+    else:
+        fields["max_tokens"] = COMPLETIONS_MAX_TOKENS
     if req.logprobs is not None:
-        params["logprobs"] = req.logprobs
-    return BackendRequest(prompt, None, input_ids, req.cache_salt, params, names, "prompt", _include_usage(req))
+        fields["logprobs"] = req.logprobs
+    include_usage = _include_usage(req)
+    request = p.GenerateRequest(
+        rid=rid,
+        prompt=prompt.text,
+        input_ids=prompt.input_ids,
+        sampling_params=_sampling_params(fields, {}, "prompt"),
+        stream=True,
+        cache_salt=req.cache_salt,
+    )
+    return BackendRequest(request, {}, "prompt", include_usage)

@@ -41,7 +41,8 @@ class EventStream(Response):
     media_type = "text/event-stream"
 
     def __init__(self, events: AsyncGenerator[bytes, None]) -> None:
-        self.status_code, self.background = 200, None
+        self.status_code = 200
+        self.background = None
         self.init_headers(SSE_HEADERS)
         self._events = events
 
@@ -79,7 +80,9 @@ class StreamContext:
         self, rid: str, object_name: str, created: int, model: str, text: TokenText, logprobs: bool, include_usage: bool
     ) -> None:
         self.header = {"id": rid, "object": object_name, "created": created, "model": model}
-        self.text, self.logprobs, self.include_usage = text, logprobs, include_usage
+        self.text = text
+        self.logprobs = logprobs
+        self.include_usage = include_usage
 
     def event(self, choice: dict[str, Any]) -> bytes:
         body = {**self.header, "choices": [choice]}

@@ -1,6 +1,11 @@
 """/tokenize and /detokenize, and the token texts of logprobs: the model's tokenizer loaded in the HTTP process
 (runtime.model.loader.load_tokenizer imports no torch once the model folder exists).
 
+This is the server's second copy of the tokenizer (the tokenizer process holds the first); it is what the HTTP
+process needs one for, nothing else (prompts are tokenized and checked by the backend only). It stays here because
+the public protocol has no tokenize request that a router could also answer, and a logprobs answer names every
+token and alternative with no round trip to the backend; its memory cost is in the README.
+
 /tokenize {"prompt": text, "add_special_tokens": true} gives the ids the completions route would send for that text;
 {"messages": [...]} the ids of the chat template, as the chat route's backend computes them. Answer:
 {"count": n, "tokens": [ids]}. /detokenize {"tokens": [ids]} answers {"prompt": text} (special tokens kept).

@@ -42,7 +42,8 @@ class ClientFrontend:
     """
 
     def __init__(self, on_gone: Callable[[bytes], None], heartbeat_s: float, socket: zmq.Socket | None = None) -> None:
-        self.socket, self.heartbeat_s = socket, heartbeat_s
+        self.socket = socket
+        self.heartbeat_s = heartbeat_s
         self.last_sent: dict[bytes, float] = {}
         self._on_gone = on_gone
         self._encoder = msgspec.msgpack.Encoder()

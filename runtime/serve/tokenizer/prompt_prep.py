@@ -1,13 +1,15 @@
-"""PromptPrep: what the tokenizer process does to a GenerateRequest before forwarding it to the scheduler.
+"""PromptPrep: what the tokenizer process does to a decoded GenerateRequest before forwarding it to the scheduler.
 
-Two stages. precheck runs on the loop thread and costs O(fields + messages): it rejects a malformed request, one
-with too many messages or whose text exceeds the character limit (runtime.prompt_check.prompt_char_limit, which
-counts each message's template overhead too), and input_ids too long for the context, before any tokenizing or any
-O(len(input_ids)) work. prepare costs
-the tokenizer's time, bounded by that limit, and runs on the PromptWorker thread (on the loop thread only for a
-request that is cheap(): a few ms at most): chat template, encode
-(runtime.text.prompt.encode_prompt, the Engine's and the router's path too), the one prompt check, and the
-CompletionStreams (whose stop-string automaton is built there too). Neither touches a socket or a request table.
+Two stages, each check run once. precheck runs on the loop thread and costs O(fields + messages): it rejects a
+malformed request (GenerateRequest.check), one with too many messages or whose text exceeds the character limit
+(runtime.prompt_check.check_prompt_chars with prompt_char_limit, which counts each message's template overhead too),
+and input_ids too long for the context or the pool (check_prompt_length), before any tokenizing or any
+O(len(input_ids)) work. prepare costs the tokenizer's time, bounded by that limit, and runs on the PromptWorker
+thread (on the loop thread only for a request that is cheap(): a few ms at most): chat template and encode
+(runtime.text.prompt.encode_prompt, the Engine's and the router's path too; the character limit is not checked again),
+the rest of the prompt check (check_prompt for text, check_token_ids for input_ids, whose length precheck passed), and
+the CompletionStreams (whose stop-string automaton is built there too). SamplingParams are not checked here: decoding
+the frame validated them (runtime.protocol.client_frame). Neither stage touches a socket or a request table.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from runtime import protocol as p
-from runtime.prompt_check import check_prompt, check_prompt_chars, check_prompt_length, prompt_char_limit, prompt_chars
+from runtime.prompt_check import (
+    check_prompt,
+    check_prompt_chars,
+    check_prompt_length,
+    check_token_ids,
+    prompt_char_limit,
+    prompt_chars,
+)
 from runtime.scheduler.request import RequestRejected
 from runtime.text.completion_stream import CompletionStream
 from runtime.text.prompt import PromptError, encode_prompt
@@ -38,7 +47,8 @@ class PromptPrep:
     Immutable after construction, so prepare may run on another thread than precheck."""
 
     def __init__(self, tokenizer: Any, ready: p.Ready, max_prompt_chars: int | None = None) -> None:
-        self.tokenizer, self.ready = tokenizer, ready
+        self.tokenizer = tokenizer
+        self.ready = ready
         self.prompt_chars = prompt_char_limit(max_prompt_chars, ready.max_model_len)
 
     def precheck(self, req: p.GenerateRequest) -> None:
@@ -62,17 +72,21 @@ class PromptPrep:
         return size + sum(len(s) for s in req.sampling_params.stop) <= INLINE_CHARS
 
     def prepare(self, internal: str, req: p.GenerateRequest) -> Prepared:
-        """The TokenizedRequest (under the internal rid) and the completions of a prechecked request. Raises
+        """The TokenizedRequest (under the internal rid) and the completions of a request precheck passed. Raises
         RequestRejected (code, message) for a prompt this server cannot serve: PromptError -> ERR_INVALID, then
-        check_prompt's problem."""
-        try:
-            ids = encode_prompt(self.tokenizer, req.prompt, req.messages, req.input_ids, max_chars=self.prompt_chars)
-        except PromptError as exc:
-            raise RequestRejected(p.ERR_INVALID, str(exc)) from None
+        check_prompt's problem (for input_ids: check_token_ids', the length being checked already)."""
         r = self.ready
-        prompt_problem = check_prompt(ids, r.max_model_len, r.vocab_size, r.block_size, r.num_blocks)
-        if prompt_problem is not None:
-            raise RequestRejected(*prompt_problem)
+        if req.input_ids is not None:
+            ids = req.input_ids  # typed list[int] by the decode: nothing to convert
+            problem = check_token_ids(ids, r.vocab_size)
+        else:
+            try:
+                ids = encode_prompt(self.tokenizer, req.prompt, req.messages)  # precheck bounded the characters
+            except PromptError as exc:
+                raise RequestRejected(p.ERR_INVALID, str(exc)) from None
+            problem = check_prompt(ids, r.max_model_len, r.vocab_size, r.block_size, r.num_blocks)
+        if problem is not None:
+            raise RequestRejected(*problem)
         sp = req.sampling_params
         msg = p.TokenizedRequest(rid=internal, input_ids=ids, sampling_params=sp, cache_salt=req.cache_salt)
         return Prepared(msg, [CompletionStream(self.tokenizer, sp, r.eos_token_ids) for _ in range(sp.n)])

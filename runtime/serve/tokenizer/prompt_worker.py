@@ -1,12 +1,11 @@
 """PromptWorker: the tokenizer process's one tokenizing thread, so a large prompt never stalls the process loop.
 
-Tokenizing a prompt of max_prompt_chars characters, or rendering a chat template, takes up to ~0.4 s on this project's
-2-core CPU; on the loop thread, three such prompts in a row stop heartbeats and every other client's stream for over a
-second. Measured (SmolLM2's fast tokenizer, 262,144-character prompts, 3 in a row, heartbeat gaps of a 2 ms sleep
-loop): transformers' `tokenizer.encode` releases the GIL inside the Rust encoder (it goes through encode_batch), so
-with the encode on this thread the loop's longest gap was 6-32 ms against 140-390 ms per prompt inline; the raw
-`backend_tokenizer.encode` does not release it (gaps of 90-370 ms), so jobs must call the transformers methods.
-Pure-Python work on this thread (the chat template, the prompt check) yields the GIL every sys.getswitchinterval().
+Tokenizing a prompt of max_prompt_chars characters, or rendering a chat template, takes a sizeable fraction of a
+second on a small CPU; on the loop thread, a few such prompts in a row would stop heartbeats and every other client's
+stream for longer than that (the README gives the measured gaps). transformers' `tokenizer.encode` releases the GIL
+inside the Rust encoder (it goes through encode_batch), so with the encode on this thread the loop keeps running; the
+raw `backend_tokenizer.encode` does not release it, so jobs must call the transformers methods. Pure-Python work on
+this thread (the chat template, the prompt check) yields the GIL every sys.getswitchinterval().
 
 Jobs are queued per group (a client's identity) and run one at a time, taking the groups in turn: a group's jobs
 run in submission order (a client's requests are forwarded in the order they came), and one client's queue of large
@@ -110,7 +109,10 @@ class PromptWorker:
         """Results, waiting up to timeout_s seconds for every submitted job to finish (for in-process drivers)."""
         deadline = time.monotonic() + timeout_s
         out = self.results()
-        while self.in_flight and (left := deadline - time.monotonic()) > 0:
+        while self.in_flight:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
             try:
                 result = self._results.get(timeout=left)
             except queue.Empty:
@@ -158,7 +160,10 @@ class PromptWorker:
 
     def _run(self) -> None:
         try:
-            while (item := self._next()) is not None:
+            while True:
+                item = self._next()
+                if item is None:
+                    return
                 key, group, job = item
                 cancelled = key in self._cancelled
                 self._results.put(PromptResult(key, group, None, None) if cancelled else run_job(key, group, job))

@@ -171,3 +171,13 @@ def test_silence_past_liveness_means_the_server_is_gone():
     quiet = core(timeout=None, liveness_s=None)
     other = quiet.open_control(p.HealthRequest).rid
     assert quiet.wait_s(other, None, 1e6) == 1.0  # liveness_s None: never gone
+
+
+def test_a_request_built_by_the_caller_is_opened_under_its_own_rid_once():
+    c = core()
+    request = p.GenerateRequest(rid="http-7", prompt="hi", sampling_params=p.SamplingParams(n=2), stream=True)
+    out = c.open_request(request)
+    assert (out.rid, sent(out.frame), c.completions("http-7")) == ("http-7", request, 2)
+    with pytest.raises(InvalidInputError, match="rid 'http-7' is already in flight on this client"):
+        c.open_request(request)
+    assert c.open_rids() == ["http-7"]

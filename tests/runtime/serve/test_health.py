@@ -31,7 +31,8 @@ def ctx():
 
 def link(ctx: zmq.Context, name: str) -> tuple[zmq.Socket, zmq.Socket]:
     """(push, pull) of an inproc link."""
-    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull = ctx.socket(zmq.PULL)
+    push = ctx.socket(zmq.PUSH)
     pull.bind(f"inproc://{name}")
     push.connect(f"inproc://{name}")
     return push, pull
@@ -87,7 +88,8 @@ class BlockingRunner:
     ready = p.Ready(num_blocks=8, block_size=4, max_model_len=32, num_host_blocks=0, vocab_size=100, eos_token_ids=[2])
 
     def __init__(self) -> None:
-        self.started, self.release = threading.Event(), threading.Event()
+        self.started = threading.Event()
+        self.release = threading.Event()
 
     def execute(self, batch: p.ForwardBatch) -> p.ForwardResult:
         self.started.set()
@@ -98,7 +100,8 @@ class BlockingRunner:
 def test_worker_answers_a_probe_between_steps_not_during_one(ctx):
     to_worker, worker_in = link(ctx, "w-in")
     worker_out, from_worker = link(ctx, "w-out")
-    runner, stop = BlockingRunner(), threading.Event()
+    runner = BlockingRunner()
+    stop = threading.Event()
     loop = threading.Thread(target=serve_worker, args=(runner, worker_in, worker_out, lambda: not stop.is_set(), 20))
     loop.start()
     try:

@@ -14,14 +14,16 @@ from runtime.sampling_params import SamplingParams
 from runtime.scheduler.request import RequestRejected
 from runtime.scheduler.scheduler import Scheduler
 from runtime.serve.scheduler_process import SchedulerServer
-from runtime.serve.tokenizer.process import TokenizerServer, serve_tokenizer
+from runtime.serve.tokenizer.loop import serve_tokenizer
+from runtime.serve.tokenizer.server import TokenizerServer
 
 
 class Pair:
     """A PUSH -> PULL inproc link; drain() returns the decoded messages waiting on the PULL side."""
 
     def __init__(self, ctx: zmq.Context, name: str, msg_type) -> None:
-        self.pull, self.push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        self.pull = ctx.socket(zmq.PULL)
+        self.push = ctx.socket(zmq.PUSH)
         self.pull.bind(f"inproc://{name}")
         self.push.connect(f"inproc://{name}")
         self.decoder = msgspec.msgpack.Decoder(msg_type)
@@ -43,7 +45,8 @@ def ctx():
 def make_scheduler_server(ctx):
     args = ServerArgs(num_blocks=32, block_size=4)
     sched = Scheduler(KVCacheManager(32, 4), args, max_model_len=64, eos_token_ids=[2])
-    to_worker, to_tok = Pair(ctx, "worker", p.WorkerInput), Pair(ctx, "tok", p.TokenizerInput)
+    to_worker = Pair(ctx, "worker", p.WorkerInput)
+    to_tok = Pair(ctx, "tok", p.TokenizerInput)
     return SchedulerServer(sched, to_worker.push, to_tok.push, None, 5.0), to_worker, to_tok
 
 
@@ -108,7 +111,7 @@ def test_tokenizer_holds_back_stop_string_and_sends_stop(ctx, smollm2_tokenizer)
     assert [t for c in chunks for t in c.token_ids] == keep
     assert chunks[-1].usage == p.Usage(len(tokenized.input_ids), 0, len(keep))
     assert to_sched.drain() == [p.Stop(internal, 0, len(keep))]
-    assert server.requests == {}
+    assert server.in_flight.requests == {}
 
 
 def test_tokenizer_keeps_a_stop_token_id_out_of_the_text(ctx, smollm2_tokenizer):
@@ -203,7 +206,8 @@ def test_tokenizer_loop_answers_a_handler_bug_and_its_last_resort_cannot_fail(ct
     server.close()
 
 
-HI, THERE = 26843, 665  # "Hi", " there" in the SmolLM2 tokenizer
+HI = 26843  # "Hi" in the SmolLM2 tokenizer
+THERE = 665  # " there"
 
 
 def test_a_failing_output_fails_only_its_request_and_the_loop_goes_on(ctx, smollm2_tokenizer):
@@ -219,7 +223,7 @@ def test_a_failing_output_fails_only_its_request_and_the_loop_goes_on(ctx, smoll
     def broken_feed(out):
         raise RuntimeError("injected feed bug")
 
-    server.requests[a.rid].completions[0].feed = broken_feed
+    server.in_flight.requests[a.rid].completions[0].feed = broken_feed
     usage = p.Usage(len(b.input_ids), 0, 2)
     from_sched.push.send(
         msgspec.msgpack.encode(
@@ -234,7 +238,7 @@ def test_a_failing_output_fails_only_its_request_and_the_loop_goes_on(ctx, smoll
         p.StreamChunk(rid="b", text=" there", token_ids=[THERE], finish_reason="length", usage=usage),
     ]
     assert to_sched.drain() == [p.AbortRequest(a.rid)]
-    assert server.requests == {} and server.by_client == {}
+    assert server.in_flight.requests == {} and server.in_flight.by_client == {}
     server.close()
 
 
@@ -249,7 +253,7 @@ def test_the_loop_outlives_raising_scheduler_and_heartbeat_handlers(ctx, smollm2
 
     server.on_scheduler_message = boom
     server.heartbeat = boom
-    server.requests["x"] = None  # a request in flight: the loop heartbeats every iteration
+    server.in_flight.requests["x"] = None  # a request in flight: the loop heartbeats every iteration
     from_sched.push.send(msgspec.msgpack.encode(p.TokenOutputs([])))
     serve_tokenizer(server, from_sched.pull, _iterations(1))
     client.send(b"not msgpack")

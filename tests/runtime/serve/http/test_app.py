@@ -28,7 +28,9 @@ class FakeBackend:
     Records every message it got in `got`."""
 
     def __init__(self) -> None:
-        self.healthy, self.hold, self.stop = threading.Event(), threading.Event(), threading.Event()
+        self.healthy = threading.Event()
+        self.hold = threading.Event()
+        self.stop = threading.Event()
         self.got: list[p.ClientMessage] = []
         self.sock = zmq.Context.instance().socket(zmq.ROUTER)
         self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
@@ -100,7 +102,8 @@ class Call:
             "client": ("c", 1),
             "root_path": "",
         }
-        self.parts, self.gone = list(parts), asyncio.Event()
+        self.parts = list(parts)
+        self.gone = asyncio.Event()
         self.status: int | None = None
         self.body = b""
         self.events: list[bytes] = []

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -17,6 +16,7 @@ import zmq
 from runtime import protocol as p
 from runtime.client import AsyncClient
 from runtime.serve.http.generation import Generation
+from runtime.serve.http.request_map import BackendRequest
 from runtime.serve.http.responses import usage_body
 
 USAGE = p.Usage(7, 2, 3, 0.25, 4)  # every field set: queue_time_s and host_cached_tokens too
@@ -76,10 +76,9 @@ def backend():
 def test_http_choices_and_usage_equal_the_zeromq_clients_with_every_usage_field(backend):
     async def both():
         async with AsyncClient(backend.endpoint, timeout=30.0) as client:
-            request = SimpleNamespace(
-                prompt="hi", messages=None, input_ids=None, cache_salt=None, params={"n": 2, "logprobs": 0}
-            )
-            gen = Generation(client, request, None, time.perf_counter())
+            params = p.SamplingParams(n=2, logprobs=0)
+            request = p.GenerateRequest(rid="http-1", prompt="hi", sampling_params=params, stream=True)
+            gen = Generation(client, BackendRequest(request, {}, "prompt", False), None, time.perf_counter())
             choices = await gen.collect()
             direct = await client.generate(prompt="hi", n=2, logprobs=0)
             return choices, gen.usage(), direct

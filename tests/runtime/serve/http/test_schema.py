@@ -98,8 +98,8 @@ def test_neutral_values_of_unsupported_fields_and_harmless_fields_are_accepted()
         stop=None,
         temperature=None,
     )
-    assert chat_request(req).params == {"max_tokens": INT32_MAX}
-    assert chat_request(req).include_usage is True
+    assert chat_request(req, "r").sampling_params == SamplingParams(max_tokens=INT32_MAX)
+    assert chat_request(req, "r").include_usage is True
 
 
 def test_chat_fields_map_onto_sampling_params():
@@ -123,35 +123,40 @@ def test_chat_fields_map_onto_sampling_params():
         cache_salt="tenant",
         user="ignored",
     )
-    backend = chat_request(req)
-    assert backend.params == {
-        "max_tokens": 7,
-        "temperature": 0.5,
-        "top_p": 0.9,
-        "top_k": 4,
-        "min_p": 0.1,
-        "n": 2,
-        "seed": 3,
-        "stop": ["x"],
-        "stop_token_ids": [9],
-        "ignore_eos": True,
-        "frequency_penalty": 0.5,
-        "presence_penalty": -0.5,
-        "repetition_penalty": 1.2,
-        "logprobs": 3,
-    }
-    assert SamplingParams(**backend.params).logprobs == 3  # every name is a SamplingParams field
-    assert (backend.messages, backend.cache_salt, backend.prompt, backend.input_ids) == (MSG, "tenant", None, None)
+    backend = chat_request(req, "r")
+    assert backend.sampling_params == SamplingParams(
+        max_tokens=7,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=4,
+        min_p=0.1,
+        n=2,
+        seed=3,
+        stop=["x"],
+        stop_token_ids=[9],
+        ignore_eos=True,
+        frequency_penalty=0.5,
+        presence_penalty=-0.5,
+        repetition_penalty=1.2,
+        logprobs=3,
+    )
+    assert backend.request == p.GenerateRequest(
+        rid="r",
+        messages=[p.ChatMessage("user", "hi")],
+        sampling_params=backend.sampling_params,
+        stream=True,
+        cache_salt="tenant",
+    )
     assert backend.param_names == {"max_tokens": "max_completion_tokens", "logprobs": "top_logprobs"}
-    assert chat_request(chat(logprobs=True)).params["logprobs"] == 0
-    assert "logprobs" not in chat_request(chat(logprobs=False)).params
+    assert chat_request(chat(logprobs=True), "r").sampling_params.logprobs == 0
+    assert chat_request(chat(logprobs=False), "r").sampling_params.logprobs is None
 
 
 def test_completion_fields_map_onto_sampling_params():
     req = decode(b'{"prompt": [5, 6, 7], "logprobs": 2, "stop": ["a", "b"]}', CompletionRequest)
-    backend = completion_request(req)
-    assert (backend.prompt, backend.input_ids) == (None, [5, 6, 7])
-    assert backend.params == {"max_tokens": 16, "logprobs": 2, "stop": ["a", "b"]}
+    backend = completion_request(req, "r")
+    assert (backend.request.prompt, backend.request.input_ids) == (None, [5, 6, 7])
+    assert backend.sampling_params == SamplingParams(max_tokens=16, logprobs=2, stop=["a", "b"])
 
 
 @pytest.mark.parametrize(
@@ -197,9 +202,9 @@ def test_chat_messages_roles_and_parts():
         ChatCompletionRequest,
     ).messages
     assert chat_messages(msgs) == [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "ab"},
-        {"role": "assistant", "content": "c"},
+        p.ChatMessage("system", "be brief"),
+        p.ChatMessage("user", "ab"),
+        p.ChatMessage("assistant", "c"),
     ]
 
 
@@ -232,8 +237,25 @@ def test_empty_messages_and_request_level_rules():
         (chat(stream_options={"include_usage": True}), "stream_options"),
     ]:
         with pytest.raises(OpenAIError) as info:
-            chat_request(req)
+            chat_request(req, "r")
         assert (info.value.status, info.value.code, info.value.param) == (400, "invalid_value", param)
+
+
+def test_an_out_of_range_value_is_a_400_naming_its_request_field():
+    """SamplingParams are built, so validated, where the body is mapped: the error names the OpenAI field."""
+    cases = [
+        (chat(max_completion_tokens=0), "max_completion_tokens", "must be in [1, 2147483647], got 0"),
+        (chat(logprobs=True, top_logprobs=21), "top_logprobs", "must be in [0, 20], got 21"),
+        (chat(temperature=-1.0), "temperature", "must be finite and in [0, 10000], got -1.0"),
+    ]
+    for req, param, message in cases:
+        with pytest.raises(OpenAIError) as info:
+            chat_request(req, "r")
+        e = info.value
+        assert (e.status, e.code, e.param, e.message) == (400, "invalid_value", param, f"{param} {message}")
+    with pytest.raises(OpenAIError) as info:
+        completion_request(decode(b'{"prompt": "a", "n": 0}', CompletionRequest), "r")
+    assert (info.value.param, info.value.message) == ("n", "n must be in [1, 64], got 0")
 
 
 def test_client_errors_become_openai_errors():

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from runtime import protocol as p
 from runtime.sampling_params import InvalidSamplingParams, SamplingParams
-from runtime.serve.tokenizer.process import TokenizerServer
+from runtime.serve.tokenizer.server import TokenizerServer
 
 MSGPACK_INT = (-(2**63), 2**64 - 1)  # what a msgpack frame can carry; beyond it the client refuses to encode
 BOUNDARY_INTS = [
@@ -223,7 +223,8 @@ def stub_server(smollm2_tokenizer):
     ready = p.Ready(
         num_blocks=64, block_size=4, max_model_len=128, num_host_blocks=0, vocab_size=49152, eos_token_ids=[2]
     )
-    router, push = StubRouter(), StubPush()
+    router = StubRouter()
+    push = StubPush()
     return TokenizerServer(smollm2_tokenizer, ready, 4096, router, push), router, push
 
 

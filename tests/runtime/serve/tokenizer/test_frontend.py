@@ -47,7 +47,8 @@ def test_an_unreachable_client_is_logged_by_a_keyed_tag_never_by_its_identity(ca
         router.bind("inproc://frontend-log")
         identity = b"\x00\x6b\x8b\x45\xa3"  # the shape of a libzmq auto id
         gone: list[bytes] = []
-        front, other = ClientFrontend(gone.append, 0.25, router), ClientFrontend(gone.append, 0.25, router)
+        front = ClientFrontend(gone.append, 0.25, router)
+        other = ClientFrontend(gone.append, 0.25, router)
         with caplog.at_level(logging.INFO, logger="runtime.serve.tokenizer.frontend"):
             assert front.send(identity, p.Heartbeat()) is False
         assert gone == [identity]

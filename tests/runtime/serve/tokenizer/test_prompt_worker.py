@@ -16,8 +16,9 @@ import pytest
 import zmq
 
 from runtime import protocol as p
-from runtime.serve.tokenizer.process import TokenizerServer, serve_tokenizer
+from runtime.serve.tokenizer.loop import serve_tokenizer
 from runtime.serve.tokenizer.prompt_worker import PromptResult, PromptWorker
+from runtime.serve.tokenizer.server import TokenizerServer
 
 READY = p.Ready(
     num_blocks=1024, block_size=16, max_model_len=8192, num_host_blocks=0, vocab_size=49152, eos_token_ids=[2]
@@ -38,7 +39,8 @@ class GatedTokenizer:
 
     def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer
-        self.gate, self.started = threading.Event(), threading.Event()
+        self.gate = threading.Event()
+        self.started = threading.Event()
 
     def encode(self, text, **kwargs):
         if len(text) > 10_000:
@@ -59,7 +61,8 @@ class Rig:
         router = ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         router.bind(f"inproc://{name}")
-        self.sched_pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        self.sched_pull = ctx.socket(zmq.PULL)
+        push = ctx.socket(zmq.PUSH)
         self.sched_pull.bind(f"inproc://{name}-sched")
         push.connect(f"inproc://{name}-sched")
         self.server = TokenizerServer(tokenizer, READY, 8 << 20, router, push)
@@ -82,7 +85,8 @@ class Rig:
         return out
 
     def replies(self, client: str, wait_ms: int = 50) -> list:
-        out, sock = [], self.clients[client]
+        out = []
+        sock = self.clients[client]
         while sock.poll(wait_ms):
             out.append(msgspec.msgpack.decode(sock.recv(), type=p.ServerMessage))
         return out
@@ -102,18 +106,18 @@ def test_large_prompts_wait_off_the_loop_in_client_order_and_a_duplicate_or_abor
     rig.send("A", p.AbortRequest("big2"))  # aborted while queued: never forwarded
     rig.send("A", _gen("big", "Hi"))  # "big" is in flight (being tokenized): a duplicate
     rig.send("B", _gen("b1", "Hi"))  # another client's small request goes straight through
-    assert [m.rid for m in rig.forwarded()] == [rig.server.by_client[(b"B", "b1")]]
+    assert [m.rid for m in rig.forwarded()] == [rig.server.in_flight.by_client[(b"B", "b1")]]
     duplicate = p.ErrorResponse("big", p.ERR_DUPLICATE, "a request with rid 'big' is already in flight")
     assert rig.replies("A") == [duplicate]
     tok.gate.set()
     assert rig.server.finish_prompts(10) == 3  # big, small, and big2's cancelled job
     forwarded = rig.forwarded()
-    internal = {rid: rig.server.by_client[(b"A", rid)] for rid in ("big", "small")}
+    internal = {rid: rig.server.in_flight.by_client[(b"A", rid)] for rid in ("big", "small")}
     assert [(m.rid, m.input_ids) for m in forwarded] == [
         (internal["big"], smollm2_tokenizer.encode(BIG)),
         (internal["small"], smollm2_tokenizer.encode("Hi")),
     ]
-    assert sorted(r.rid for r in rig.server.requests.values()) == ["b1", "big", "small"]
+    assert sorted(r.rid for r in rig.server.in_flight.requests.values()) == ["b1", "big", "small"]
     assert rig.server.prompts.in_flight == 0 and not rig.server.prompts.busy(b"A")
     rig.server.close()
 
@@ -124,16 +128,17 @@ def test_a_client_that_vanishes_while_its_prompt_is_tokenized_is_never_forwarded
     rig.send("A", _gen("big", BIG, stream=True))
     assert tok.started.wait(10)
     rig.server.drop_client(b"A")  # what ClientFrontend does when a send to A fails
-    assert rig.server.requests == {} and rig.server.by_client == {}
+    assert rig.server.in_flight.requests == {} and rig.server.in_flight.by_client == {}
     tok.gate.set()
     assert rig.server.finish_prompts(10) == 1
-    assert rig.forwarded() == [] and rig.server.requests == {}
+    assert rig.forwarded() == [] and rig.server.in_flight.requests == {}
     rig.server.close()
 
 
 def test_prompt_worker_takes_groups_in_turn_and_skips_cancelled_jobs():
     worker = PromptWorker()
-    gate, ran = threading.Event(), []
+    gate = threading.Event()
+    ran = []
 
     def job(name: str, wait: bool = False):
         def run():
@@ -194,7 +199,9 @@ def test_streaming_and_heartbeats_go_on_while_three_max_size_prompts_are_tokeniz
     try:
         big = {c: _max_size_prompt(32 * READY.max_model_len, i) for i, c in enumerate("BCD")}  # the default limit
         start = time.monotonic()
-        heard, answers, chunks = [start], {}, 0
+        heard = [start]
+        answers = {}
+        chunks = 0
         for c in "BCD":
             rig.send(c, _gen(c.lower(), big[c]), handle=False)  # the loop thread handles them
         while len(answers) < 3 and time.monotonic() - start < 120:

@@ -10,7 +10,7 @@ import pytest
 from runtime import protocol as p
 from runtime.client import InvalidInputError, build_request
 from runtime.protocol.public import MAX_RID_CHARS
-from runtime.serve.tokenizer.process import TokenizerServer
+from runtime.serve.tokenizer.server import TokenizerServer
 
 
 def enc(obj) -> bytes:
@@ -77,7 +77,8 @@ def server(smollm2_tokenizer):
     ready = p.Ready(
         num_blocks=64, block_size=4, max_model_len=128, num_host_blocks=0, vocab_size=49152, eos_token_ids=[2]
     )
-    router, push = Router(), Push()
+    router = Router()
+    push = Push()
     return TokenizerServer(smollm2_tokenizer, ready, 1 << 20, router, push), router, push
 
 
@@ -95,7 +96,7 @@ def test_the_tokenizer_answers_a_long_rid_once_with_rid_empty_and_keeps_nothing(
     )
     srv.on_client_frames([b"c1", frame])
     assert router.sent == [[b"c1", enc(rid_error(100_000))]]
-    assert push.sent == [] and srv.requests == {} and srv.by_client == {}
+    assert push.sent == [] and srv.in_flight.requests == {} and srv.in_flight.by_client == {}
 
 
 def test_the_client_refuses_to_build_a_longer_rid():
