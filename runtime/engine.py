@@ -14,8 +14,9 @@ import itertools
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
@@ -25,11 +26,11 @@ from runtime.protocol import (
     ForwardResult,
     ServerStats,
     StreamChunk,
-    TokenLogprobs,
     TokenOutput,
     Usage,
     input_problem,
 )
+from runtime.results import Choice, CompletionFold
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.request import RequestRejected
 from runtime.scheduler.scheduler import Scheduler
@@ -46,32 +47,27 @@ class EngineError(RuntimeError):
     tokenizer)."""
 
 
-@dataclass
-class CompletionOutput:
-    """One completion of a request: index (0..n-1), text, token_ids, finish_reason ("stop", "length", "abort"),
-    logprobs (aligned with token_ids when asked). EOS, stop token ids and stop strings follow CompletionStream's rule
-    (runtime/text/): an EOS / stop id stays in token_ids but not in text; a stop string cuts text before it and
-    token_ids to the tokens that cover that text. score: a beam search completion's length-penalised cumulative
-    logprob (SamplingParams.use_beam_search: the outputs come best first), else None."""
-
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    logprobs: list[TokenLogprobs | None] | None = None
-    score: float | None = None
+CompletionOutput = Choice
+"""One completion of a request: the Choice that runtime.results.CompletionFold folds from the request's chunks, as
+the client's and the HTTP server's are (index, text, token_ids, finish_reason "stop" / "length" / "abort",
+logprobs aligned with token_ids when asked, usage, score). EOS, stop token ids and stop strings follow
+CompletionStream's rule (runtime/text/): an EOS / stop id stays in token_ids but not in text; a stop string cuts text
+before it and token_ids to the tokens that cover that text. score: a beam search completion's length-penalised
+cumulative logprob (SamplingParams.use_beam_search: the outputs come best first), else None."""
 
 
-@dataclass
-class RequestOutput:
-    """A finished request: every completion, usage (completion_tokens summed over completions), ttft_s (seconds).
-    text, token_ids and finish_reason are outputs[0]'s. error: None, or why the request failed (the worker could not
-    run one of its sequences, or its step failed as a whole): then every completion that had not finished ends with
-    finish_reason "abort" and keeps the tokens produced before the failure."""
+class RequestOutput(msgspec.Struct, kw_only=True):
+    """A finished request, as CompletionFold folded its chunks: every completion (outputs, by index), usage
+    (CompletionFold.usage: every field of the prompt's usage, completion_tokens summed over completions), ttft_s
+    (seconds from add_request to the first chunk with tokens; None when none had any). text, token_ids and
+    finish_reason are outputs[0]'s. What only the Engine knows rides beside the fold's result (the client's
+    runtime.results.Completion has no place for it): prompt_token_ids, and error: None, or why the request failed
+    (the worker could not run one of its sequences, or its step failed as a whole): then every completion that had
+    not finished ends with finish_reason "abort" and keeps the tokens produced before the failure."""
 
     rid: str
     prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
+    outputs: list[Choice]
     usage: Usage
     ttft_s: float | None = None
     error: str | None = None
@@ -90,14 +86,14 @@ class RequestOutput:
 
 
 class _Live:
-    """A request the Engine is serving: its prompt ids and one CompletionStream per completion."""
+    """A request the Engine is serving: its prompt ids, one CompletionStream per completion, and the fold of the
+    chunks the Engine hands out for it (time.monotonic() seconds)."""
 
     def __init__(self, prompt_ids: list[int], streams: list[CompletionStream]) -> None:
-        self.prompt_ids, self.streams = prompt_ids, streams
-        self.submit_time = time.monotonic()
-        self.first_token_time: float | None = None
+        self.prompt_ids = prompt_ids
+        self.streams = streams
+        self.fold = CompletionFold(len(streams), time.monotonic())
         self.error: str | None = None
-        self.scores: dict[int, float] = {}  # beam search: completion index -> score
 
 
 class Engine:
@@ -268,23 +264,18 @@ class Engine:
         return outs
 
     def _on_output(self, o: TokenOutput) -> StreamChunk | None:
-        """Feed one scheduler delta to its CompletionStream; a stop string tells the scheduler how many tokens to
-        keep (its final delta then comes out of drain_outputs and is ignored). None when there is nothing to send."""
+        """Feed one scheduler delta to its CompletionStream and fold the chunk it makes into the request's result; a
+        stop string tells the scheduler how many tokens to keep (its final delta then comes out of drain_outputs and
+        is ignored). None when there is nothing to send."""
         live = self._live.get(o.rid)
         if live is None:
             return None
-        if o.token_ids and live.first_token_time is None:
-            live.first_token_time = time.monotonic()
-        if o.score is not None:
-            live.scores[o.index] = o.score
         delta = live.streams[o.index].feed(o)
         if delta.stop_keep_tokens is not None:
             self.scheduler.stop(o.rid, delta.stop_keep_tokens, o.index)
         if delta.empty:
             return None
-        if delta.finish_reason is not None and all(s.finish_reason is not None for s in live.streams):
-            self._finish_request(o.rid)
-        return StreamChunk(
+        chunk = StreamChunk(
             rid=o.rid,
             index=o.index,
             text=delta.text,
@@ -294,18 +285,20 @@ class Engine:
             usage=delta.usage,
             score=o.score,
         )
+        if live.fold.add(chunk, time.monotonic()):
+            self._finish_request(o.rid)
+        return chunk
 
     def _finish_request(self, rid: str) -> None:
         live = self._live.pop(rid)
-        outs = [
-            CompletionOutput(i, s.text, s.token_ids, s.finish_reason, s.logprobs, live.scores.get(i))
-            for i, s in enumerate(live.streams)
-        ]
-        usages = [s.usage for s in live.streams if s.usage is not None]
-        cached, host = (usages[0].cached_tokens, usages[0].host_cached_tokens) if usages else (0, 0)
-        usage = Usage(len(live.prompt_ids), cached, sum(len(o.token_ids) for o in outs), None, host)
-        ttft = live.first_token_time - live.submit_time if live.first_token_time is not None else None
-        self._done[rid] = RequestOutput(rid, live.prompt_ids, outs, usage, ttft, live.error)
+        self._done[rid] = RequestOutput(
+            rid=rid,
+            prompt_token_ids=live.prompt_ids,
+            outputs=live.fold.choices(),
+            usage=live.fold.usage(),
+            ttft_s=live.fold.ttft_s,
+            error=live.error,
+        )
 
     def _encode(
         self, prompt: str | None, input_ids: Sequence[int] | None, messages: list[dict[str, Any]] | None

@@ -1,7 +1,12 @@
-"""ZeroMQ client library for the public endpoint: a synchronous Client and an asyncio AsyncClient, the Completion
-they return, and one exception class per ErrorResponse code."""
+"""ZeroMQ client library for the public endpoint: one sans-IO core (core.py: routing by rid, finish tracking,
+timeout and liveness judgements, the frames to send) with two faces that only do I/O and waiting, the synchronous
+Client (client.py) and the asyncio AsyncClient (async_client.py); the Completion they return (folded by
+runtime.results.CompletionFold, as the Engine's and the HTTP server's results are), and one exception class per
+ErrorResponse code (errors.py)."""
 
-from runtime.client.client import LIVENESS_S, AsyncClient, Client
+from runtime.client.async_client import AsyncClient
+from runtime.client.client import Client
+from runtime.client.core import LIVENESS_S
 from runtime.client.errors import (
     ClientError,
     ContextLengthError,
@@ -15,8 +20,8 @@ from runtime.client.errors import (
     ServerShutdownError,
     error_from_response,
 )
-from runtime.client.results import Choice, Completion
 from runtime.client.wire import build_request, encode_request
+from runtime.results import Choice, Completion
 
 __all__ = [
     "LIVENESS_S",

@@ -27,7 +27,9 @@ class ServerError(ClientError):
 
     def __init__(self, rid: str, code: str, message: str) -> None:
         super().__init__(f"[{code}] {message}")
-        self.rid, self.code, self.message = rid, code, message
+        self.rid = rid
+        self.code = code
+        self.message = message
 
 
 class MalformedRequestError(ServerError):

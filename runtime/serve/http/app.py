@@ -31,7 +31,7 @@ from runtime.serve.http.auth import ApiKeyMiddleware
 from runtime.serve.http.backend import Backend
 from runtime.serve.http.config import HttpConfig
 from runtime.serve.http.errors import INVALID, OpenAIError, from_exception, not_found, too_large, unavailable
-from runtime.serve.http.generation import ClientDisconnected, Generation, race_disconnect, usage_of
+from runtime.serve.http.generation import ClientDisconnected, Generation, race_disconnect
 from runtime.serve.http.metrics import CONTENT_TYPE, HttpMetrics
 from runtime.serve.http.request_map import BackendRequest, chat_request, completion_request
 from runtime.serve.http.responses import chat_response, completion_response
@@ -112,9 +112,9 @@ class Routes:
         except ClientError as exc:
             raise from_exception(exc, backend_req.param_names, backend_req.prompt_param) from None
         if chat:
-            body = chat_response(rid, created, model, choices, usage_of(choices), self.tokens.text)
+            body = chat_response(rid, created, model, choices, gen.usage(), self.tokens.text)
         else:
-            body = completion_response(rid, created, model, choices, usage_of(choices), self.tokens.text)
+            body = completion_response(rid, created, model, choices, gen.usage(), self.tokens.text)
         return _json(body)
 
     def _event_stream(

@@ -1,5 +1,7 @@
-"""One HTTP request's run through the backend: the StreamChunks of AsyncClient.stream, timed per completion for the
-metrics, folded into per-choice results for non-streamed answers, and raced against the HTTP client's disconnect.
+"""One HTTP request's run through the backend: the StreamChunks of AsyncClient.stream, folded by
+runtime.results.CompletionFold (as the client's and the Engine's results are) into the choices and usage of
+non-streamed answers and of the include_usage chunk, timed per completion beside the fold for the metrics, and raced
+against the HTTP client's disconnect.
 
 The backend is always asked to stream (one StreamChunk per step), so TTFT and inter-token latency are measured for
 streamed and non-streamed requests alike.
@@ -16,6 +18,7 @@ from starlette.types import Receive
 
 from runtime import protocol as p
 from runtime.client import AsyncClient
+from runtime.results import Choice, CompletionFold
 from runtime.serve.http.request_map import BackendRequest
 
 T = TypeVar("T")
@@ -25,54 +28,40 @@ class ClientDisconnected(Exception):
     """The HTTP client went away before its answer was complete; its backend request was aborted."""
 
 
-class ChoiceResult:
-    """One completion as it accumulates: text, token_ids, logprobs (None unless asked for), finish_reason, usage
-    (set with finish_reason), and its timing (perf_counter seconds) for the metrics."""
+class ChoiceTiming:
+    """One completion's timing for the metrics (perf_counter seconds): its first and last token, and every gap
+    between consecutive chunks with tokens (inter-token latency)."""
 
-    def __init__(self, index: int, with_logprobs: bool) -> None:
-        self.index = index
-        self.texts: list[str] = []
-        self.num_chars = 0  # characters of text so far
-        self.token_ids: list[int] = []
-        self.logprobs: list[p.TokenLogprobs | None] | None = [] if with_logprobs else None
-        self.finish_reason: str | None = None
-        self.usage: p.Usage | None = None
+    def __init__(self) -> None:
         self.first_token_t: float | None = None
         self.last_token_t: float | None = None
         self.itl_s: list[float] = []
 
-    @property
-    def text(self) -> str:
-        return "".join(self.texts)
-
     def add(self, chunk: p.StreamChunk, now: float) -> None:
-        """Folds one chunk of this completion in; O(len(chunk))."""
-        if chunk.token_ids:
-            if self.last_token_t is None:
-                self.first_token_t = now
-            else:
-                self.itl_s.append(now - self.last_token_t)
-            self.last_token_t = now
-        if chunk.text:
-            self.texts.append(chunk.text)
-            self.num_chars += len(chunk.text)
-        self.token_ids.extend(chunk.token_ids)
-        if self.logprobs is not None:
-            self.logprobs.extend(chunk.logprobs or [None] * len(chunk.token_ids))
-        if chunk.finish_reason is not None:
-            self.finish_reason, self.usage = chunk.finish_reason, chunk.usage
+        """Times one chunk of this completion that arrived at now; O(1)."""
+        if not chunk.token_ids:
+            return
+        if self.last_token_t is None:
+            self.first_token_t = now
+        else:
+            self.itl_s.append(now - self.last_token_t)
+        self.last_token_t = now
 
 
 class Generation:
-    """One request through the backend. Iterate chunks() once; choices holds every completion as it accumulates.
+    """One request through the backend. Iterate chunks() once; fold holds every completion as it accumulates
+    (runtime.results.CompletionFold), timings each completion's timing.
 
     metrics: an HttpMetrics (observe() is called once per completion as it finishes); arrival: perf_counter() when
     the HTTP request arrived (TTFT and end-to-end latency count from it)."""
 
     def __init__(self, client: AsyncClient, request: BackendRequest, metrics: Any, arrival: float) -> None:
-        self.request, self.metrics, self.arrival = request, metrics, arrival
-        params = request.sampling_params
-        self.choices = [ChoiceResult(i, params.logprobs is not None) for i in range(params.n)]
+        self.request = request
+        self.metrics = metrics
+        self.arrival = arrival
+        n = request.sampling_params.n
+        self.fold = CompletionFold(n, arrival)
+        self.timings = [ChoiceTiming() for _ in range(n)]
         self._stream = client.stream_request(request.request)
 
     async def first(self) -> p.StreamChunk:
@@ -92,28 +81,27 @@ class Generation:
         finally:
             await self._stream.aclose()
 
-    async def collect(self) -> list[ChoiceResult]:
+    async def collect(self) -> list[Choice]:
         """Runs the request to its end; returns the choices."""
         async for _ in self.chunks():
             pass
-        return self.choices
+        return self.fold.choices()
+
+    def usage(self) -> p.Usage:
+        """The request's usage so far: CompletionFold.usage (every Usage field, queue_time_s and host_cached_tokens
+        included; completion_tokens summed over the choices). The OpenAI usage body carries only its token counts
+        (responses.usage_body)."""
+        return self.fold.usage()
 
     def _add(self, chunk: p.StreamChunk) -> None:
         now = time.perf_counter()
-        choice = self.choices[chunk.index]
-        choice.add(chunk, now)
+        self.fold.add(chunk, now)
+        timing = self.timings[chunk.index]
+        timing.add(chunk, now)
         if chunk.finish_reason is not None and self.metrics is not None:
-            ttft = None if choice.first_token_t is None else choice.first_token_t - self.arrival
+            ttft = None if timing.first_token_t is None else timing.first_token_t - self.arrival
             queue_s = getattr(chunk.usage, "queue_time_s", None)
-            self.metrics.observe(chunk.finish_reason, ttft, choice.itl_s, now - self.arrival, queue_s)
-
-
-def usage_of(choices: list[ChoiceResult]) -> p.Usage:
-    """The request's usage: prompt and cached tokens of the prompt, completion tokens summed over the choices."""
-    usages = [c.usage for c in choices if c.usage is not None]
-    if not usages:
-        return p.Usage(0, 0, 0)
-    return p.Usage(usages[0].prompt_tokens, usages[0].cached_tokens, sum(u.completion_tokens for u in usages))
+            self.metrics.observe(chunk.finish_reason, ttft, timing.itl_s, now - self.arrival, queue_s)
 
 
 async def wait_disconnect(receive: Receive) -> None:

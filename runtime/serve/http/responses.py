@@ -35,7 +35,9 @@ def _logprob(value: float | None) -> float:
 
 
 def usage_body(usage: p.Usage) -> dict[str, Any]:
-    """OpenAI usage: prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details.cached_tokens."""
+    """OpenAI usage: prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details.cached_tokens. The OpenAI
+    usage object has no field for Usage.queue_time_s or host_cached_tokens (queue time reaches /metrics as
+    request_queue_time_seconds instead), so the body leaves them out."""
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
@@ -91,7 +93,7 @@ def completion_logprobs(
 def chat_response(
     rid: str, created: int, model: str, choices: list[Any], usage: p.Usage, text: TokenText
 ) -> dict[str, Any]:
-    """A chat.completion object; choices: generation.ChoiceResult values."""
+    """A chat.completion object; choices: runtime.results.Choice values (Generation.collect)."""
     out = []
     for c in choices:
         logprobs = None if c.logprobs is None else chat_logprobs(c.token_ids, c.logprobs, text)
@@ -117,7 +119,7 @@ def chat_response(
 def completion_response(
     rid: str, created: int, model: str, choices: list[Any], usage: p.Usage, text: TokenText
 ) -> dict[str, Any]:
-    """A text_completion object; choices: generation.ChoiceResult values."""
+    """A text_completion object; choices: runtime.results.Choice values (Generation.collect)."""
     out = []
     for c in choices:
         logprobs = None if c.logprobs is None else completion_logprobs(c.token_ids, c.logprobs, text)

@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from runtime import protocol as p
 from runtime.client.errors import ClientError
 from runtime.serve.http.errors import OpenAIError, from_exception
-from runtime.serve.http.generation import Generation, usage_of, wait_disconnect
+from runtime.serve.http.generation import Generation, wait_disconnect
 from runtime.serve.http.responses import TokenText, chat_logprobs, completion_logprobs, usage_body
 
 DONE = b"data: [DONE]\n\n"
@@ -114,7 +114,7 @@ def completion_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext)
     def choice(chunk: p.StreamChunk) -> dict[str, Any]:
         logprobs = None
         if ctx.logprobs:
-            offset = gen.choices[chunk.index].num_chars - len(chunk.text)
+            offset = gen.fold.num_chars(chunk.index) - len(chunk.text)
             logprobs = completion_logprobs(
                 chunk.token_ids, chunk.logprobs or [None] * len(chunk.token_ids), ctx.text, offset
             )
@@ -131,7 +131,7 @@ async def _events(
         async for chunk in chunks:
             yield ctx.event(choice(chunk))
         if ctx.include_usage:
-            yield sse({**ctx.header, "choices": [], "usage": usage_body(usage_of(gen.choices))})
+            yield sse({**ctx.header, "choices": [], "usage": usage_body(gen.usage())})
     except (ClientError, OpenAIError) as exc:
         yield sse(from_exception(exc, gen.request.param_names, gen.request.prompt_param).body())
     finally:

@@ -91,7 +91,7 @@ def test_a_refused_call_leaves_no_request_in_the_client():
                 c.submit(**kwargs)
         with pytest.raises(InvalidSamplingParams):
             c.generate(prompt="hi", max_tokens=2**31)
-        assert c._inbox == {}
+        assert c._core.open_rids() == []
 
     async def refused() -> dict:
         async with AsyncClient(NOWHERE, timeout=1.0) as ac:
@@ -100,6 +100,6 @@ def test_a_refused_call_leaves_no_request_in_the_client():
             with pytest.raises(InvalidInputError):
                 async for _ in ac.stream(input_ids=[2**70]):
                     pass
-            return dict(ac._queues)
+            return {"open": ac._core.open_rids(), "waiting": dict(ac._arrived)}
 
-    assert asyncio.run(refused()) == {}
+    assert asyncio.run(refused()) == {"open": [], "waiting": {}}
