@@ -26,9 +26,8 @@ def test_single_request_matches_reference():
 
 
 def test_usage_queue_time_from_arrival_to_first_admission():
-    h = Harness(max_running_requests=1)
     now = [10.0]
-    h.sched.clock = lambda: now[0]
+    h = Harness(max_running_requests=1, clock=lambda: now[0])
     h.add("a", list(range(1, 12)), max_tokens=3)
     h.add("b", list(range(20, 31)), max_tokens=3)  # both arrive at 10.0; b waits for a's slot
     now[0] = 10.5

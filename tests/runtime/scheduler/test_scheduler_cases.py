@@ -94,8 +94,7 @@ def test_eos_and_stop_token_ids_and_ignore_eos():
         h.add("r", prompt, max_tokens=6, stop_token_ids=[stop_tok] if stop_tok else [], ignore_eos=ignore)
         h.run()
         assert h.tokens[("r", 0)] == ref[:expect_len] and h.finish[("r", 0)] == reason
-    h = Harness(block_size=4)
-    h.sched.eos_token_ids = frozenset([ref[1]])
+    h = Harness(block_size=4, eos_token_ids=[ref[1]])
     h.add("e", prompt, max_tokens=6)
     h.add("i", prompt, max_tokens=6, ignore_eos=True)
     h.run()
