@@ -71,7 +71,9 @@ class FakeRunner:
         for src, dst in batch.copies:
             self._move(self.kv, self.kv, src, dst)
             self.num_copies += 1
-        seq_ids, token_ids, n_fwd = [], [], 0
+        seq_ids = []
+        token_ids = []
+        n_fwd = 0
         for s in batch.seqs:
             if s.sampling_params is not None:
                 assert s.seq_id not in self.tables, f"seq {s.seq_id} registered twice"
