@@ -62,9 +62,15 @@ class ChunkPlanner:
             chunk = min(remaining, self._chunked_prefill_size, step.prefill_budget)
         if chunk <= 0:
             return
-        copies = self._reserve(seq, computed, chunk, step, may_preempt)
-        if copies is None:
-            return
+        while True:  # allocate and prepare the chunk's blocks, preempting (if may_preempt) until they fit
+            if self._manager.allocate(seq.seq_id, chunk) is not None:
+                try:
+                    copies = self._manager.prepare_write(seq.seq_id, computed, computed + chunk)
+                    break
+                except NoFreeBlocksError:
+                    pass
+            if not may_preempt or not self._preemption.make_room(seq, step):
+                return  # seq was the victim or finished, or may not preempt: not planned this step
         if copies and seq.in_worker:  # the worker's table copy cannot express a replaced entry: re-register seq
             self._drops.append(seq.seq_id)
             seq.in_worker = False
@@ -80,18 +86,3 @@ class ChunkPlanner:
         seq.sent_blocks = len(table)
         if not is_decode:
             self._counters.prefill_tokens_computed += chunk
-
-    def _reserve(
-        self, seq: SchedulerSeq, computed: int, chunk: int, step: StepPlan, may_preempt: bool
-    ) -> list[tuple[int, int]] | None:
-        """Allocate blocks for tokens [computed, computed + chunk) of seq and prepare them for writing; returns the
-        copy-on-write (src, dst) block pairs, or None when the blocks could not be had (after preempting, if
-        may_preempt, until seq itself was the victim or finished)."""
-        while True:
-            if self._manager.allocate(seq.seq_id, chunk) is not None:
-                try:
-                    return self._manager.prepare_write(seq.seq_id, computed, computed + chunk)
-                except NoFreeBlocksError:
-                    pass
-            if not may_preempt or not self._preemption.make_room(seq, step):
-                return None
