@@ -1,81 +1,21 @@
-"""What the Scheduler's admission reads: WaitingQueue (the waiting sequences and their admission order, fcfs or lpm
-with a starvation guard) and inflight_chain_ids (the prompt blocks being computed now, which a newcomer waits for
-instead of computing them twice). Pure Python (no torch)."""
+"""Admission: waiting sequences start running while slots, blocks and the step's prefill budget last, in the
+WaitingQueue's order (fcfs, or lpm with a starvation guard). A newcomer whose next uncached prompt block another
+running sequence is computing now waits a step for it (inflight_chain_ids) instead of computing it twice. Host tier:
+a sequence admitted onto blocks still loading is planned from the next step (its loads run in this one), so attention
+never reads a block before its copy lands. Pure Python (no torch)."""
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable
 
-from radix.manager import KVCacheManager, PrefixMatch
-from runtime.scheduler.request import SchedulerSeq
-
-LPM_QUEUE_LIMIT = 128  # above this many waiting sequences lpm falls back to fcfs (matching each costs O(prompt))
-
-
-class WaitingQueue:
-    """Waiting sequences in arrival order; a preempted sequence re-enters at the front.
-
-    Keeps, per sequence preempted back into the queue, the step it re-entered (lpm's starvation guard counts from
-    it; a sequence never preempted counts from its request's arrival_step). That entry lives exactly as long as the
-    sequence is in the queue: remove() drops it, whatever takes the sequence out (admission, abort, any finish).
-    Membership and removal are O(len) (deque), append / requeue O(1).
-    """
-
-    def __init__(self) -> None:
-        self._seqs: deque[SchedulerSeq] = deque()
-        self._entered_step: dict[int, int] = {}
-
-    def append(self, seq: SchedulerSeq) -> None:
-        self._seqs.append(seq)
-
-    def extend(self, seqs: Iterable[SchedulerSeq]) -> None:
-        self._seqs.extend(seqs)
-
-    def requeue_front(self, seq: SchedulerSeq, step_id: int) -> None:
-        """A preempted sequence goes back to the front; its starvation count restarts at step_id."""
-        self._entered_step[seq.seq_id] = step_id
-        self._seqs.appendleft(seq)
-
-    def remove(self, seq: SchedulerSeq) -> None:
-        """Take seq out (raises ValueError when it is not queued) and forget its entry step."""
-        self._seqs.remove(seq)
-        self._entered_step.pop(seq.seq_id, None)
-
-    def __len__(self) -> int:
-        return len(self._seqs)
-
-    def __bool__(self) -> bool:
-        return bool(self._seqs)
-
-    def __iter__(self) -> Iterator[SchedulerSeq]:
-        return iter(self._seqs)
-
-    def __contains__(self, seq: object) -> bool:
-        return seq in self._seqs
-
-    def waiting_since(self, seq: SchedulerSeq) -> int:
-        """The step seq entered the queue (its last preemption, else its request's arrival)."""
-        return self._entered_step.get(seq.seq_id, seq.req.arrival_step)
-
-    def admission_order(
-        self, step_id: int, lpm: bool, starvation_steps: int, manager: KVCacheManager
-    ) -> list[tuple[SchedulerSeq, PrefixMatch | None]]:
-        """Waiting sequences in admission order, each with the match lpm sorted it by (None: not matched here).
-
-        fcfs (lpm False, or more than LPM_QUEUE_LIMIT waiting): queue order. lpm: the sequences that have waited
-        starvation_steps steps or more first, in queue order, then the rest by longest cached prefix in manager
-        (prompt + output so far; ties keep queue order). O(len) for fcfs; O(len * tokens / block_size) for lpm.
-        Reads manager only.
-        """
-        seqs = list(self._seqs)
-        if not lpm or len(seqs) > LPM_QUEUE_LIMIT:
-            return [(s, None) for s in seqs]
-        starved = [(s, step_id - self.waiting_since(s) >= starvation_steps) for s in seqs]
-        order: list[tuple[SchedulerSeq, PrefixMatch | None]] = [(s, None) for s, old in starved if old]
-        rest = [(s, manager.match_prefix(s.req.block_keys.extended(s.token_ids))) for s, old in starved if not old]
-        rest.sort(key=lambda pair: -pair[1].num_tokens)  # stable: ties keep arrival order
-        return order + rest
+from radix.blocks import cdiv
+from radix.manager import KVCacheManager
+from runtime.config import ServerArgs
+from runtime.scheduler.chunk_planner import ChunkPlanner
+from runtime.scheduler.request import SchedulerSeq, SeqStatus
+from runtime.scheduler.stats import SchedulerCounters
+from runtime.scheduler.step_plan import StepPlan
+from runtime.scheduler.waiting_queue import WaitingQueue
 
 
 def inflight_chain_ids(running: Iterable[SchedulerSeq], manager: KVCacheManager) -> set[int]:
@@ -89,3 +29,81 @@ def inflight_chain_ids(running: Iterable[SchedulerSeq], manager: KVCacheManager)
         if done < len(seq.req.block_keys):
             keys.update(seq.req.block_keys.chain_ids[done:])
     return keys
+
+
+class Admission:
+    """Moves waiting sequences to running, each onto its cached prefix, and plans their first chunk.
+
+    Args:
+        manager: the KV block manager (match_prefix, add_sequence).
+        args: ServerArgs (max_running_requests, schedule_policy, enable_prefix_caching, chunked_prefill_size).
+        waiting, running: the Scheduler's queues.
+        planner: plans an admitted sequence's first chunk.
+        counters: the Scheduler's counters (prompt, cached and recomputed tokens).
+        clock: seconds, monotonic (a request's admitted_time).
+        lpm_starvation_steps: under lpm, a sequence that has waited this many steps is admitted in fcfs order first.
+    """
+
+    def __init__(
+        self,
+        manager: KVCacheManager,
+        args: ServerArgs,
+        waiting: WaitingQueue,
+        running: list[SchedulerSeq],
+        planner: ChunkPlanner,
+        counters: SchedulerCounters,
+        clock: Callable[[], float],
+        lpm_starvation_steps: int,
+    ) -> None:
+        self._manager = manager
+        self.args = args
+        self._waiting = waiting
+        self._running = running
+        self._planner = planner
+        self._counters = counters
+        self._clock = clock
+        self._lpm_starvation_steps = lpm_starvation_steps
+        self._next_admitted_at = 0  # admission order: preemption picks the latest
+
+    def admit(self, step: StepPlan) -> None:
+        """Admit waiting sequences (fcfs, or lpm with a starvation guard) while running slots, blocks and step's
+        prefill budget last; each is planned into step unless it waits for host-tier loads. A request's first
+        admission fixes its cached_tokens, host_cached_tokens and admitted_time. Mutates the queues, the manager's
+        tables and step. O(waiting) (O(waiting * prompt blocks) under lpm) plus the admitted prompts' blocks."""
+        inflight = inflight_chain_ids(self._running, self._manager)
+        block_size = self._manager.block_size
+        lpm = self.args.schedule_policy == "lpm" and self.args.enable_prefix_caching
+        order = self._waiting.admission_order(step.step_id, lpm, self._lpm_starvation_steps, self._manager)
+        for seq, match in order:
+            if len(self._running) >= self.args.max_running_requests or step.prefill_budget <= 0:
+                return
+            req = seq.req
+            if match is None or not self._manager.is_current(match):
+                match = self._manager.match_prefix(req.block_keys.extended(seq.token_ids))  # + output if preempted
+            matched_blocks = match.num_tokens // block_size
+            if inflight and matched_blocks < len(match.keys) and match.keys.chain_ids[matched_blocks] in inflight:
+                continue  # another sequence computes this block now: wait a step, then hit it
+            first_time = req.cached_tokens is None
+            need = cdiv(seq.target, block_size) - len(match.block_ids)  # host-only blocks need device blocks
+            if not self._manager.can_allocate(need):
+                return
+            chunk = min(seq.target - match.num_tokens, self.args.chunked_prefill_size, step.prefill_budget)
+            cached = self._manager.add_sequence(seq.seq_id, match, num_new_tokens=chunk, count_stats=first_time)
+            if cached is None:
+                return
+            self._waiting.remove(seq)
+            seq.status = SeqStatus.RUNNING
+            seq.admitted_at = self._next_admitted_at
+            self._next_admitted_at += 1
+            self._running.append(seq)
+            if first_time:
+                req.cached_tokens = cached
+                req.host_cached_tokens = match.num_host_tokens
+                req.admitted_time = self._clock()
+                self._counters.admitted(len(req.prompt_ids), cached, match.num_host_tokens)
+            elif seq.preempted:
+                self._counters.recomputed_tokens += len(seq.token_ids) - cached
+            if not self._manager.waits_for_loads(seq.seq_id):  # else planned from the next step (module docstring)
+                self._planner.plan(seq, step)  # a prefill-only parent whose prompt is all cached forks there
+            if self.args.enable_prefix_caching and not (seq.prefill_only and cached == seq.target):
+                inflight.update(req.block_keys.chain_ids[matched_blocks:])

@@ -30,11 +30,12 @@ class InflightChunk(NamedTuple):
 
 @dataclass(eq=False)
 class StepPlan:
-    """One step being planned. prefill_budget: prompt tokens (prefill and extend chunks) the step may still run; it
-    starts at max_prefill_tokens and decodes do not spend it. seqs / copies / swap_out / swap_in: the ForwardBatch's
-    lists (ForwardBatch documents their order of application). inflight: one InflightChunk per entry of seqs, in the
-    same order."""
+    """One step being planned. step_id: the step's number (ForwardBatch.step_id). prefill_budget: prompt tokens
+    (prefill and extend chunks) the step may still run; it starts at max_prefill_tokens and decodes do not spend it.
+    seqs / copies / swap_out / swap_in: the ForwardBatch's lists (ForwardBatch documents their order of
+    application). inflight: one InflightChunk per entry of seqs, in the same order."""
 
+    step_id: int
     prefill_budget: int
     seqs: list[ScheduledSeq] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
@@ -80,10 +81,10 @@ class StepPlan:
         self.swap_out.extend(copies.write_back)
         self.swap_in.extend(copies.load_back)
 
-    def batch(self, step_id: int, drop_seq_ids: list[int], forks: ForkDeltas | None = None) -> ForwardBatch:
+    def batch(self, drop_seq_ids: list[int], forks: ForkDeltas | None = None) -> ForwardBatch:
         """The planned step as a ForwardBatch (shares this plan's lists); forks: the beam forks since the last step
         (ForwardBatch.forks and fork_copies)."""
         forks = forks or ForkDeltas([], [])
         return ForwardBatch(
-            step_id, self.seqs, drop_seq_ids, self.swap_out, self.swap_in, self.copies, forks.forks, forks.copies
+            self.step_id, self.seqs, drop_seq_ids, self.swap_out, self.swap_in, self.copies, forks.forks, forks.copies
         )

@@ -6,6 +6,8 @@ premature cache entry changes the output. `reference` is the same function on a 
 from __future__ import annotations
 
 import hashlib
+import time
+from collections.abc import Callable, Sequence
 
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
@@ -69,7 +71,9 @@ class FakeRunner:
         for src, dst in batch.copies:
             self._move(self.kv, self.kv, src, dst)
             self.num_copies += 1
-        seq_ids, token_ids, n_fwd = [], [], 0
+        seq_ids = []
+        token_ids = []
+        n_fwd = 0
         for s in batch.seqs:
             if s.sampling_params is not None:
                 assert s.seq_id not in self.tables, f"seq {s.seq_id} registered twice"
@@ -100,7 +104,14 @@ class Harness:
     """A Scheduler + manager + FakeRunner; run() steps until idle, checking the manager's invariants every step."""
 
     def __init__(
-        self, num_blocks: int = 64, block_size: int = 4, max_model_len: int = 4096, num_host_blocks: int = 0, **kw
+        self,
+        num_blocks: int = 64,
+        block_size: int = 4,
+        max_model_len: int = 4096,
+        num_host_blocks: int = 0,
+        eos_token_ids: Sequence[int] = (EOS,),
+        clock: Callable[[], float] = time.monotonic,
+        **kw,
     ) -> None:
         self.args = ServerArgs(num_blocks=num_blocks, block_size=block_size, num_host_blocks=num_host_blocks, **kw)
         self.manager = KVCacheManager(
@@ -110,7 +121,7 @@ class Harness:
             num_host_blocks,
             num_host_cache_blocks=self.args.num_host_cache_blocks or 0,
         )
-        self.sched = Scheduler(self.manager, self.args, max_model_len, eos_token_ids=[EOS])
+        self.sched = Scheduler(self.manager, self.args, max_model_len, eos_token_ids=eos_token_ids, clock=clock)
         self.runner = FakeRunner(num_blocks, block_size, num_host_blocks)
         self.tokens: dict[tuple[str, int], list[int]] = {}
         self.finish: dict[tuple[str, int], str] = {}

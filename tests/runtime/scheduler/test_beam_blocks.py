@@ -30,7 +30,9 @@ def _record(engine: Engine) -> list[ForwardBatch]:
 def _check(engine: Engine) -> None:
     """Exact ref counts (tables + shadows + tree: check_invariants), the manager holds exactly the scheduler's live
     sequences, and the worker's copy of each table is the manager's."""
-    s, m, r = engine.scheduler, engine.manager, engine.runner
+    s = engine.scheduler
+    m = engine.manager
+    r = engine.runner
     m.check_invariants()
     assert m.stats().num_sequences == len(s.running) + len(s.swapped)
     pending = {child for _, child, _ in s.beam.forks}
@@ -85,7 +87,9 @@ def test_stress_accounting_preemption_and_abort(tiny_llama_dir, mode):
     rng = random.Random(16)
     extra = {"num_host_blocks": 96} if mode == "swap" else {}
     engine = Engine(str(tiny_llama_dir), dtype="float32", num_blocks=40, block_size=4, preemption_mode=mode, **extra)
-    rids, params, prompts = [], [], []
+    rids = []
+    params = []
+    prompts = []
     for i in range(7):
         prompt = [rng.randrange(3, 200) for _ in range(rng.randrange(5, 18))]
         p = (

@@ -12,7 +12,7 @@ from runtime.engine import Engine
 from runtime.model.loader import resolve_model
 from runtime.protocol import TokenLogprobs
 from runtime.sampling_params import InvalidSamplingParams, SamplingParams
-from runtime.scheduler.beam_search import best_candidates, f32, penalised
+from runtime.scheduler.beam_scores import best_candidates, f32, penalised
 
 EOS = 2  # SmolLM2's <|im_end|>, its one EOS id (transformers pads finished beams with it too)
 

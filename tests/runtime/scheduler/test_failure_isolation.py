@@ -30,7 +30,8 @@ class PoisonedModel:
     """runner.model, except that a forward whose input ids contain POISON raises; counts the forwards."""
 
     def __init__(self, model) -> None:
-        self.model, self.calls = model, 0
+        self.model = model
+        self.calls = 0
 
     def __call__(self, input_ids: torch.Tensor, *args):
         self.calls += 1
@@ -131,7 +132,8 @@ class FailingRunner(FakeRunner):
         )
         for sid in bad:
             self.tables.pop(sid, None)
-        result.failed_seq_ids, result.failed_errors = bad, [f"RuntimeError: boom {sid}" for sid in bad]
+        result.failed_seq_ids = bad
+        result.failed_errors = [f"RuntimeError: boom {sid}" for sid in bad]
         return result
 
 
@@ -194,7 +196,8 @@ class FakeSocket:
     """A PUSH socket that keeps what is sent, decoded as msg_type."""
 
     def __init__(self, msg_type) -> None:
-        self.decoder, self.sent = msgspec.msgpack.Decoder(msg_type), []
+        self.decoder = msgspec.msgpack.Decoder(msg_type)
+        self.sent = []
 
     def send(self, data, copy: bool = True) -> None:
         self.sent.append(self.decoder.decode(data))
@@ -208,7 +211,8 @@ def test_on_result_answers_request_failed_for_the_culprit_only():
         eos_token_ids=[2],
         clock=lambda: 0.0,
     )
-    to_worker, to_tok = FakeSocket(p.ForwardBatch), FakeSocket(p.TokenizerInput)
+    to_worker = FakeSocket(p.ForwardBatch)
+    to_tok = FakeSocket(p.TokenizerInput)
     server = SchedulerServer(sched, to_worker, to_tok, None, 5.0)
     for rid, ids in (("a", [5, 6, 7]), ("b", [8, 9, 10]), ("c", [11, 12])):
         server.on_tokenizer_message(p.TokenizedRequest(rid=rid, input_ids=ids, sampling_params=greedy(3)))

@@ -76,7 +76,8 @@ def test_a_failed_request_frees_its_state_without_the_cycle_collector(no_cycle_c
     batch = h.sched.schedule()
     result = h.runner.execute(batch)
     bad_seq = refs[1]().seq_id
-    result.failed_seq_ids, result.failed_errors = [bad_seq], ["RuntimeError: injected"]
+    result.failed_seq_ids = [bad_seq]
+    result.failed_errors = ["RuntimeError: injected"]
     h.collect(h.sched.process_result(result))
     assert [f.rid for f in h.sched.drain_failures()] == ["bad"]
     h.run()

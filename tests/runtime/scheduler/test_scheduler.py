@@ -26,9 +26,8 @@ def test_single_request_matches_reference():
 
 
 def test_usage_queue_time_from_arrival_to_first_admission():
-    h = Harness(max_running_requests=1)
     now = [10.0]
-    h.sched.clock = lambda: now[0]
+    h = Harness(max_running_requests=1, clock=lambda: now[0])
     h.add("a", list(range(1, 12)), max_tokens=3)
     h.add("b", list(range(20, 31)), max_tokens=3)  # both arrive at 10.0; b waits for a's slot
     now[0] = 10.5
@@ -130,7 +129,8 @@ def test_stats_block_counts_have_one_meaning_each():
     h.run()
     h.add("b", prompt, max_tokens=3)
     h.step()  # b holds the 3 cached prompt blocks and a private one
-    s, kv = h.sched.stats(), h.manager.stats()
+    s = h.sched.stats()
+    kv = h.manager.stats()
     assert (s.num_cached_blocks, s.num_evictable_blocks, s.num_used_blocks) == (kv.cached_blocks, 0, 4) == (3, 0, 4)
     assert s.num_free_blocks + s.num_evictable_blocks + s.num_used_blocks == s.num_blocks - 1 == 31
     assert (s.num_running, s.num_waiting, s.num_swapped, s.kv_usage) == (1, 0, 0, 4 / 31)

@@ -94,8 +94,7 @@ def test_eos_and_stop_token_ids_and_ignore_eos():
         h.add("r", prompt, max_tokens=6, stop_token_ids=[stop_tok] if stop_tok else [], ignore_eos=ignore)
         h.run()
         assert h.tokens[("r", 0)] == ref[:expect_len] and h.finish[("r", 0)] == reason
-    h = Harness(block_size=4)
-    h.sched.eos_token_ids = frozenset([ref[1]])
+    h = Harness(block_size=4, eos_token_ids=[ref[1]])
     h.add("e", prompt, max_tokens=6)
     h.add("i", prompt, max_tokens=6, ignore_eos=True)
     h.run()
@@ -108,7 +107,8 @@ def test_c8_hit_rate_counts_each_request_once_and_never_recomputation():
     h = Harness(block_size=4, chunked_prefill_size=4, max_prefill_tokens=4)
     h.add("a", list(range(1, 13)), max_tokens=1)
     h.run()
-    s, kv = h.sched.stats(), h.manager.stats()
+    s = h.sched.stats()
+    kv = h.manager.stats()
     counts = (s.prompt_tokens, s.cached_tokens, kv.prefix_queries_tokens, kv.prefix_hits_tokens)
     assert counts == (12, 0, 12, 0)
     assert [len(b.seqs[0].token_ids) for b in h.runner.steps] == [4, 4, 4]
@@ -118,7 +118,8 @@ def test_c8_hit_rate_counts_each_request_once_and_never_recomputation():
     for i in range(12):
         h.add(f"r{i}", [rng.randrange(10, 1000) for _ in range(rng.randrange(5, 14))], max_tokens=8)
     h.run()
-    s, kv = h.sched.stats(), h.manager.stats()
+    s = h.sched.stats()
+    kv = h.manager.stats()
     assert s.num_preemptions > 0 and s.recomputed_tokens > 0
     assert s.hit_rate == 0.0 and kv.prefix_hits_tokens == 0
     prompt_tokens = sum(h.usage[(f"r{i}", 0)].prompt_tokens for i in range(12))
@@ -184,7 +185,8 @@ def test_stress_submit_abort_stop_step(mode):
     h.run()
     for rid, (prompt, max_tokens, n) in live.items():
         for i in range(n):
-            got, reason = h.tokens.get((rid, i), []), h.finish[(rid, i)]
+            got = h.tokens.get((rid, i), [])
+            reason = h.finish[(rid, i)]
             ref = reference(prompt, max_tokens, i, 1.0 if n > 1 else 0.0)
             assert got == ref[: len(got)], rid
             if reason == "length":
@@ -206,7 +208,8 @@ def test_c8_request_retried_before_admission_is_counted_once_and_metrics():
         waited += 1
     assert waited >= 3
     h.run()
-    s, kv = h.sched.stats(), h.manager.stats()
+    s = h.sched.stats()
+    kv = h.manager.stats()
     assert (s.prompt_tokens, kv.prefix_queries_tokens, s.cached_tokens) == (44, 44, 0)
     assert (s.num_running, s.num_waiting, s.kv_usage, s.num_preemptions) == (0, 0, 0.0, 0)
     assert h.tokens[("late", 0)] == reference(list(range(100, 112)), 2)
