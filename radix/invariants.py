@@ -86,7 +86,9 @@ def check_tree(tree: RadixTree) -> None:
         AssertionError: naming the offending block.
     """
     rc = tree.pool.ref_counts
-    evictable = reached = on_device = 0
+    evictable = 0
+    reached = 0
+    on_device = 0
     stack: list[Node] = list(tree._roots.values())
     for salt, root in tree._roots.items():
         assert root.salt == salt and root.parent is None, f"root of salt {salt!r} misfiled"
@@ -147,7 +149,8 @@ def check_host_tier(tier: HostTier, tree: RadixTree) -> None:
     for hb in range(pool.num_blocks):
         want = (hb in held) + pin_counts.get(hb, 0)
         assert pool.ref_counts[hb] == want, f"host block {hb}: ref count {pool.ref_counts[hb]}, holders {want}"
-    free, evictable = set(pool.free_block_ids()), set(held) - pins
+    free = set(pool.free_block_ids())
+    evictable = set(held) - pins
     assert not (free & pins or free & evictable), "a host block is both free and held"
     assert len(free) + len(evictable) + len(pins) == pool.num_blocks, (
         f"host free {len(free)} + evictable {len(evictable)} + in_use {len(pins)} != total {pool.num_blocks}"
