@@ -313,21 +313,6 @@ class KVCacheManager(BlockSupply):
         """Tokens whose KV is written (cached prefix included)."""
         return self._get(seq_id).num_computed
 
-    def num_tokens(self, seq_id: int) -> int:
-        """Known tokens of the sequence (prompt + appended)."""
-        return self._get(seq_id).num_tokens
-
-    def slot_mapping(self, seq_id: int, start: int, end: int) -> list[int]:
-        """Slots of positions [start, end): table[p // B] * B + p % B. O(end - start).
-
-        Raises ValueError when the range leaves the block table.
-        """
-        table = self._live(seq_id).block_table
-        bs = self.block_size
-        if not 0 <= start <= end <= len(table) * bs:
-            raise ValueError(f"positions [{start}, {end}) outside the block table ({len(table)} blocks)")
-        return [table[p // bs] * bs + p % bs for p in range(start, end)]
-
     def stats(self) -> KVStats:
         """Current counters. O(sequences)."""
         return count_stats(
@@ -348,20 +333,10 @@ class KVCacheManager(BlockSupply):
         (then the first one skips the dropped numbers). [] when not record_events. O(events)."""
         return self._events.drain()
 
-    @property
-    def num_dropped_events(self) -> int:
-        """KV events recorded but dropped undrained because the ring was full, since the start."""
-        return self._events.num_dropped
-
     def kv_snapshot(self) -> KvSnapshot:
         """Hashes of the cached blocks on the device and on the host tier (insertion order) and the last event seq
         they reflect (events not yet drained included). O(cached blocks)."""
         return KvSnapshot(self._events.last_seq, self._tree.hashes(), self._tree.host_hashes())
-
-    def reset_prefix_cache(self) -> bool:
-        """Drop every cached block of both tiers if none is in use or pinned (emits AllBlocksCleared); else change
-        nothing, return False."""
-        return self._tree.clear()
 
     @property
     def tree(self) -> RadixTree:

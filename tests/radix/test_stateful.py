@@ -14,7 +14,7 @@ from radix.block_pool import NoFreeBlocksError
 from radix.blocks import cdiv
 from radix.manager import KVCacheManager, PrefixMatch, StaleMatchError
 from tests.radix.radix_model import B, Model, ModelSeq
-from tests.radix.radix_testing import admit, match, ref_count, snapshot
+from tests.radix.radix_testing import admit, match, num_tokens, ref_count, snapshot
 
 TOKENS = st.lists(st.integers(1, 3), min_size=1, max_size=9)
 SALT = st.sampled_from([None, "s"])
@@ -278,7 +278,7 @@ class KVCacheMachine(RuleBasedStateMachine):
             assert key not in device or len(key[1]) == B or (key[0], key[1][:-B]) in device
         for seq_id, s in md.seqs.items():
             assert m.block_table(seq_id) == s.table
-            assert m.num_computed_tokens(seq_id) == s.computed and m.num_tokens(seq_id) == len(s.tokens)
+            assert m.num_computed_tokens(seq_id) == s.computed and num_tokens(m, seq_id) == len(s.tokens)
             for b in s.table:
                 assert ref_count(m, b) >= 1 and b not in free
             if s.host is None:

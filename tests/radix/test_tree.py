@@ -45,8 +45,6 @@ def test_insert_match_and_duplicates():
     assert tree_match(tree, toks(1, 4) + toks(20, 23)) == [1, 5]
     assert tree_match(tree, toks(2, 9)) == []
     assert tree_match(tree, toks(1, 12), salt="salt") == []
-    assert tree.match_hashes(hashes) == [1, 2, 3]
-    assert tree.match_hashes(hashes[1:]) == []  # not a chain from the root
     assert tree.num_cached == 4 and tree.num_evictable == 0
     assert [type(e) for e in events.drain()] == [BlockStored, BlockStored]
     check_tree(tree)
@@ -138,19 +136,9 @@ def test_each_salt_has_its_own_subtree_and_an_empty_one_goes():
     assert tree_insert(tree, toks(1, 8), b, salt="s").resident == [3, 4]  # same tokens, other tenant: no sharing
     assert tree_match(tree, toks(1, 9), salt="s") == [3, 4] and tree_match(tree, toks(1, 9)) == [1, 2]
     assert [tree.block_hash(x) for x in b] == hash_block_tokens(toks(1, 8), 4, cache_salt="s")
-    assert tree.match_hashes(hash_block_tokens(toks(1, 8), 4, cache_salt="s")) == [3, 4]
     tree.unlock(b)
     assert tree.evict(2) == [4, 3]
     assert list(tree._roots) == [None]  # the salt's empty root went with its last block
     check_tree(tree)
     assert tree_insert(tree, toks(1, 8), pool.allocate(1), salt="s").resident == [5]
     check_tree(tree)
-
-
-def test_match_hashes_no_tokens_at_all():
-    pool, tree, _ = make()
-    tree_insert(tree, toks(1, 12), pool.allocate(3))
-    hashes = hash_block_tokens(toks(1, 12), 4)
-    assert tree.match_hashes(hashes[:2] + [b"\x00" * 16]) == [1, 2]
-    assert tree.match_hashes([hashes[0], hashes[2]]) == [1]  # not a chain
-    assert tree.match_hashes([]) == []
