@@ -69,7 +69,7 @@ def cache_computed_blocks(m: KVCacheManager, seq_id: int, num_tokens: int) -> No
     seq = m._live(seq_id)
     if not 0 <= num_tokens <= seq.num_computed:
         raise ValueError(f"cannot cache {num_tokens} tokens: only {seq.num_computed} are computed")
-    seq.cache_full_blocks(m.tree, num_tokens // m.block_size)
+    m.tree.cache_full_blocks(seq, num_tokens // m.block_size)
 
 
 def is_cached(tree: RadixTree, block_id: int) -> bool:

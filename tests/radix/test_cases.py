@@ -165,7 +165,8 @@ def test_c9_insert_evict_cycles_leave_memory_where_it_started():
     end, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert m.num_free_blocks() == 10 and m.stats().cached_blocks == 0
-    assert m.tree._nodes == {} and len(m.tree._lru) == 0 and list(m.tree._roots) == [None]
+    nodes = m.tree._nodes
+    assert nodes.by_hash == {} and len(nodes.lru) == 0 and list(nodes.roots) == [None]
     assert end - start < 4096, f"memory grew by {end - start} bytes over 10k cycles"
     m.check_invariants()
 
