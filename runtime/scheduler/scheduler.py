@@ -301,7 +301,7 @@ class Scheduler:
     def _admit(self, step: StepPlan) -> None:
         """Admit waiting sequences (fcfs, or lpm with a starvation guard) while blocks, slots and the budget last."""
         inflight = inflight_chain_ids(self.running, self.manager)
-        lpm = self.args.schedule_policy == "lpm" and self.args.enable_prefix_caching
+        lpm = self.args.schedule_policy == "lpm"
         for seq, match in self.waiting.admission_order(self._step_id, lpm, self.lpm_starvation_steps, self.manager):
             if len(self.running) >= self.args.max_running_requests or step.prefill_budget <= 0:
                 return
@@ -331,7 +331,7 @@ class Scheduler:
                 self.counters.recomputed_tokens += len(seq.token_ids) - cached
             if not self.manager.waits_for_loads(seq.seq_id):  # else planned from the next step (module docstring)
                 self._plan(seq, step)  # a prefill-only parent whose prompt is all cached forks there
-            if self.args.enable_prefix_caching and not (seq.prefill_only and cached == seq.target):
+            if not (seq.prefill_only and cached == seq.target):
                 inflight.update(req.block_keys.chain_ids[m:])
 
     # ------------------------------------------------------------------ tokens, finishing, forking
