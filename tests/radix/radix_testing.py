@@ -11,6 +11,19 @@ from radix.manager import KVCacheManager, UnknownSequenceError
 from radix.tree import InsertResult, RadixTree
 
 
+def toks(a: int, b: int) -> list[int]:
+    """The tokens a, a + 1, ..., b."""
+    return list(range(a, b + 1))
+
+
+def finished(m: KVCacheManager, seq_id: int, tokens: list[int]) -> None:
+    """Admit, compute everything, free: the tokens end up cached. Checks every invariant after."""
+    assert admit(m, seq_id, tokens) is not None
+    m.commit_computed(seq_id, len(tokens))
+    m.free(seq_id)
+    m.check_invariants()
+
+
 def admit(
     m: KVCacheManager,
     seq_id: int,

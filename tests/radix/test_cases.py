@@ -9,13 +9,9 @@ import tracemalloc
 
 from radix.hashing import hash_block_tokens
 from radix.manager import KVCacheManager
-from tests.radix.radix_testing import admit, is_cached, match, num_tokens, ref_count, slot_mapping
+from tests.radix.radix_testing import admit, is_cached, match, num_tokens, ref_count, slot_mapping, toks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def toks(a: int, b: int) -> list[int]:
-    return list(range(a, b + 1))
 
 
 def run_to_end(m: KVCacheManager, seq_id: int, tokens: list[int], salt: str | None = None) -> int:

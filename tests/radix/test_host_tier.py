@@ -7,11 +7,7 @@ from radix.events import AllBlocksCleared, BlockRemoved, BlockStored
 from radix.hashing import hash_block_tokens
 from radix.host_tier import TierCopies
 from radix.manager import KVCacheManager
-from tests.radix.radix_testing import admit, match, ref_count
-
-
-def toks(a: int, b: int) -> list[int]:
-    return list(range(a, b + 1))
+from tests.radix.radix_testing import admit, match, ref_count, toks
 
 
 def finished(m: KVCacheManager, seq_id: int, tokens: list[int], commit: bool = True) -> None:

@@ -7,11 +7,7 @@ from radix.events import BlockRemoved, BlockStored, KvEventLog
 from radix.hashing import hash_block_tokens
 from radix.keys import pack_blocks
 from radix.tree import RadixTree
-from tests.radix.radix_testing import tree_insert, tree_match
-
-
-def toks(a: int, b: int) -> list[int]:
-    return list(range(a, b + 1))
+from tests.radix.radix_testing import toks, tree_insert, tree_match
 
 
 def ins(tree: RadixTree, tokens: list[int], blocks: list[int]) -> tuple[list[int], list[int]]:
@@ -130,7 +126,8 @@ def test_clear_only_when_all_evictable():
 
 def test_each_salt_has_its_own_subtree_and_an_empty_one_goes():
     pool, tree, events = make()
-    a, b = pool.allocate(2), pool.allocate(2)
+    a = pool.allocate(2)
+    b = pool.allocate(2)
     assert ins(tree, toks(1, 8), a) == ([1, 2], [])
     assert tree_insert(tree, toks(1, 8), b, salt="s").resident == [3, 4]  # same tokens, other tenant: no sharing
     assert tree_match(tree, toks(1, 9), salt="s") == [3, 4] and tree_match(tree, toks(1, 9)) == [1, 2]
