@@ -28,7 +28,7 @@ def check_manager(
     """Raise AssertionError (naming the sequence or block) if any KVCacheManager invariant is broken:
     exact ref counts (tables + shadows + tree + the pending loads' device_pins), free + evictable + in_use == total
     with each block counted once, live block tables only reference allocated blocks, the cached prefix of each
-    sequence is its resident path, swap pool blocks have one owner; then the prefix cache's own check (check_tree and
+    sequence is its resident path, swap pool blocks have one owner; and the prefix cache's own check (check_tree and
     check_host_tier for a RadixTree). Mutates nothing."""
     pool.check_invariants()
     cache.check_invariants()
