@@ -1,4 +1,5 @@
-"""KV memory manager: block keys and hashing, block pool, radix tree of cached prefixes, KVCacheManager, KV events.
+"""KV memory manager: block keys and hashing, block pool, the prefix cache (a radix tree of cached prefixes, or none),
+KVCacheManager, KV events.
 
 Pure Python (no torch): it knows block ids, never tensors. See radix/manager.py for the scheduler-facing API.
 """
@@ -8,6 +9,8 @@ from radix.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, K
 from radix.hashing import hash_block_tokens
 from radix.keys import BlockKeys
 from radix.manager import KVCacheManager, PrefixMatch, StaleMatchError, UnknownSequenceError
+from radix.no_cache import NoPrefixCache
+from radix.prefix_cache import PrefixCache
 from radix.stats import KVStats
 from radix.tree import RadixTree
 
@@ -23,6 +26,8 @@ __all__ = [
     "KvEventLog",
     "KvSnapshot",
     "NoFreeBlocksError",
+    "NoPrefixCache",
+    "PrefixCache",
     "PrefixMatch",
     "RadixTree",
     "StaleMatchError",

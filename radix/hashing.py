@@ -59,11 +59,14 @@ def _encode_extra_key(key: ExtraKey) -> bytes:
     if isinstance(key, bool):
         raise ValueError(f"extra key must be str, int or bytes, got bool {key!r}")
     if isinstance(key, str):
-        tag, raw = b"s", key.encode("utf-8")
+        tag = b"s"
+        raw = key.encode("utf-8")
     elif isinstance(key, bytes):
-        tag, raw = b"b", key
+        tag = b"b"
+        raw = key
     elif isinstance(key, int):
-        tag, raw = b"i", str(key).encode("ascii")
+        tag = b"i"
+        raw = str(key).encode("ascii")
     else:
         raise ValueError(f"extra key must be str, int or bytes, got {type(key).__name__}")
     return tag + _U32.pack(len(raw)) + raw

@@ -166,7 +166,8 @@ class HostTier:
         pool first); they stay pinned until copies_done. O(copies)."""
         wb = [(d, h + host_offset) for d, h in self._write_back]
         lb = [(h + host_offset, d) for h, d in self._load_back]
-        self._write_back, self._load_back = [], []
+        self._write_back = []
+        self._load_back = []
         return TierCopies(wb, lb)
 
     def copies_done(self) -> None:
@@ -176,7 +177,8 @@ class HostTier:
         Raises AssertionError when copies were scheduled but not taken (they would be lost).
         """
         assert not self._write_back and not self._load_back, "copies_done before the step's copies were taken"
-        by_block, rcs = self.by_block, self.pool.ref_counts
+        by_block = self.by_block
+        rcs = self.pool.ref_counts
         for hb, count in self._pins.items():
             for _ in range(count):
                 self.pool.decref(hb)

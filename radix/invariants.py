@@ -1,7 +1,8 @@
-"""check_manager() and check_tree(): recount every reference and block state of a KVCacheManager / RadixTree from
-scratch (tests call them after every operation, through KVCacheManager.check_invariants; too slow for the serving
-loop: O(blocks + sequences * table length)). They take the parts as plain arguments, so this module does not import
-radix/manager.py (no import circle)."""
+"""check_manager(), check_tree() and check_host_tier(): recount every reference and block state of a KVCacheManager,
+a RadixTree's nodes and a host tier from scratch (tests call them after every operation, through
+KVCacheManager.check_invariants; too slow for the serving loop: O(blocks + sequences * table length)). They take the
+parts as plain arguments (a tree's TreeNodes, not the tree), so this module imports neither radix/manager.py nor
+radix/tree.py (no import circle: RadixTree.check_invariants calls check_tree)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from collections.abc import Mapping, Sequence
 from radix.block_pool import BlockPool
 from radix.host_tier import HostTier
 from radix.node import ID_MASK, Node, Root
+from radix.prefix_cache import PrefixCache
 from radix.sequence import SeqBlocks
-from radix.tree import RadixTree
+from radix.tree_nodes import TreeNodes
 
 
 def check_manager(
     pool: BlockPool,
-    tree: RadixTree,
+    cache: PrefixCache,
     host: BlockPool,
     seqs: Mapping[int, SeqBlocks],
     block_size: int,
@@ -26,9 +28,10 @@ def check_manager(
     """Raise AssertionError (naming the sequence or block) if any KVCacheManager invariant is broken:
     exact ref counts (tables + shadows + tree + the pending loads' device_pins), free + evictable + in_use == total
     with each block counted once, live block tables only reference allocated blocks, the cached prefix of each
-    sequence is its resident path, swap pool blocks have one owner. Mutates nothing."""
+    sequence is its resident path, swap pool blocks have one owner; and the prefix cache's own check (check_tree and
+    check_host_tier for a RadixTree). Mutates nothing."""
     pool.check_invariants()
-    check_tree(tree)
+    cache.check_invariants()
     host.check_invariants()
     bs = block_size
     expected: Counter[int] = Counter()
@@ -51,15 +54,15 @@ def check_manager(
         node = seq.cached_node
         for i in range(n - 1, -1, -1):  # the cached prefix is the resident path ending at cached_node
             assert node is not None and node.block_hash is not None, f"seq {seq_id}: cached path shorter than {n}"
-            assert tree.resident_block(node.block_hash) == node.block_id, f"seq {seq_id}: block {i} is not resident"
+            assert cache.resident_block(node.block_hash) == node.block_id, f"seq {seq_id}: block {i} is not resident"
             assert node.key == seq.blocks[i], f"seq {seq_id}: cached block {i} holds other tokens"
             assert node.block_id == seq.block_table[i] or node.block_id in seq.shadow, (
                 f"seq {seq_id}: block {i} resident as {node.block_id} but neither in its table nor its shadow"
             )
             node = node.parent
         assert n == 0 or (node is not None and node.block_hash is None), f"seq {seq_id}: path longer than {n} blocks"
-    for h in tree.hashes():
-        resident = tree.resident_block(h)
+    for h in cache.hashes():
+        resident = cache.resident_block(h)
         assert resident is not None
         expected[resident] += 1
     expected.update(device_pins)
@@ -67,18 +70,18 @@ def check_manager(
         assert pool.ref_counts[b] == expected[b], f"block {b}: ref count {pool.ref_counts[b]}, holders {expected[b]}"
     assert 0 not in expected, "the null block 0 is referenced"
     free = set(pool.free_block_ids())
-    evictable = {b for b in map(tree.resident_block, tree.hashes()) if b is not None and pool.ref_counts[b] == 1}
+    evictable = {b for b in map(cache.resident_block, cache.hashes()) if b is not None and pool.ref_counts[b] == 1}
     in_use = {b for b in range(pool.first_block_id, pool.num_blocks) if pool.ref_counts[b] >= 1} - evictable
     assert not (free & evictable or free & in_use), "a block is both free and held"
     assert len(free) + len(evictable) + len(in_use) == pool.num_usable, (
         f"free {len(free)} + evictable {len(evictable)} + in_use {len(in_use)} != total {pool.num_usable}"
     )
-    assert len(evictable) == tree.num_evictable, f"evictable count {tree.num_evictable}, real {len(evictable)}"
+    assert len(evictable) == cache.num_evictable, f"evictable count {cache.num_evictable}, real {len(evictable)}"
     for b in range(host.num_blocks):
         assert host.ref_counts[b] == host_owner[b], f"host block {b}: ref {host.ref_counts[b]}, owners {host_owner[b]}"
 
 
-def check_tree(tree: RadixTree) -> None:
+def check_tree(tree: TreeNodes) -> None:
     """Nodes, children, roots, tiers (device residency prefix-closed, device-child counts), evictable count, device
     LRU set and the path property are consistent. O(nodes).
 
@@ -86,9 +89,11 @@ def check_tree(tree: RadixTree) -> None:
         AssertionError: naming the offending block.
     """
     rc = tree.pool.ref_counts
-    evictable = reached = on_device = 0
-    stack: list[Node] = list(tree._roots.values())
-    for salt, root in tree._roots.items():
+    evictable = 0
+    reached = 0
+    on_device = 0
+    stack: list[Node] = list(tree.roots.values())
+    for salt, root in tree.roots.items():
         assert root.salt == salt and root.parent is None, f"root of salt {salt!r} misfiled"
         assert salt is None or root.children, f"empty root kept for salt {salt!r}"
     while stack:
@@ -99,33 +104,34 @@ def check_tree(tree: RadixTree) -> None:
             reached += 1
             assert node.key == key and node.parent is parent, f"block {b} filed under the wrong key or parent"
             assert len(key) == 4 * tree.block_size, f"block {b}: key of {len(key)} bytes"
-            assert node.block_hash is not None and tree._nodes.get(node.block_hash) is node, f"{b} not indexed"
+            assert node.block_hash is not None and tree.by_hash.get(node.block_hash) is node, f"{b} not indexed"
             assert node.children is None or node.children, f"block {b} keeps an empty children dict"
             assert b >= 0 or (node.host_block >= 0 and tree.host is not None), "a node on no tier"
             if b >= 0:
                 device_children += 1
                 on_device += 1
                 assert type(parent) is Root or parent.block_id >= 0, f"device block {b} under a host-only parent"
-                assert tree._by_block[b] is node, f"block {b} not indexed by id"
+                assert tree.by_block[b] is node, f"block {b} not indexed by id"
                 assert rc[b] >= 1, f"cached block {b} has ref count {rc[b]}"
                 evictable += rc[b] == 1
                 if type(parent) is not Root:
                     assert rc[b] == 1 or rc[parent.block_id] >= 2, f"block {b} in use but its parent is only cached"
             stack.append(node)
         assert parent.num_device_children == device_children, f"block {parent.block_id}: device children miscounted"
-    assert reached == len(tree._nodes), f"{reached} nodes reachable, {len(tree._nodes)} indexed by hash"
-    indexed = sum(node is not None for node in tree._by_block)
-    assert indexed == on_device == tree.num_cached, f"{indexed} blocks indexed, {on_device} on the device"
-    assert evictable == tree._num_evictable, f"evictable count {tree._num_evictable}, real {evictable}"
+    assert reached == len(tree.by_hash), f"{reached} nodes reachable, {len(tree.by_hash)} indexed by hash"
+    indexed = sum(node is not None for node in tree.by_block)
+    assert indexed == on_device == tree.num_device, f"{indexed} blocks indexed, {on_device} on the device"
+    assert evictable == tree.num_evictable, f"evictable count {tree.num_evictable}, real {evictable}"
     want = sorted(
         n.lru_key
-        for n in tree._nodes.values()
+        for n in tree.by_hash.values()
         if n.block_id >= 0 and n.num_device_children == 0 and rc[n.block_id] == 1
     )
-    assert list(tree._lru) == want, f"LRU set {tree.lru_order()} != evictable device leaves {want}"
+    lru = [key & ID_MASK for key in tree.lru]
+    assert list(tree.lru) == want, f"LRU set {lru} != evictable device leaves {[key & ID_MASK for key in want]}"
 
 
-def check_host_tier(tier: HostTier, tree: RadixTree) -> None:
+def check_host_tier(tier: HostTier, tree: TreeNodes) -> None:
     """The host tier's own invariant: exact ref counts (1 per node holding a copy, + 1 per pin), free + evictable +
     in_use == total with each block counted once, the host LRU is exactly the droppable copies, loading blocks are
     device copies of host-resident nodes. O(nodes + host blocks). Mutates nothing.
@@ -138,7 +144,7 @@ def check_host_tier(tier: HostTier, tree: RadixTree) -> None:
     pin_counts = tier.pins()
     pins = set(pin_counts)
     assert all(c >= 1 for c in pin_counts.values()), f"a pin count below 1: {pin_counts}"
-    held = {n.host_block: n for n in tree._nodes.values() if n.host_block >= 0}
+    held = {n.host_block: n for n in tree.by_hash.values() if n.host_block >= 0}
     for hb, node in held.items():
         assert tier.by_block[hb] is node, f"host block {hb} not indexed"
         assert node.host_lru_key & ID_MASK == hb, f"host block {hb}: LRU key names another block"
@@ -147,7 +153,8 @@ def check_host_tier(tier: HostTier, tree: RadixTree) -> None:
     for hb in range(pool.num_blocks):
         want = (hb in held) + pin_counts.get(hb, 0)
         assert pool.ref_counts[hb] == want, f"host block {hb}: ref count {pool.ref_counts[hb]}, holders {want}"
-    free, evictable = set(pool.free_block_ids()), set(held) - pins
+    free = set(pool.free_block_ids())
+    evictable = set(held) - pins
     assert not (free & pins or free & evictable), "a host block is both free and held"
     assert len(free) + len(evictable) + len(pins) == pool.num_blocks, (
         f"host free {len(free)} + evictable {len(evictable)} + in_use {len(pins)} != total {pool.num_blocks}"

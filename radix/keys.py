@@ -13,7 +13,9 @@ sampled tokens arrive, so no block's tokens are packed twice and nothing here ha
 - ``chain_ids``: in-process ids of each block's whole prefix, ``id_i = hash((id_{i-1}, blocks[i]))`` seeded with the
   salt; the scheduler compares them to find blocks another running request is computing right now (in-flight dedup).
   They use Python's ``hash()`` (per process, 64 bits): never sent anywhere, never a cache lookup; a collision can only
-  make a request wait one step for a block it would not have shared. Computed on first use, O(blocks).
+  make a request wait one step for a block it would not have shared. Computed on first use, O(blocks). Keys made
+  with ``chained=False`` (by a manager without prefix caching, radix/no_cache.py) have none and hash nothing: no
+  block is shared, so there is nothing to wait for.
 
 The content hash that names a block in KV events (BLAKE2b, radix/hashing.py) is not computed here: the tree computes
 it once per block, when the block first enters the tree.
@@ -33,22 +35,26 @@ class BlockKeys:
         token_ids: the tokens (ints in [0, 2**32)).
         block_size: tokens per block (>= 1).
         cache_salt: tenant salt (None: the shared subtree).
+        chained: give chain_ids (False: chain_ids is always [], and so is that of every extended() key).
     Raises:
         ValueError: block_size < 1 or a bad token id.
     O(len(token_ids)): one C-level pack of the whole sequence, then one bytes slice per block.
     Treat as immutable once made (the KVCacheManager copies what it extends).
     """
 
-    __slots__ = ("block_size", "salt", "blocks", "tail", "_chain_ids")
+    __slots__ = ("block_size", "salt", "blocks", "tail", "chained", "_chain_ids")
 
-    def __init__(self, token_ids: Sequence[int], block_size: int, cache_salt: str | None = None) -> None:
+    def __init__(
+        self, token_ids: Sequence[int], block_size: int, cache_salt: str | None = None, *, chained: bool = True
+    ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.salt = cache_salt
         self.blocks: list[bytes] = pack_blocks(token_ids, block_size)
         self.tail: list[int] = list(token_ids[len(self.blocks) * block_size :])
-        self._chain_ids: list[int] | None = None
+        self.chained = chained
+        self._chain_ids: list[int] | None = None if chained else []
 
     @property
     def num_tokens(self) -> int:
@@ -61,10 +67,12 @@ class BlockKeys:
 
     @property
     def chain_ids(self) -> list[int]:
-        """In-process chained prefix ids, one per full block (in-flight dedup only). Computed once, O(blocks)."""
+        """In-process chained prefix ids, one per full block (in-flight dedup only; [] when not chained). Computed
+        once, O(blocks)."""
         ids = self._chain_ids
         if ids is None:
-            ids, parent = [], hash(("radixserve/prefix", self.salt))
+            ids = []
+            parent = hash(("radixserve/prefix", self.salt))
             for block in self.blocks:
                 parent = hash((parent, block))
                 ids.append(parent)
@@ -87,7 +95,10 @@ class BlockKeys:
         bs = self.block_size
         start = len(self.blocks) * bs
         out = BlockKeys.__new__(BlockKeys)
-        out.block_size, out.salt, out._chain_ids = bs, self.salt, None
+        out.block_size = bs
+        out.salt = self.salt
+        out.chained = self.chained
+        out._chain_ids = None if self.chained else []
         rest = token_ids[start:]
         more = pack_blocks(rest, bs)
         out.blocks = self.blocks + more

@@ -11,10 +11,14 @@ Admission, in this order (what runtime/scheduler/scheduler.py does):
     cached = manager.add_sequence(seq_id, match, num_new_tokens=chunk)   # locks that match, no second walk
 then per step allocate / prepare_write / commit_computed (/ append_tokens after sampling), and free at the end.
 
-Host tier (num_host_cache_blocks > 0, radix/host_tier.py): evicted device blocks are written back to host blocks and
-stay matchable; add_sequence loads a matched host-only suffix back into new device blocks. Each step the scheduler
-puts take_tier_copies() into its ForwardBatch, holds a sequence for which waits_for_loads() is True out of that
-step's forward, and calls tier_copies_done() when the step's result arrives.
+Prefix cache: a RadixTree (radix/tree.py), or with prefix caching off a NoPrefixCache (radix/no_cache.py) that keeps
+nothing; the choice is made once, here, and no method asks again. Device blocks, the swap pool and the host tier's
+copies come from a BlockSupply part (radix/block_supply.py).
+
+Host tier (num_host_cache_blocks > 0 with prefix caching, radix/host_tier.py): evicted device blocks are written
+back to host blocks and stay matchable; add_sequence loads a matched host-only suffix back into new device blocks.
+Each step the scheduler puts take_tier_copies() into its ForwardBatch, holds a sequence for which waits_for_loads()
+is True out of that step's forward, and calls tier_copies_done() when the step's result arrives.
 
 Reference rules: a block table entry holds one reference; the tree holds one per cached block; when a sequence
 writes a block the tree already holds, an idle resident copy is replaced by the sequence's (and freed), while one in
@@ -27,24 +31,22 @@ Complexities assume B tokens per block.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 from radix.block_pool import BlockPool, NoFreeBlocksError
-from radix.block_supply import BlockSupply, UnknownSequenceError
+from radix.block_supply import BlockSupply
 from radix.blocks import cdiv
 from radix.events import KvEvent, KvEventLog, KvSnapshot
 from radix.hashing import HashFn, blake2b_128
-from radix.host_tier import HostTier
-from radix.invariants import check_host_tier, check_manager
-from radix.keys import BlockKeys, pack_blocks
+from radix.host_tier import HostTier, TierCopies
+from radix.invariants import check_manager
+from radix.keys import BlockKeys
+from radix.no_cache import NoPrefixCache
+from radix.prefix_cache import PrefixCache
 from radix.prefix_match import PrefixMatch, StaleMatchError
 from radix.sequence import SeqBlocks
 from radix.stats import KVStats, count_stats
-from radix.swap import release_host
 from radix.tree import RadixTree
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "KVCacheManager",
@@ -56,13 +58,17 @@ __all__ = [
 ]
 
 
-class KVCacheManager(BlockSupply):
+class UnknownSequenceError(KeyError):
+    """The seq_id is not registered with the KVCacheManager."""
+
+
+class KVCacheManager:
     """Block tables, prefix cache and accounting for ``num_blocks`` device KV blocks (+ an optional host pool).
 
     Args:
         num_blocks: device blocks including the reserved null block 0 (usable: num_blocks - 1), >= 2.
         block_size: tokens per block, >= 1.
-        enable_prefix_caching: keep written full blocks in the radix tree and reuse them.
+        enable_prefix_caching: keep written full blocks in a radix tree and reuse them (False: a NoPrefixCache).
         num_host_blocks: host-memory blocks for swap_out / swap_in (ids 0 .. num_host_blocks - 1), >= 0.
         num_host_cache_blocks: host-tier blocks of the prefix cache (0: no tier; ignored without prefix caching),
             a pool apart from the swap pool; the worker's host KV tensor holds the swap pool's blocks first, then the
@@ -92,25 +98,30 @@ class KVCacheManager(BlockSupply):
             raise ValueError(f"host block counts must be >= 0, got {num_host_blocks}, {num_host_cache_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
         self.num_host_blocks = num_host_blocks
         self._pool = BlockPool(num_blocks)
         self._host_pool = BlockPool(num_host_blocks, reserve_null=False)
-        self._events = KvEventLog(enabled=record_events and enable_prefix_caching)
-        tier = HostTier(num_host_cache_blocks) if num_host_cache_blocks and enable_prefix_caching else None
-        self._tier = tier
-        self._tree = RadixTree(self._pool, block_size, hash_fn, self._events, tier)
+        self._events = KvEventLog(enabled=record_events)
+        self._tier: HostTier | None = None
+        self._cache: PrefixCache
+        if enable_prefix_caching:
+            if num_host_cache_blocks:
+                self._tier = HostTier(num_host_cache_blocks)
+            self._cache = RadixTree(self._pool, block_size, hash_fn, self._events, self._tier)
+        else:
+            self._cache = NoPrefixCache(self._pool, block_size)
+        self._supply = BlockSupply(self._pool, self._cache, self._host_pool, self._tier)
         self._seqs: dict[int, SeqBlocks] = {}
         self._queries_tokens = 0
         self._hits_tokens = 0
         self._host_hits_tokens = 0
-        self._evicted_blocks = 0
 
     # ----------------------------------------------------------------- admission and growth
     def block_keys(self, token_ids: Sequence[int], cache_salt: str | None = None) -> BlockKeys:
         """The per-block keys of token_ids for this manager's block size (radix/keys.py): compute once per request
-        and reuse for every match_prefix. Pure, O(len(token_ids)). Raises ValueError for a bad token id."""
-        return BlockKeys(token_ids, self.block_size, cache_salt)
+        and reuse for every match_prefix. Without prefix caching they have no chain ids (nothing to wait for in
+        flight). Pure, O(len(token_ids)). Raises ValueError for a bad token id."""
+        return self._cache.block_keys(token_ids, cache_salt)
 
     def match_prefix(self, keys: BlockKeys) -> PrefixMatch:
         """Longest cached block-aligned prefix of keys on either tier (device blocks, then host-only ones), capped at
@@ -122,17 +133,17 @@ class KVCacheManager(BlockSupply):
         """
         if keys.block_size != self.block_size:
             raise ValueError(f"keys of block size {keys.block_size}, manager has {self.block_size}")
-        tree = self._tree
-        if not self.enable_prefix_caching or not keys.num_tokens:
-            return PrefixMatch([], 0, keys, None, tree.epoch)
-        found = tree.match(keys.blocks, keys.salt, (keys.num_tokens - 1) // self.block_size)
+        cache = self._cache
+        if not keys.num_tokens:
+            return PrefixMatch([], 0, keys, None, cache.epoch)
+        found = cache.match(keys.blocks, keys.salt, (keys.num_tokens - 1) // self.block_size)
         num_tokens = (len(found.block_ids) + len(found.host_nodes)) * self.block_size
-        return PrefixMatch(found.block_ids, num_tokens, keys, found.last_node, tree.epoch, found.host_nodes)
+        return PrefixMatch(found.block_ids, num_tokens, keys, found.last_node, cache.epoch, found.host_nodes)
 
     def is_current(self, match: PrefixMatch) -> bool:
         """Whether match's blocks are still where it says (no eviction / uncache / reset / load-back since it was
         taken). O(1)."""
-        return match.epoch == self._tree.epoch
+        return match.epoch == self._cache.epoch
 
     def add_sequence(
         self, seq_id: int, match: PrefixMatch, num_new_tokens: int | None = None, *, count_stats: bool = True
@@ -156,27 +167,24 @@ class KVCacheManager(BlockSupply):
         num_tokens = keys.num_tokens
         if not num_tokens:
             raise ValueError("token_ids must not be empty")
-        if match.epoch != self._tree.epoch:
-            raise StaleMatchError(f"match taken at epoch {match.epoch}, the tree is at {self._tree.epoch}")
-        cached, block_ids, host_nodes = match.num_tokens, match.block_ids, match.host_nodes
+        cache = self._cache
+        if match.epoch != cache.epoch:
+            raise StaleMatchError(f"match taken at epoch {match.epoch}, the tree is at {cache.epoch}")
+        cached = match.num_tokens
+        block_ids = match.block_ids
+        host_nodes = match.host_nodes
         n_new = num_tokens - cached if num_new_tokens is None else num_new_tokens
         if n_new < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {n_new}")
         need = cdiv(cached + n_new, self.block_size) - len(block_ids)
-        free = self._pool.num_free
-        if need > free:  # eviction needed: the matched blocks that are idle now cannot be evicted for this
-            rcs = self._pool.ref_counts
-            idle_matched = sum(rcs[b] == 1 for b in block_ids)
-            if need > free + self._tree.num_evictable - idle_matched:
-                return None
-        self._tree.lock(block_ids)
-        self._tree.pin_for_load(host_nodes)  # before the eviction that makes room, which must not drop them
-        new = self._take_blocks(need)
-        self._tree.load_back(host_nodes, new[: len(host_nodes)])
-        if host_nodes and self._tier is not None:  # the load's own references on its path, until its copy lands
-            path = block_ids + new[: len(host_nodes)]
-            self._tree.lock(path)
-            self._tier.device_pins.extend(path)
+        if not self._supply.fits(need, block_ids):
+            return None
+        cache.lock(block_ids)
+        cache.pin_for_load(host_nodes)  # before the eviction that makes room, which must not drop them
+        new = self._supply.take(need)
+        cache.load_back(host_nodes, new[: len(host_nodes)])
+        if host_nodes:  # the load's own references on its path, until its copy lands
+            self._supply.hold_loads(block_ids + new[: len(host_nodes)])
         seq = SeqBlocks(list(keys.blocks), list(keys.tail), num_tokens, block_ids + new, cached, keys.salt)
         seq.num_cached_blocks = len(block_ids) + len(host_nodes)
         seq.cached_node = match.last_node
@@ -199,9 +207,9 @@ class KVCacheManager(BlockSupply):
         need = cdiv(seq.num_computed + num_new_tokens, self.block_size) - len(seq.block_table)
         if need <= 0:
             return []
-        if not self.can_allocate(need):
+        if not self._supply.can_allocate(need):
             return None
-        blocks = self._take_blocks(need)
+        blocks = self._supply.take(need)
         seq.block_table.extend(blocks)
         return blocks
 
@@ -209,16 +217,7 @@ class KVCacheManager(BlockSupply):
         """Record sampled tokens as known tokens of the sequence (their KV is written by a later step); each block
         they fill is packed now, once. O(len(token_ids) + B). Raises UnknownSequenceError, ValueError (a bad token
         id; nothing recorded)."""
-        seq = self._get(seq_id)
-        tail, bs = seq.tail, self.block_size
-        if len(tail) + len(token_ids) < bs:
-            tail.extend(token_ids)
-        else:
-            tokens = tail + list(token_ids)
-            full = len(tokens) // bs * bs
-            seq.blocks.extend(pack_blocks(tokens[:full], bs))
-            seq.tail = tokens[full:]
-        seq.num_tokens += len(token_ids)
+        self._get(seq_id).append_tokens(token_ids, self.block_size)
 
     def prepare_write(self, seq_id: int, start: int, end: int) -> list[tuple[int, int]]:
         """Copy-on-write before writing positions [start, end): each covering block with ref count > 1 is replaced
@@ -237,16 +236,7 @@ class KVCacheManager(BlockSupply):
             raise ValueError(f"write at {start} inside the cached prefix ({seq.num_cached_blocks * bs} tokens)")
         rc = self._pool.ref_counts
         shared = [i for i in range(start // bs, cdiv(end, bs)) if rc[seq.block_table[i]] > 1]
-        if not shared:
-            return []
-        if not self.can_allocate(len(shared)):
-            raise NoFreeBlocksError(f"copy-on-write needs {len(shared)} blocks, cannot free enough")
-        pairs = []
-        for i, dst in zip(shared, self._take_blocks(len(shared)), strict=True):
-            pairs.append((seq.block_table[i], dst))
-            seq.block_table[i] = dst
-        self._tree.unlock([src for src, _ in pairs])
-        return pairs
+        return self._supply.copy_on_write(seq.block_table, shared)
 
     def commit_computed(self, seq_id: int, num_tokens: int) -> None:
         """The step that wrote KV for positions < num_tokens finished: set num_computed_tokens and insert every
@@ -260,8 +250,7 @@ class KVCacheManager(BlockSupply):
         if not seq.num_computed <= num_tokens <= limit:
             raise ValueError(f"commit of {num_tokens} tokens outside [{seq.num_computed}, {limit}]")
         seq.num_computed = num_tokens
-        if self.enable_prefix_caching:
-            seq.cache_full_blocks(self._tree, num_tokens // self.block_size)
+        self._cache.cache_full_blocks(seq, num_tokens // self.block_size)
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """Register child_id as a copy of parent_id (parallel sampling): same tokens, same block table, every
@@ -271,7 +260,7 @@ class KVCacheManager(BlockSupply):
         if child_id in self._seqs:
             raise ValueError(f"sequence {child_id} is already registered")
         child = parent.copy()
-        self._tree.lock(child.block_table + child.shadow)
+        self._cache.lock(child.block_table + child.shadow)
         self._seqs[child_id] = child
 
     def free(self, seq_id: int, keep_tokens: int | None = None) -> None:
@@ -287,58 +276,83 @@ class KVCacheManager(BlockSupply):
             raise ValueError(f"keep_tokens must be >= 0, got {keep_tokens}")
         del self._seqs[seq_id]
         if seq.host_table is not None:
-            release_host(seq, self._host_pool)
+            self._supply.release_swapped(seq)
             return
-        if self.enable_prefix_caching:
-            limit = seq.num_computed if keep_tokens is None else min(seq.num_computed, keep_tokens)
-            seq.cache_full_blocks(self._tree, limit // self.block_size)
-            if keep_tokens is not None:
-                seq.uncache_past(self._tree, keep_tokens // self.block_size)
-        self._tree.unlock(seq.block_table + seq.shadow)
+        cache = self._cache
+        limit = seq.num_computed if keep_tokens is None else min(seq.num_computed, keep_tokens)
+        cache.cache_full_blocks(seq, limit // self.block_size)
+        if keep_tokens is not None:
+            cache.uncache_past(seq, keep_tokens // self.block_size)
+        cache.unlock(seq.block_table + seq.shadow)
+
+    # ----------------------------------------------------------------- swapping and host tier copies
+    def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None:
+        """Preempt by swapping (radix/swap.py): every table block gets a host block, device references go.
+
+        Returns (device, host) pairs the worker copies before anything overwrites them (in the same step), or None
+        with no side effect when the host pool lacks room. O(blocks * log n). Raises ValueError if already swapped.
+        """
+        return self._supply.swap_out(self._live(seq_id))
+
+    def swap_in(self, seq_id: int) -> list[tuple[int, int]] | None:
+        """Bring a swapped sequence back (radix/swap.py): new device blocks (evicting as needed), host blocks
+        released. Returns (host, device) pairs the worker copies before the step, or None with no side effect when
+        the device lacks room. O(blocks * log n). Raises ValueError if the sequence is not swapped out.
+        """
+        seq = self._get(seq_id)
+        if seq.host_table is None:
+            raise ValueError(f"sequence {seq_id} is not swapped out")
+        return self._supply.swap_in(seq)
+
+    def waits_for_loads(self, seq_id: int) -> bool:
+        """Whether a block of the sequence's cached prefix is still being loaded back (its copy is in the step
+        being planned or in flight): attention must not read it, so the sequence stays out of this step's forward.
+        O(cached blocks). Raises UnknownSequenceError, ValueError (swapped out)."""
+        return self._supply.waits_for_loads(self._live(seq_id))
+
+    def take_tier_copies(self) -> TierCopies:
+        """The write-back (device, host) and load-back (host, device) pairs scheduled since the last call, host ids
+        as the worker's (after its num_host_blocks swap blocks), for this step's ForwardBatch swap_out / swap_in.
+        Their blocks stay pinned until tier_copies_done. O(copies)."""
+        return self._supply.take_tier_copies()
+
+    def tier_copies_done(self) -> None:
+        """The worker ran the step that carried the taken copies: release the loads' device references (a block
+        nobody else holds becomes evictable, or free), unpin the host blocks, end the loads. O(pins * log n)."""
+        self._supply.tier_copies_done()
 
     # ----------------------------------------------------------------- queries
     def num_free_blocks(self) -> int:
-        """Blocks on the free queue."""
+        """Blocks on the free queue. O(1)."""
         return self._pool.num_free
 
     def num_evictable_blocks(self) -> int:
-        """Cached blocks referenced only by the tree."""
-        return self._tree.num_evictable
+        """Cached blocks referenced only by the tree. O(1)."""
+        return self._cache.num_evictable
+
+    def can_allocate(self, num_blocks: int) -> bool:
+        """Whether num_blocks new blocks can be handed out now (free + evictable >= num_blocks). O(1)."""
+        return self._supply.can_allocate(num_blocks)
 
     def block_table(self, seq_id: int) -> list[int]:
-        """A copy of the sequence's block table (empty while swapped out)."""
+        """A copy of the sequence's block table (empty while swapped out). O(blocks)."""
         return list(self._get(seq_id).block_table)
 
     def num_computed_tokens(self, seq_id: int) -> int:
-        """Tokens whose KV is written (cached prefix included)."""
+        """Tokens whose KV is written (cached prefix included). O(1)."""
         return self._get(seq_id).num_computed
-
-    def num_tokens(self, seq_id: int) -> int:
-        """Known tokens of the sequence (prompt + appended)."""
-        return self._get(seq_id).num_tokens
-
-    def slot_mapping(self, seq_id: int, start: int, end: int) -> list[int]:
-        """Slots of positions [start, end): table[p // B] * B + p % B. O(end - start).
-
-        Raises ValueError when the range leaves the block table.
-        """
-        table = self._live(seq_id).block_table
-        bs = self.block_size
-        if not 0 <= start <= end <= len(table) * bs:
-            raise ValueError(f"positions [{start}, {end}) outside the block table ({len(table)} blocks)")
-        return [table[p // bs] * bs + p % bs for p in range(start, end)]
 
     def stats(self) -> KVStats:
         """Current counters. O(sequences)."""
         return count_stats(
             self._pool,
-            self._tree,
+            self._cache,
             self._host_pool,
             self._seqs.values(),
             self.block_size,
             self._queries_tokens,
             self._hits_tokens,
-            self._evicted_blocks,
+            self._supply.num_evicted,
             self._host_hits_tokens,
             self._tier,
         )
@@ -348,35 +362,37 @@ class KVCacheManager(BlockSupply):
         (then the first one skips the dropped numbers). [] when not record_events. O(events)."""
         return self._events.drain()
 
-    @property
-    def num_dropped_events(self) -> int:
-        """KV events recorded but dropped undrained because the ring was full, since the start."""
-        return self._events.num_dropped
-
     def kv_snapshot(self) -> KvSnapshot:
         """Hashes of the cached blocks on the device and on the host tier (insertion order) and the last event seq
         they reflect (events not yet drained included). O(cached blocks)."""
-        return KvSnapshot(self._events.last_seq, self._tree.hashes(), self._tree.host_hashes())
-
-    def reset_prefix_cache(self) -> bool:
-        """Drop every cached block of both tiers if none is in use or pinned (emits AllBlocksCleared); else change
-        nothing, return False."""
-        return self._tree.clear()
+        return KvSnapshot(self._events.last_seq, self._cache.hashes(), self._cache.host_hashes())
 
     @property
-    def tree(self) -> RadixTree:
-        """The radix tree (read-only use: lru_order, block_hash; evict and clear for tests and benchmarks)."""
-        return self._tree
+    def tree(self) -> PrefixCache:
+        """The prefix cache: a RadixTree, or a NoPrefixCache when built without prefix caching (read-only use:
+        lru_order, block_hash; evict and clear for tests and benchmarks). O(1)."""
+        return self._cache
 
     def check_invariants(self) -> None:
         """Recount everything from scratch: exact ref counts (tables + shadows + tree), each block exactly one of
-        free / evictable / in use, per-sequence bounds and cached paths, host pool ownership.
-        O(blocks + sequences * table). For tests: far too slow for the serving loop.
+        free / evictable / in use, per-sequence bounds and cached paths, host pool ownership, and the prefix cache's
+        own state (the tree and the host tier). O(blocks + sequences * table). For tests: far too slow for the serving
+        loop.
 
         Raises:
             AssertionError: with a message naming the sequence or block.
         """
-        pins = self._tier.device_pins if self._tier is not None else []
-        check_manager(self._pool, self._tree, self._host_pool, self._seqs, self.block_size, pins)
-        if self._tier is not None:
-            check_host_tier(self._tier, self._tree)
+        pins = self._supply.device_pins
+        check_manager(self._pool, self._cache, self._host_pool, self._seqs, self.block_size, pins)
+
+    def _get(self, seq_id: int) -> SeqBlocks:
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise UnknownSequenceError(f"unknown sequence {seq_id}")
+        return seq
+
+    def _live(self, seq_id: int) -> SeqBlocks:
+        seq = self._get(seq_id)
+        if seq.host_table is not None:
+            raise ValueError(f"sequence {seq_id} is swapped out")
+        return seq

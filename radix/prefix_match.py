@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from radix.keys import BlockKeys
-from radix.tree import Node
+from radix.node import Node
 
 
 class StaleMatchError(ValueError):

@@ -1,8 +1,12 @@
-"""SeqBlocks: the block-table state of one sequence inside the KVCacheManager (owned and mutated only by it)."""
+"""SeqBlocks: the block-table state of one sequence inside the KVCacheManager (owned by it; its cached prefix is
+advanced by the manager's prefix cache, radix/prefix_cache.py)."""
 
 from __future__ import annotations
 
-from radix.tree import Node, RadixTree
+from collections.abc import Sequence
+
+from radix.keys import pack_blocks
+from radix.node import Node
 
 
 class SeqBlocks:
@@ -66,43 +70,15 @@ class SeqBlocks:
         child.shadow = list(self.shadow)
         return child
 
-    def cache_full_blocks(self, tree: RadixTree, num_full_blocks: int) -> None:
-        """Insert blocks [num_cached_blocks, num_full_blocks) (capped at the table; their KV must be written) into the
-        tree under cached_node, de-duplicating: an idle resident duplicate is replaced by its block (and freed,
-        RadixTree.insert_chain); one in use becomes a shadow (one more reference). Mutates this state and the tree.
-        O(new blocks) plus one hash per block new to the tree."""
-        start, end = self.num_cached_blocks, min(num_full_blocks, len(self.block_table))
-        if end <= start:
-            return
-        table = self.block_table
-        found = tree.insert_chain(self.cached_node, self.cache_salt, self.blocks[start:end], table[start:end])
-        resident = found.resident
-        if not resident:
-            return
-        shadow = [r for r, b in zip(resident, table[start:end], strict=False) if r != b]  # resident may be shorter
-        if shadow:
-            tree.lock(shadow)
-            self.shadow.extend(shadow)
-        self.cached_node = found.last_node
-        self.num_cached_blocks += len(resident)
-
-    def uncache_past(self, tree: RadixTree, keep_blocks: int) -> None:
-        """Take out of the tree its cached blocks from keep_blocks on that only it (and the tree) holds, deepest
-        first, stopping at the first one shared or not its own (a stop string ended the text there). Mutates this
-        state and the tree. O(blocks past keep_blocks * log n)."""
-        rcs, node = tree.pool.ref_counts, self.cached_node
-        own = []  # deepest first
-        for i in range(self.num_cached_blocks - 1, keep_blocks - 1, -1):
-            assert node is not None
-            block_id = self.block_table[i]
-            if rcs[block_id] != 2 or node.block_id != block_id:
-                break
-            own.append(block_id)
-            node = node.parent
-        removed = tree.uncache(own)
-        for _ in range(removed):
-            assert self.cached_node is not None
-            self.cached_node = self.cached_node.parent
-        self.num_cached_blocks -= removed
-        if self.num_cached_blocks == 0:
-            self.cached_node = None  # the salt's root: insert_chain finds it again
+    def append_tokens(self, token_ids: Sequence[int], block_size: int) -> None:
+        """Record token_ids as known tokens; each block they fill is packed now, once (radix/keys.py).
+        O(len(token_ids) + block_size). Raises ValueError: a bad token id (nothing recorded)."""
+        tail = self.tail
+        if len(tail) + len(token_ids) < block_size:
+            tail.extend(token_ids)
+        else:
+            tokens = tail + list(token_ids)
+            full = len(tokens) // block_size * block_size
+            self.blocks.extend(pack_blocks(tokens[:full], block_size))
+            self.tail = tokens[full:]
+        self.num_tokens += len(token_ids)

@@ -8,8 +8,8 @@ import msgspec
 
 from radix.block_pool import BlockPool
 from radix.host_tier import HostTier
+from radix.prefix_cache import PrefixCache
 from radix.sequence import SeqBlocks
-from radix.tree import RadixTree
 
 
 class KVStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -54,7 +54,7 @@ class KVStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 def count_stats(
     pool: BlockPool,
-    tree: RadixTree,
+    cache: PrefixCache,
     host_pool: BlockPool,
     seqs: Iterable[SeqBlocks],
     block_size: int,
@@ -64,9 +64,13 @@ def count_stats(
     host_hits_tokens: int = 0,
     tier: HostTier | None = None,
 ) -> KVStats:
-    """KVStats of a manager's pools, tree, host tier and sequences. Pure, O(sequences)."""
-    free, evictable, total = pool.num_free, tree.num_evictable, pool.num_usable
-    waste = swapped = num_seqs = 0
+    """KVStats of a manager's pools, prefix cache, host tier and sequences. Pure, O(sequences)."""
+    free = pool.num_free
+    evictable = cache.num_evictable
+    total = pool.num_usable
+    waste = 0
+    swapped = 0
+    num_seqs = 0
     for s in seqs:
         num_seqs += 1
         if s.host_table is None:
@@ -78,7 +82,7 @@ def count_stats(
         free_blocks=free,
         evictable_blocks=evictable,
         in_use_blocks=total - free - evictable,
-        cached_blocks=tree.num_cached,
+        cached_blocks=cache.num_cached,
         prefix_queries_tokens=queries_tokens,
         prefix_hits_tokens=hits_tokens,
         waste_slots=waste,

@@ -8,23 +8,26 @@ commit_computed or free after swap_in.
 from __future__ import annotations
 
 from radix.block_pool import BlockPool
+from radix.prefix_cache import PrefixCache
 from radix.sequence import SeqBlocks
-from radix.tree import RadixTree
 
 
-def swap_out(seq: SeqBlocks, host_pool: BlockPool, tree: RadixTree) -> list[tuple[int, int]] | None:
+def swap_out(seq: SeqBlocks, host_pool: BlockPool, cache: PrefixCache) -> list[tuple[int, int]] | None:
     """Give every block of seq's (live) table a host block and release its device references.
 
     Returns (device, host) pairs to copy, or None with no side effect when the host pool lacks room. Mutates seq,
-    host_pool, the device ref counts and the tree's LRU. O(blocks * log n).
+    host_pool, the device ref counts and the prefix cache's LRU. O(blocks * log n).
     """
     if len(seq.block_table) > host_pool.num_free:
         return None
     host = host_pool.allocate(len(seq.block_table))
     pairs = list(zip(seq.block_table, host, strict=True))
-    tree.unlock(seq.block_table + seq.shadow)
-    seq.host_table, seq.block_table, seq.shadow = host, [], []
-    seq.cached_node, seq.num_cached_blocks = None, 0
+    cache.unlock(seq.block_table + seq.shadow)
+    seq.host_table = host
+    seq.block_table = []
+    seq.shadow = []
+    seq.cached_node = None
+    seq.num_cached_blocks = 0
     return pairs
 
 

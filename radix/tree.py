@@ -1,5 +1,7 @@
-"""Radix tree of full KV blocks: match by tokens, insert (de-duplicating), lock/unlock, uncache, clear; its eviction
-and the moves between the device and host tiers are radix/tier_moves.py (TierMoves, a base of RadixTree).
+"""Radix tree of full KV blocks: match by tokens, insert (de-duplicating), lock/unlock, uncache, clear, and a
+sequence's cached prefix; the prefix cache of a manager with prefix caching on (radix/prefix_cache.py). Its nodes and
+indexes are a TreeNodes (radix/tree_nodes.py); its eviction and the moves between the device and host tiers are a
+TierMoves part (radix/tier_moves.py) over the same nodes.
 
 Shape: one node per block (radix/node.py). A node's children are a dict keyed by the child block's packed tokens
 (radix/keys.py): a match walks the prompt block by block with one dict probe each (exact comparison, Python's native
@@ -9,9 +11,9 @@ own root, so tenants never share a block; an empty salted root is dropped with i
 
 Naming: when a block first enters the tree it gets its chained content hash (radix/hashing.py: BLAKE2b over the parent
 hash, the tokens and, on the first block, the salt), computed exactly once. The hash names the block in KV events and
-snapshots on either tier, and a second index (hash -> node) answers the router's chains of hashes (``match_hashes``).
-A new block whose hash is already taken by another node (a collision: never seen with BLAKE2b-128, forced in tests
-with a weak hash) is not cached, so a hash always names exactly one block.
+snapshots on either tier (a second index, hash -> node, answers resident_block / host_block). A new block whose hash
+is already taken by another node (a collision: never seen with BLAKE2b-128, forced in tests with a weak hash) is not
+cached, so a hash always names exactly one block.
 
 Tiers: a node is on the device, on the host tier (radix/host_tier.py, when the tree has one) or both, and device
 residency is prefix-closed (radix/node.py). Without a host tier every node is on the device.
@@ -33,21 +35,24 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from sortedcontainers import SortedList
-
 from radix.block_pool import BlockPool
 from radix.events import KvEventLog
 from radix.hashing import BlockHash, HashFn, blake2b_128, hash_packed_block
 from radix.host_tier import HostTier
+from radix.invariants import check_host_tier, check_tree
+from radix.keys import BlockKeys
 from radix.node import ID_BITS, ID_MASK, NOT_RESIDENT, InsertResult, Node, Root, TreeMatch
+from radix.prefix_cache import PrefixCache
+from radix.sequence import SeqBlocks
 from radix.tier_moves import TierMoves
+from radix.tree_nodes import TreeNodes
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["InsertResult", "Node", "RadixTree", "Root", "TreeMatch"]
 
 
-class RadixTree(TierMoves):
+class RadixTree(PrefixCache):
     """Cached full blocks of ``block_size`` tokens over the physical blocks of ``pool`` (and of ``host``).
 
     Args:
@@ -72,66 +77,73 @@ class RadixTree(TierMoves):
         self.pool = pool
         self.block_size = block_size
         self.hash_fn = hash_fn
-        self.events = events if events is not None else KvEventLog(enabled=False)
         self.host = host
-        self.epoch = 0
-        self._roots: dict[str | None, Root] = {None: Root(None)}
-        self._nodes: dict[BlockHash, Node] = {}
-        self._by_block: list[Node | None] = [None] * pool.num_blocks
-        self._lru: SortedList = SortedList()
-        self._clock = 0
-        self._num_evictable = 0
-        self._num_device = 0  # device-resident nodes
-        self._removed: list[BlockHash] = []  # left the device in the current call
-        self._host_stored: list[BlockHash] = []  # written back in the current call
-        self._host_removed: list[BlockHash] = []  # left the host tier in the current call
+        self._nodes = TreeNodes(pool, block_size, events if events is not None else KvEventLog(enabled=False), host)
+        self._moves = TierMoves(self._nodes)
 
     # ----------------------------------------------------------------- queries
     @property
+    def events(self) -> KvEventLog:
+        """The event log the tree records into. O(1)."""
+        return self._nodes.events
+
+    @property
+    def epoch(self) -> int:
+        """Calls so far that removed blocks from a tier or moved a node between tiers (module docstring). O(1)."""
+        return self._nodes.epoch
+
+    @property
     def num_cached(self) -> int:
-        """Device-resident blocks in the tree."""
-        return self._num_device
+        """Device-resident blocks in the tree. O(1)."""
+        return self._nodes.num_device
 
     @property
     def num_nodes(self) -> int:
-        """Blocks in the tree on either tier."""
-        return len(self._nodes)
+        """Blocks in the tree on either tier. O(1)."""
+        return len(self._nodes.by_hash)
 
     @property
     def num_evictable(self) -> int:
-        """Device blocks whose only reference is the tree's (reclaimable by evicting device leaves first)."""
-        return self._num_evictable
+        """Device blocks whose only reference is the tree's (reclaimable by evicting device leaves first). O(1)."""
+        return self._nodes.num_evictable
 
     def block_hash(self, block_id: int) -> BlockHash | None:
         """Hash of a cached device block, None if the block is not cached. O(1)."""
-        node = self._by_block[block_id]
+        node = self._nodes.by_block[block_id]
         return None if node is None else node.block_hash
 
     def resident_block(self, block_hash: BlockHash) -> int | None:
         """Device block id cached under ``block_hash``, None if absent or on the host only. O(1)."""
-        node = self._nodes.get(block_hash)
+        node = self._nodes.by_hash.get(block_hash)
         return None if node is None or node.block_id < 0 else node.block_id
 
     def host_block(self, block_hash: BlockHash) -> int | None:
         """Host-tier block id holding ``block_hash``, None if it has no host copy. O(1)."""
-        node = self._nodes.get(block_hash)
+        node = self._nodes.by_hash.get(block_hash)
         return None if node is None or node.host_block < 0 else node.host_block
 
     def hashes(self) -> list[BlockHash]:
         """Hashes of the device-resident blocks (insertion order). O(nodes)."""
-        return [h for h, node in self._nodes.items() if node.block_id >= 0]
+        return [h for h, node in self._nodes.by_hash.items() if node.block_id >= 0]
 
     def host_hashes(self) -> list[BlockHash]:
         """Hashes of the blocks with a host copy (insertion order). O(nodes)."""
-        return [h for h, node in self._nodes.items() if node.host_block >= 0]
+        return [h for h, node in self._nodes.by_hash.items() if node.host_block >= 0]
 
     def lru_order(self) -> list[int]:
         """Evictable device leaves, next victim first (for tests). O(number of such leaves)."""
-        return [key & ID_MASK for key in self._lru]
+        return [key & ID_MASK for key in self._nodes.lru]
 
     def host_lru_order(self) -> list[int]:
-        """Droppable host copies (host block ids), next victim first (for tests). [] without a host tier."""
-        return [] if self.host is None else [key & ID_MASK for key in self.host.lru]
+        """Droppable host copies (host block ids), next victim first (for tests). [] without a host tier. O(copies)."""
+        if self.host is None:
+            return []
+        return [key & ID_MASK for key in self.host.lru]
+
+    def block_keys(self, token_ids: Sequence[int], cache_salt: str | None) -> BlockKeys:
+        """Chained keys (radix/keys.py): their chain ids let the scheduler wait for blocks computed now. Pure,
+        O(len(token_ids)). Raises ValueError: a bad token id."""
+        return BlockKeys(token_ids, self.block_size, cache_salt)
 
     def match(self, blocks: Sequence[bytes], salt: str | None, max_blocks: int) -> TreeMatch:
         """Longest cached prefix of ``blocks`` (packed tokens, radix/keys.py) in salt's subtree, at most max_blocks,
@@ -139,7 +151,7 @@ class RadixTree(TierMoves):
 
         Pure: takes no reference, leaves the LRU order alone, hashes nothing. O(matched blocks) dict probes.
         """
-        node: Node | None = self._roots.get(salt)
+        node: Node | None = self._nodes.roots.get(salt)
         block_ids: list[int] = []
         host_nodes: list[Node] = []
         if node is None:
@@ -158,22 +170,6 @@ class RadixTree(TierMoves):
                 host_nodes.append(child)  # prefix closure: every later one is host-only too
             node = child
         return TreeMatch(block_ids, node if block_ids or host_nodes else None, host_nodes)
-
-    def match_hashes(self, block_hashes: Sequence[BlockHash]) -> list[int]:
-        """Device block ids of the longest device-resident prefix of a chain of hashes starting at a root (router
-        use: no tokens to compare, so this trusts the collision resistance of the default hash). Pure.
-        O(len(block_hashes))."""
-        block_ids: list[int] = []
-        parent: Node | None = None
-        for h in block_hashes:
-            node = self._nodes.get(h)
-            if node is None or node.block_id < 0:
-                break
-            if node.parent is not parent if parent is not None else type(node.parent) is not Root:
-                break
-            block_ids.append(node.block_id)
-            parent = node
-        return block_ids
 
     # ----------------------------------------------------------------- insert
     def insert_chain(
@@ -195,16 +191,18 @@ class RadixTree(TierMoves):
         Raises:
             ValueError: a new block id is already cached, or is free.
         """
+        nodes = self._nodes
         if parent is None:
-            parent = self._roots.get(salt)
-            if parent is None:
-                parent = self._roots[salt] = Root(salt)
+            parent = nodes.root(salt)
         resident: list[int] = []
         duplicates: list[int] = []
         stored: list[BlockHash] = []
         stored_parent: BlockHash | None = None
-        lru_tick = self._tick() << ID_BITS
-        hash_fn, nodes, by_block, rcs = self.hash_fn, self._nodes, self._by_block, self.pool.ref_counts
+        lru_tick = nodes.tick() << ID_BITS
+        hash_fn = self.hash_fn
+        by_hash = nodes.by_hash
+        by_block = nodes.by_block
+        rcs = self.pool.ref_counts
         for key, block_id in zip(blocks, block_ids, strict=True):
             children = parent.children
             node = None if children is None else children.get(key)
@@ -215,59 +213,52 @@ class RadixTree(TierMoves):
                     h = hash_packed_block(
                         parent.block_hash, key, parent.salt if type(parent) is Root else None, hash_fn
                     )
-                    if h in nodes:
+                    if h in by_hash:
                         logger.debug("block hash collision at block %d; not cached", block_id)
                         break
                     node = Node(NOT_RESIDENT, h, key, parent, 0)
-                    nodes[h] = node
+                    by_hash[h] = node
                     if children is None:
                         parent.children = {key: node}
                     else:
                         children[key] = node
                 else:
-                    self.epoch += 1  # a match that named it host-only would load it back
-                self._take_device_block(node, block_id, lru_tick | block_id)
+                    nodes.epoch += 1  # a match that named it host-only would load it back
+                nodes.take_device_block(node, block_id, lru_tick | block_id)
                 if not stored:
                     stored_parent = parent.block_hash
                 assert node.block_hash is not None
                 stored.append(node.block_hash)
             elif node.block_id != block_id:
                 if rcs[node.block_id] == 1:
-                    self._replace_idle(node, block_id, lru_tick | block_id)
+                    nodes.replace_idle(node, block_id, lru_tick | block_id)
                 else:
                     duplicates.append(block_id)
             resident.append(node.block_id)
             parent = node
-        self.events.stored(stored, stored_parent, self.block_size)
+        nodes.events.stored(stored, stored_parent, self.block_size)
         return InsertResult(resident, duplicates, None if type(parent) is Root else parent)
 
-    def _take_device_block(self, node: Node, block_id: int, lru_key: int) -> None:
-        """node (new, or on the host only) gets block_id (held by the caller, checked: allocated, not cached) as its
-        device copy with the tree's reference (ref count >= 2, so not idle); its parent gains a device child.
-        O(log n)."""
-        rcs, by_block = self.pool.ref_counts, self._by_block
-        rcs[block_id] += 1
-        node.block_id, node.lru_key = block_id, lru_key
-        by_block[block_id] = node
-        self._num_device += 1
-        self._gain_device_child(node.parent)
-        if node.host_block >= 0 and self.host is not None:
-            self.host.refresh(node)  # on both tiers now: its host copy may be dropped
-
-    def _replace_idle(self, node: Node, block_id: int, lru_key: int) -> None:
-        """node's idle block (ref count 1) leaves for the free queue; block_id (held by the caller, not cached) takes
-        its place with the tree's reference. Bumps epoch: a match naming the old block is stale. O(log n)."""
-        rcs, by_block, old = self.pool.ref_counts, self._by_block, node.block_id
-        if rcs[block_id] == 0 or by_block[block_id] is not None:
-            raise ValueError(f"block {block_id} is free or already cached")
-        if node.num_device_children == 0:
-            self._lru.remove(node.lru_key)
-        self._num_evictable -= 1
-        by_block[old], by_block[block_id] = None, node
-        node.block_id, node.lru_key = block_id, lru_key
-        rcs[block_id] += 1  # >= 2: the caller's reference and the tree's
-        self.pool.decref(old)
-        self.epoch += 1
+    def cache_full_blocks(self, seq: SeqBlocks, num_full_blocks: int) -> None:
+        """Insert seq's blocks [num_cached_blocks, num_full_blocks) (capped at its table; their KV must be written)
+        under its cached_node, de-duplicating: an idle resident duplicate is replaced by its block (and freed,
+        insert_chain); one in use becomes a shadow of seq (one more reference). Mutates seq and the tree.
+        O(new blocks) plus one hash per block new to the tree."""
+        start = seq.num_cached_blocks
+        end = min(num_full_blocks, len(seq.block_table))
+        if end <= start:
+            return
+        table = seq.block_table
+        found = self.insert_chain(seq.cached_node, seq.cache_salt, seq.blocks[start:end], table[start:end])
+        resident = found.resident
+        if not resident:
+            return
+        shadow = [r for r, b in zip(resident, table[start:end], strict=False) if r != b]  # resident may be shorter
+        if shadow:
+            self.lock(shadow)
+            seq.shadow.extend(shadow)
+        seq.cached_node = found.last_node
+        seq.num_cached_blocks += len(resident)
 
     # ----------------------------------------------------------------- references
     def lock(self, block_ids: Sequence[int]) -> None:
@@ -277,7 +268,9 @@ class RadixTree(TierMoves):
         Raises:
             ValueError: a block is free (nothing after it is locked).
         """
-        rcs, by_block = self.pool.ref_counts, self._by_block
+        nodes = self._nodes
+        rcs = self.pool.ref_counts
+        by_block = nodes.by_block
         for block_id in block_ids:
             rc = rcs[block_id]
             if rc == 0:
@@ -286,9 +279,9 @@ class RadixTree(TierMoves):
             if rc == 1:
                 node = by_block[block_id]
                 if node is not None:
-                    self._num_evictable -= 1
+                    nodes.num_evictable -= 1
                     if node.num_device_children == 0:
-                        self._lru.remove(node.lru_key)
+                        nodes.lru.remove(node.lru_key)
 
     def unlock(self, block_ids: Sequence[int]) -> None:
         """Drop one reference from each block. A private block at 0 goes to the free queue; a cached block left with
@@ -297,9 +290,11 @@ class RadixTree(TierMoves):
         Raises:
             ValueError: a block is already free (nothing after it is unlocked).
         """
-        pool, by_block = self.pool, self._by_block
+        nodes = self._nodes
+        pool = self.pool
+        by_block = nodes.by_block
         rcs = pool.ref_counts
-        tick = self._tick() << ID_BITS
+        tick = nodes.tick() << ID_BITS
         for block_id in block_ids:
             rc = rcs[block_id]
             if rc <= 1:
@@ -309,50 +304,82 @@ class RadixTree(TierMoves):
             if rc == 2:
                 node = by_block[block_id]
                 if node is not None:
-                    self._num_evictable += 1
+                    nodes.num_evictable += 1
                     node.lru_key = tick | block_id
                     if node.num_device_children == 0:
-                        self._lru.add(node.lru_key)
+                        nodes.lru.add(node.lru_key)
 
     # ----------------------------------------------------------------- removal
+    def evict(self, n: int) -> list[int]:
+        """Free up to n evictable device blocks, least recently used device leaf first, writing them back to the
+        host tier or dropping them (TierMoves.evict, radix/tier_moves.py, which states the events). O(n log N)."""
+        return self._moves.evict(n)
+
     def uncache(self, block_ids: Sequence[int]) -> int:
         """Take cached leaves out of the tree, in the given order (children first), stopping at the first block that
         is not a cached leaf (on the device, no child on either tier). The tree's references are dropped (a host copy
         goes too); other holders keep the block as a private block. Used so that no block past a stop string stays
         cached. Returns how many were removed; emits BlockRemoved and bumps epoch if any. O(len(block_ids) * log n)."""
+        nodes = self._nodes
         removed = 0
         for block_id in block_ids:
-            node = self._by_block[block_id]
+            node = nodes.by_block[block_id]
             if node is None or node.children is not None:
                 break
             if self.pool.ref_counts[block_id] == 1:
-                self._num_evictable -= 1
-                self._lru.remove(node.lru_key)
-            self._unlink(node, None)
+                nodes.num_evictable -= 1
+                nodes.lru.remove(node.lru_key)
+            nodes.unlink(node, None)
             self.pool.decref(block_id)
             removed += 1
         if removed:
-            self.epoch += 1
-            self._emit_moves()
+            nodes.epoch += 1
+            nodes.emit_moves()
         return removed
+
+    def uncache_past(self, seq: SeqBlocks, keep_blocks: int) -> None:
+        """Take out of the tree seq's cached blocks from keep_blocks on that only it (and the tree) holds, deepest
+        first, stopping at the first one shared or not its own (a stop string ended the text there). Mutates seq and
+        the tree. O(blocks past keep_blocks * log n)."""
+        rcs = self.pool.ref_counts
+        node = seq.cached_node
+        own = []  # deepest first
+        for i in range(seq.num_cached_blocks - 1, keep_blocks - 1, -1):
+            assert node is not None
+            block_id = seq.block_table[i]
+            if rcs[block_id] != 2 or node.block_id != block_id:
+                break
+            own.append(block_id)
+            node = node.parent
+        removed = self.uncache(own)
+        for _ in range(removed):
+            assert seq.cached_node is not None
+            seq.cached_node = seq.cached_node.parent
+        seq.num_cached_blocks -= removed
+        if seq.num_cached_blocks == 0:
+            seq.cached_node = None  # the salt's root: insert_chain finds it again
 
     def clear(self) -> bool:
         """Drop every cached block of both tiers at once if every device block is evictable and no host block is
         pinned by a pending copy (emits AllBlocksCleared, bumps epoch); else change nothing and return False.
         O(nodes)."""
-        host = self.host
-        if self._num_evictable != self._num_device or (host is not None and host.num_pinned):
-            return False
-        for node in self._nodes.values():
-            if node.block_id >= 0:
-                self._by_block[node.block_id] = None
-                self.pool.decref(node.block_id)
-            if host is not None and node.host_block >= 0:
-                host.detach(node)
-        self._nodes.clear()
-        self._roots = {None: Root(None)}
-        self._lru.clear()
-        self._num_evictable = self._num_device = 0
-        self.epoch += 1
-        self.events.cleared()
-        return True
+        return self._nodes.clear()
+
+    # ----------------------------------------------------------------- load-back
+    def pin_for_load(self, nodes: Sequence[Node]) -> None:
+        """Pin the host copies of a matched host-only chain (TierMoves.pin_for_load). O(len * log n). Raises
+        ValueError: a node is on the device or has no host copy (a stale match)."""
+        self._moves.pin_for_load(nodes)
+
+    def load_back(self, nodes: Sequence[Node], device_blocks: Sequence[int]) -> None:
+        """Give the pinned host-only chain its device blocks and schedule the host -> device copies
+        (TierMoves.load_back: emits one BlockStored, bumps epoch). O(len * log n). Raises ValueError: lengths
+        differ, or a device block is free or already cached (nothing changed)."""
+        self._moves.load_back(nodes, device_blocks)
+
+    def check_invariants(self) -> None:
+        """Nodes, indexes, tiers, counts, the device LRU (radix/invariants.py check_tree) and the host tier's own
+        invariant (check_host_tier). O(nodes + blocks). Raises AssertionError naming the offending block."""
+        check_tree(self._nodes)
+        if self.host is not None:
+            check_host_tier(self.host, self._nodes)

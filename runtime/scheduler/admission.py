@@ -20,10 +20,8 @@ from runtime.scheduler.waiting_queue import WaitingQueue
 
 def inflight_chain_ids(running: Iterable[SchedulerSeq], manager: KVCacheManager) -> set[int]:
     """Chain ids (radix/keys.py) of the full prompt blocks that running sequences have not finished computing yet
-    (empty without prefix caching). O(running + those blocks)."""
+    (empty without prefix caching: such keys have no chain ids). O(running + those blocks)."""
     keys: set[int] = set()
-    if not manager.enable_prefix_caching:
-        return keys
     for seq in running:
         done = manager.num_computed_tokens(seq.seq_id) // manager.block_size
         if done < len(seq.req.block_keys):
@@ -36,7 +34,7 @@ class Admission:
 
     Args:
         manager: the KV block manager (match_prefix, add_sequence).
-        args: ServerArgs (max_running_requests, schedule_policy, enable_prefix_caching, chunked_prefill_size).
+        args: ServerArgs (max_running_requests, schedule_policy, chunked_prefill_size).
         waiting, running: the Scheduler's queues.
         planner: plans an admitted sequence's first chunk.
         counters: the Scheduler's counters (prompt, cached and recomputed tokens).
@@ -72,7 +70,7 @@ class Admission:
         tables and step. O(waiting) (O(waiting * prompt blocks) under lpm) plus the admitted prompts' blocks."""
         inflight = inflight_chain_ids(self._running, self._manager)
         block_size = self._manager.block_size
-        lpm = self.args.schedule_policy == "lpm" and self.args.enable_prefix_caching
+        lpm = self.args.schedule_policy == "lpm"
         order = self._waiting.admission_order(step.step_id, lpm, self._lpm_starvation_steps, self._manager)
         for seq, match in order:
             if len(self._running) >= self.args.max_running_requests or step.prefill_budget <= 0:
@@ -105,5 +103,5 @@ class Admission:
                 self._counters.recomputed_tokens += len(seq.token_ids) - cached
             if not self._manager.waits_for_loads(seq.seq_id):  # else planned from the next step (module docstring)
                 self._planner.plan(seq, step)  # a prefill-only parent whose prompt is all cached forks there
-            if self.args.enable_prefix_caching and not (seq.prefill_only and cached == seq.target):
+            if not (seq.prefill_only and cached == seq.target):
                 inflight.update(req.block_keys.chain_ids[matched_blocks:])

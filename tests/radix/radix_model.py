@@ -91,7 +91,8 @@ class Model:
     # ----------------------------------------------------------------- matching and eviction
     def match(self, tokens: list[int], salt: str | None) -> tuple[list[int], list[tuple]]:
         """(device blocks of the matched prefix, keys of the host-only blocks after them)."""
-        blocks, host = [], []
+        blocks: list[int] = []
+        host: list[tuple] = []
         for k in range(1, (len(tokens) - 1) // B + 1):
             key = self.key(salt, tokens, k)
             entry = self.cache.get(key)
@@ -211,12 +212,14 @@ class Model:
             self.tier_refs[host] -= count
             if self.tier_refs[host] == 0:
                 self.tier_q.append(host)
-        self.pinned, self.loading = {}, set()
+        self.pinned = {}
+        self.loading = set()
 
     def take_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         off = self.num_host
         out = ([(d, h + off) for d, h in self.write_back], [(h + off, d) for h, d in self.load_back])
-        self.write_back, self.load_back = [], []
+        self.write_back = []
+        self.load_back = []
         return out
 
     # ----------------------------------------------------------------- caching

@@ -11,6 +11,19 @@ from radix.manager import KVCacheManager, UnknownSequenceError
 from radix.tree import InsertResult, RadixTree
 
 
+def toks(a: int, b: int) -> list[int]:
+    """The tokens a, a + 1, ..., b."""
+    return list(range(a, b + 1))
+
+
+def finished(m: KVCacheManager, seq_id: int, tokens: list[int]) -> None:
+    """Admit, compute everything, free: the tokens end up cached. Checks every invariant after."""
+    assert admit(m, seq_id, tokens) is not None
+    m.commit_computed(seq_id, len(tokens))
+    m.free(seq_id)
+    m.check_invariants()
+
+
 def admit(
     m: KVCacheManager,
     seq_id: int,
@@ -45,6 +58,20 @@ def is_swapped(m: KVCacheManager, seq_id: int) -> bool:
     return m._seqs[seq_id].host_table is not None
 
 
+def num_tokens(m: KVCacheManager, seq_id: int) -> int:
+    """Known tokens of the sequence (prompt + appended)."""
+    return m._get(seq_id).num_tokens
+
+
+def slot_mapping(m: KVCacheManager, seq_id: int, start: int, end: int) -> list[int]:
+    """The slots of positions [start, end) in the sequence's block table, table[p // B] * B + p % B (what the worker
+    derives; the oracle for where a sequence writes)."""
+    table = m.block_table(seq_id)
+    bs = m.block_size
+    assert 0 <= start <= end <= len(table) * bs, f"positions [{start}, {end}) outside the block table"
+    return [table[p // bs] * bs + p % bs for p in range(start, end)]
+
+
 def snapshot(m: KVCacheManager) -> list[bytes]:
     return m.kv_snapshot().block_hashes
 
@@ -55,7 +82,7 @@ def cache_computed_blocks(m: KVCacheManager, seq_id: int, num_tokens: int) -> No
     seq = m._live(seq_id)
     if not 0 <= num_tokens <= seq.num_computed:
         raise ValueError(f"cannot cache {num_tokens} tokens: only {seq.num_computed} are computed")
-    seq.cache_full_blocks(m.tree, num_tokens // m.block_size)
+    m.tree.cache_full_blocks(seq, num_tokens // m.block_size)
 
 
 def is_cached(tree: RadixTree, block_id: int) -> bool:

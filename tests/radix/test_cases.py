@@ -9,13 +9,9 @@ import tracemalloc
 
 from radix.hashing import hash_block_tokens
 from radix.manager import KVCacheManager
-from tests.radix.radix_testing import admit, is_cached, match, ref_count
+from tests.radix.radix_testing import admit, is_cached, match, num_tokens, ref_count, slot_mapping, toks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def toks(a: int, b: int) -> list[int]:
-    return list(range(a, b + 1))
 
 
 def run_to_end(m: KVCacheManager, seq_id: int, tokens: list[int], salt: str | None = None) -> int:
@@ -40,7 +36,7 @@ def test_c1_whole_prompt_cached_still_computes_the_last_token():
     assert admit(m, 3, toks(1, 12)) == 8  # the hash chain is intact
     m.free(3)
     assert admit(m, 4, toks(1, 9)) == 8
-    assert m.num_tokens(4) - m.num_computed_tokens(4) == 1
+    assert num_tokens(m, 4) - m.num_computed_tokens(4) == 1
     m.free(4)
     assert admit(m, 5, toks(1, 3)) == 0
     m.check_invariants()
@@ -68,7 +64,7 @@ def test_c2_duplicate_blocks_after_recompute():
     m.free(2)  # block 3 stays cached (evictable) under block 1
     assert ref_count(m, 3) == 1 and m.num_evictable_blocks() == 2
     assert m.num_free_blocks() + m.num_evictable_blocks() == start_free
-    assert m.reset_prefix_cache()
+    assert m.tree.clear()
     assert m.num_free_blocks() == start_free
     m.check_invariants()
 
@@ -114,16 +110,16 @@ def test_c6_new_prompt_is_a_strict_prefix_of_a_cached_sequence():
     for t in a[16:]:  # decode 8 tokens
         m.append_tokens(1, [t])
         assert m.allocate(1, 1) is not None
-        m.commit_computed(1, m.num_tokens(1))
+        m.commit_computed(1, num_tokens(m, 1))
     a_table = m.block_table(1)
     m.free(1)
     assert m.stats().cached_blocks == 6
     assert admit(m, 2, a[:10]) == 8
-    assert m.num_computed_tokens(2) == 8 and m.num_tokens(2) == 10
+    assert m.num_computed_tokens(2) == 8 and num_tokens(m, 2) == 10
     b_table = m.block_table(2)
     assert b_table[:2] == a_table[:2] and len(b_table) == 3
     assert b_table[2] not in a_table  # writing positions 8, 9 never touches A's cached block
-    assert m.slot_mapping(2, 8, 10) == [b_table[2] * 4, b_table[2] * 4 + 1]
+    assert slot_mapping(m, 2, 8, 10) == [b_table[2] * 4, b_table[2] * 4 + 1]
     m.commit_computed(2, 10)
     m.free(2)
     assert match(m, a + [99]) == (a_table, 24)  # A's cached run is intact
@@ -165,7 +161,8 @@ def test_c9_insert_evict_cycles_leave_memory_where_it_started():
     end, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert m.num_free_blocks() == 10 and m.stats().cached_blocks == 0
-    assert m.tree._nodes == {} and len(m.tree._lru) == 0 and list(m.tree._roots) == [None]
+    nodes = m.tree._nodes
+    assert nodes.by_hash == {} and len(nodes.lru) == 0 and list(nodes.roots) == [None]
     assert end - start < 4096, f"memory grew by {end - start} bytes over 10k cycles"
     m.check_invariants()
 

@@ -5,11 +5,7 @@ references it too (its shadow). Exact block ids, ref counts, free queue and even
 from __future__ import annotations
 
 from radix.manager import KVCacheManager
-from tests.radix.radix_testing import admit, match, ref_count
-
-
-def toks(a: int, b: int) -> list[int]:
-    return list(range(a, b + 1))
+from tests.radix.radix_testing import admit, match, ref_count, toks
 
 
 def test_an_idle_resident_duplicate_is_replaced_and_freed_one_in_use_is_shared():

@@ -80,7 +80,7 @@ def test_manager_without_record_events_holds_no_events():
     _serve(m, 10_000)
     assert m.stats().cached_blocks == 9
     assert m.drain_events() == []
-    assert m.kv_snapshot().last_seq == -1 and m.num_dropped_events == 0
+    assert m.kv_snapshot().last_seq == -1 and m.tree.events.num_dropped == 0
     assert m.tree.events.enabled is False
 
 
@@ -91,4 +91,4 @@ def test_manager_with_record_events_numbers_every_event():
     assert [type(e).__name__ for e in events] == ["BlockStored"] * 4 + ["BlockRemoved", "BlockStored"] * 3
     assert [len(e.block_hashes) for e in events if isinstance(e, BlockRemoved)] == [1, 2, 2]
     assert [e.seq for e in events] == list(range(10)) and find_gap(-1, events) is None
-    assert m.kv_snapshot().last_seq == 9 and m.num_dropped_events == 0
+    assert m.kv_snapshot().last_seq == 9 and m.tree.events.num_dropped == 0

@@ -55,7 +55,8 @@ def test_hash_packed_block_is_hash_block_of_the_packed_key():
 
     tokens = list(range(100, 112))
     for salt in (None, "tenant-a"):
-        chain, parent = [], None
+        chain = []
+        parent = None
         for i in range(3):
             parent = hash_packed_block(parent, pack_tokens(tokens[4 * i : 4 * i + 4]), salt)
             chain.append(parent)

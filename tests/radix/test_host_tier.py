@@ -7,11 +7,7 @@ from radix.events import AllBlocksCleared, BlockRemoved, BlockStored
 from radix.hashing import hash_block_tokens
 from radix.host_tier import TierCopies
 from radix.manager import KVCacheManager
-from tests.radix.radix_testing import admit, match, ref_count
-
-
-def toks(a: int, b: int) -> list[int]:
-    return list(range(a, b + 1))
+from tests.radix.radix_testing import admit, match, ref_count, toks
 
 
 def finished(m: KVCacheManager, seq_id: int, tokens: list[int], commit: bool = True) -> None:
@@ -95,7 +91,7 @@ def test_a_request_aborted_while_its_loads_are_pending_returns_every_block_of_bo
     assert tiers(m) == ((2, 0, 2), (2, 0, 2))
     assert step(m) == TierCopies([], [(1, 4), (0, 3)])  # the step in flight still carries them
     assert tiers(m) == ((2, 2, 0), (2, 2, 0))
-    assert m.reset_prefix_cache()
+    assert m.tree.clear()
     assert tiers(m) == ((4, 0, 0), (4, 0, 0))
 
 
@@ -159,10 +155,10 @@ def test_reset_clears_both_tiers_unless_a_copy_is_pending():
     finished(m, 1, toks(1, 9))
     assert admit(m, 2, toks(100, 115)) == 0  # write-backs pending
     m.free(2)
-    assert not m.reset_prefix_cache()
+    assert not m.tree.clear()
     step(m)
     m.drain_events()
-    assert m.reset_prefix_cache()
+    assert m.tree.clear()
     assert m.drain_events() == [AllBlocksCleared(3)]
     assert tiers(m) == ((4, 0, 0), (4, 0, 0)) and m.kv_snapshot().host_block_hashes == []
     m.check_invariants()

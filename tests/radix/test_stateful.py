@@ -14,7 +14,7 @@ from radix.block_pool import NoFreeBlocksError
 from radix.blocks import cdiv
 from radix.manager import KVCacheManager, PrefixMatch, StaleMatchError
 from tests.radix.radix_model import B, Model, ModelSeq
-from tests.radix.radix_testing import admit, match, ref_count, snapshot
+from tests.radix.radix_testing import admit, match, num_tokens, ref_count, snapshot
 
 TOKENS = st.lists(st.integers(1, 3), min_size=1, max_size=9)
 SALT = st.sampled_from([None, "s"])
@@ -56,7 +56,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         new = md.take(need)
         md.load(host_keys, new[: len(host_keys)], matched)
         s.table = matched + new
-        s.cached_n, s.computed = len(matched) + len(host_keys), cached
+        s.cached_n = len(matched) + len(host_keys)
+        s.computed = cached
         md.seqs[self.next_id] = s
         if chunk is None:  # the whole prompt is computed in one step
             self.m.commit_computed(self.next_id, len(tokens))
@@ -111,7 +112,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         seq_id = self.pick(index)
         if seq_id is None:
             return
-        md, s = self.model, self.model.seqs[seq_id]
+        md = self.model
+        s = self.model.seqs[seq_id]
         if s.computed == len(s.tokens):
             self.m.append_tokens(seq_id, [token])
             s.tokens.append(token)
@@ -125,7 +127,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         new = md.take(max(need, 0))
         assert got == new
         s.table += new
-        start, end = s.computed, s.computed + n
+        start = s.computed
+        end = s.computed + n
         shared = [i for i in range(start // B, cdiv(end, B)) if md.refs[s.table[i]] > 1]
         if len(shared) > len(md.free_q) + md.evictable():
             try:
@@ -149,10 +152,14 @@ class KVCacheMachine(RuleBasedStateMachine):
         parent = self.pick(index)
         if parent is None:
             return
-        md, p = self.model, self.model.seqs[parent]
+        md = self.model
+        p = self.model.seqs[parent]
         self.m.fork(parent, self.next_id)
         c = ModelSeq(list(p.tokens), p.salt)
-        c.table, c.pins, c.computed, c.cached_n = list(p.table), list(p.pins), p.computed, p.cached_n
+        c.table = list(p.table)
+        c.pins = list(p.pins)
+        c.computed = p.computed
+        c.cached_n = p.cached_n
         for b in c.table + c.pins:
             md.refs[b] += 1
         md.seqs[self.next_id] = c
@@ -205,7 +212,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         seq_id = self.pick(index)
         if seq_id is None:
             return
-        md, s = self.model, self.model.seqs[seq_id]
+        md = self.model
+        s = self.model.seqs[seq_id]
         pairs = self.m.swap_out(seq_id)
         if len(s.table) > len(md.host_q):
             assert pairs is None
@@ -213,14 +221,18 @@ class KVCacheMachine(RuleBasedStateMachine):
         host = [md.host_q.popleft() for _ in s.table]
         assert pairs == list(zip(s.table, host, strict=True))
         md.release(s.table + s.pins)
-        s.host, s.table, s.pins, s.cached_n = host, [], [], 0
+        s.host = host
+        s.table = []
+        s.pins = []
+        s.cached_n = 0
 
     @rule(index=st.integers(0, 50))
     def swap_in(self, index: int) -> None:
         seq_id = self.pick(index, swapped=True)
         if seq_id is None:
             return
-        md, s = self.model, self.model.seqs[seq_id]
+        md = self.model
+        s = self.model.seqs[seq_id]
         pairs = self.m.swap_in(seq_id)
         if len(s.host) > len(md.free_q) + md.evictable():
             assert pairs is None
@@ -228,11 +240,13 @@ class KVCacheMachine(RuleBasedStateMachine):
         device = md.take(len(s.host))
         assert pairs == list(zip(s.host, device, strict=True))
         md.host_q.extend(s.host)
-        s.table, s.host = device, None
+        s.table = device
+        s.host = None
 
     @invariant()
     def agrees_with_model(self) -> None:
-        m, md = self.m, self.model
+        m = self.m
+        md = self.model
         m.check_invariants()
         assert [ref_count(m, b) for b in md.refs] == list(md.refs.values())
         assert m._pool.free_block_ids() == list(md.free_q)
@@ -264,7 +278,7 @@ class KVCacheMachine(RuleBasedStateMachine):
             assert key not in device or len(key[1]) == B or (key[0], key[1][:-B]) in device
         for seq_id, s in md.seqs.items():
             assert m.block_table(seq_id) == s.table
-            assert m.num_computed_tokens(seq_id) == s.computed and m.num_tokens(seq_id) == len(s.tokens)
+            assert m.num_computed_tokens(seq_id) == s.computed and num_tokens(m, seq_id) == len(s.tokens)
             for b in s.table:
                 assert ref_count(m, b) >= 1 and b not in free
             if s.host is None:

@@ -5,14 +5,9 @@ from __future__ import annotations
 from radix.block_pool import BlockPool
 from radix.events import BlockRemoved, BlockStored, KvEventLog
 from radix.hashing import hash_block_tokens
-from radix.invariants import check_tree
 from radix.keys import pack_blocks
 from radix.tree import RadixTree
-from tests.radix.radix_testing import tree_insert, tree_match
-
-
-def toks(a: int, b: int) -> list[int]:
-    return list(range(a, b + 1))
+from tests.radix.radix_testing import toks, tree_insert, tree_match
 
 
 def ins(tree: RadixTree, tokens: list[int], blocks: list[int]) -> tuple[list[int], list[int]]:
@@ -45,11 +40,9 @@ def test_insert_match_and_duplicates():
     assert tree_match(tree, toks(1, 4) + toks(20, 23)) == [1, 5]
     assert tree_match(tree, toks(2, 9)) == []
     assert tree_match(tree, toks(1, 12), salt="salt") == []
-    assert tree.match_hashes(hashes) == [1, 2, 3]
-    assert tree.match_hashes(hashes[1:]) == []  # not a chain from the root
     assert tree.num_cached == 4 and tree.num_evictable == 0
     assert [type(e) for e in events.drain()] == [BlockStored, BlockStored]
-    check_tree(tree)
+    tree.check_invariants()
 
 
 def test_unlock_makes_leaves_evictable_and_evict_follows_lru():
@@ -76,7 +69,7 @@ def test_unlock_makes_leaves_evictable_and_evict_follows_lru():
     chain = hash_block_tokens(toks(1, 12), 4)
     assert removed == [BlockRemoved(2, [side[1], chain[2]]), BlockRemoved(3, [chain[1], chain[0]])]
     assert tree.num_cached == 0 and tree.num_evictable == 0
-    check_tree(tree)
+    tree.check_invariants()
     pool.check_invariants()
 
 
@@ -91,7 +84,7 @@ def test_lock_takes_block_out_of_lru():
     assert tree.evict(1) == []
     tree.unlock([2])
     assert tree.lru_order() == [2] and tree.num_evictable == 1
-    check_tree(tree)
+    tree.check_invariants()
 
 
 def test_uncache_stops_at_non_leaf():
@@ -105,7 +98,7 @@ def test_uncache_stops_at_non_leaf():
     assert tree.epoch == epoch + 1
     assert [pool.ref_count(b) for b in a] == [2, 1, 1]  # the caller still holds them
     assert tree.num_cached == 1
-    check_tree(tree)
+    tree.check_invariants()
 
 
 def test_collision_is_not_cached():
@@ -117,7 +110,7 @@ def test_collision_is_not_cached():
     assert tree_match(tree, toks(5, 12)) == []
     b = pool.allocate(1)
     assert ins(tree, toks(50, 53), b) == ([], [])
-    check_tree(tree)
+    tree.check_invariants()
 
 
 def test_clear_only_when_all_evictable():
@@ -128,29 +121,20 @@ def test_clear_only_when_all_evictable():
     tree.unlock(a)
     assert tree.clear()
     assert pool.num_free == 10 and tree.num_cached == 0
-    check_tree(tree)
+    tree.check_invariants()
 
 
 def test_each_salt_has_its_own_subtree_and_an_empty_one_goes():
     pool, tree, events = make()
-    a, b = pool.allocate(2), pool.allocate(2)
+    a = pool.allocate(2)
+    b = pool.allocate(2)
     assert ins(tree, toks(1, 8), a) == ([1, 2], [])
     assert tree_insert(tree, toks(1, 8), b, salt="s").resident == [3, 4]  # same tokens, other tenant: no sharing
     assert tree_match(tree, toks(1, 9), salt="s") == [3, 4] and tree_match(tree, toks(1, 9)) == [1, 2]
     assert [tree.block_hash(x) for x in b] == hash_block_tokens(toks(1, 8), 4, cache_salt="s")
-    assert tree.match_hashes(hash_block_tokens(toks(1, 8), 4, cache_salt="s")) == [3, 4]
     tree.unlock(b)
     assert tree.evict(2) == [4, 3]
-    assert list(tree._roots) == [None]  # the salt's empty root went with its last block
-    check_tree(tree)
+    assert list(tree._nodes.roots) == [None]  # the salt's empty root went with its last block
+    tree.check_invariants()
     assert tree_insert(tree, toks(1, 8), pool.allocate(1), salt="s").resident == [5]
-    check_tree(tree)
-
-
-def test_match_hashes_no_tokens_at_all():
-    pool, tree, _ = make()
-    tree_insert(tree, toks(1, 12), pool.allocate(3))
-    hashes = hash_block_tokens(toks(1, 12), 4)
-    assert tree.match_hashes(hashes[:2] + [b"\x00" * 16]) == [1, 2]
-    assert tree.match_hashes([hashes[0], hashes[2]]) == [1]  # not a chain
-    assert tree.match_hashes([]) == []
+    tree.check_invariants()

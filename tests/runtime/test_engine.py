@@ -114,7 +114,7 @@ def test_c5_multi_turn_cache_includes_reply_and_stop_string_keeps_cache_short(ma
     engine = make_engine(num_blocks=96)
     short = prompt[:20]
     full = engine.generate(input_ids=[short], sampling_params=greedy(12))[0]
-    engine.manager.reset_prefix_cache()
+    engine.manager.tree.clear()
     text = smollm2_tokenizer.decode(full.token_ids[6:9])
     stopped = engine.generate(input_ids=[short], sampling_params=greedy(12, stop=[text]))[0]
     assert stopped.finish_reason == "stop" and text not in stopped.text

@@ -128,7 +128,7 @@ def test_stress_accounting_preemption_and_abort(tiny_llama_dir, mode):
     stats = engine.manager.stats()
     assert (stats.in_use_blocks, stats.num_sequences, engine.runner.seqs) == (0, 0, {})
     assert stats.free_blocks + stats.evictable_blocks == 39
-    assert engine.manager.reset_prefix_cache() and engine.manager.stats().free_blocks == 39
+    assert engine.manager.tree.clear() and engine.manager.stats().free_blocks == 39
 
 
 def test_the_winners_full_blocks_are_cached_and_pruned_beams_leave_none(tiny_llama_dir):
