@@ -16,7 +16,7 @@ from http.client import HTTPConnection
 import openai
 import pytest
 
-from tests.e2e.frozen import frozen_worker, wait_stats
+from tests.e2e.frozen import frozen, wait_stats, worker_pid
 from tests.e2e.http_servers import MODEL, assert_idle, scrape, start_http
 from tests.e2e.servers import TINY_FLAGS
 from tests.paths import ROOT
@@ -248,6 +248,7 @@ def test_a_client_that_leaves_aborts_its_request(http, zmq, wait_idle, tiny_serv
     the request leaves the running set only through the abort that the disconnect causes, nothing is generated after
     that, the HTTP server counts no completion, and every block comes back."""
     assert_idle(zmq, wait_idle)
+    worker = worker_pid(tiny_server)
     before = zmq.stats().generated_tokens
     served = successes(http.url)
     conn = connect(http.url)
@@ -261,7 +262,7 @@ def test_a_client_that_leaves_aborts_its_request(http, zmq, wait_idle, tiny_serv
         assert resp.readline().startswith(b"data: {")
     else:
         wait_stats(zmq, lambda s: s.num_running == 1 and s.generated_tokens > before, "the request never decoded")
-    with frozen_worker(tiny_server):
+    with frozen(worker):
         held = zmq.stats()
         assert held.num_running == 1, "the request finished before its worker was frozen"
         conn.sock.shutdown(socket.SHUT_RDWR)

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from runtime.client import AsyncClient, RequestTimeout
-from tests.e2e.frozen import frozen_worker, wait_stats
+from tests.e2e.frozen import frozen, wait_stats, worker_pid
 from tests.paths import ROOT
 
 LONG = {"ignore_eos": True, "temperature": 0.0, "max_tokens": 1000}
@@ -54,7 +54,7 @@ def test_timeout_aborts(tiny_server, wait_idle):
     scheduler drops it without a step, and nothing is generated for it."""
     with tiny_server.client() as c:
         before = c.stats().generated_tokens
-        with frozen_worker(tiny_server):
+        with frozen(worker_pid(tiny_server)):
             c.timeout = 0.3
             with pytest.raises(RequestTimeout):
                 c.generate(input_ids=[6100, 1, 2], **LONG)
@@ -81,7 +81,7 @@ def test_asyncio_cancellation_aborts(tiny_server, wait_idle):
 
     with tiny_server.client() as c:
         before = c.stats().generated_tokens
-        with frozen_worker(tiny_server):
+        with frozen(worker_pid(tiny_server)):
             asyncio.run(asyncio.wait_for(main(), 30))
         stats = wait_idle(c)
         assert_idle(stats)
@@ -115,11 +115,12 @@ def test_killed_client_process_is_aborted(tiny_server, wait_idle, mode):
         stdout=subprocess.PIPE,
         text=True,
     )
+    worker = worker_pid(tiny_server)
     try:
         assert proc.stdout.readline().strip() == "started"
         with tiny_server.client() as c:
             wait_stats(c, lambda s: s.num_running == 1, "the other client's request never started")
-            with frozen_worker(tiny_server):
+            with frozen(worker):
                 held = c.stats()
                 assert held.num_running == 1, "the request finished before its worker was frozen"
                 proc.send_signal(signal.SIGKILL)
