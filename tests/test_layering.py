@@ -6,6 +6,7 @@ attributes (`self.a, self.b = ...`). Each failure names the files and lines to f
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import subprocess
@@ -243,6 +244,8 @@ FMT_PRAGMA = re.compile(r"#\s*fmt:\s*(skip|off|on)\b")
 
 def _fmt_pragmas(source: str) -> list[int]:
     """Lines of the comments that switch ruff format off (`# fmt: skip`, `# fmt: off` / `on`); strings do not count."""
+    if "fmt:" not in source:  # tokenizing is the slow part: only files that may hold one
+        return []
     tokens = tokenize.generate_tokens(io.StringIO(source).readline)
     return [tok.start[0] for tok in tokens if tok.type == tokenize.COMMENT and FMT_PRAGMA.search(tok.string)]
 
@@ -295,12 +298,21 @@ def test_the_source_checks_see_each_pattern():
     assert sorted(_attribute_packing(tree)) == [5, 7]
 
 
-def _offenders(check) -> list[str]:
-    """path:line of every hit of check(source, tree) over SOURCES."""
+@functools.cache
+def _parsed() -> list[tuple[str, str, ast.Module]]:
+    """(path, source, syntax tree) of every file of SOURCES, parsed once for the three source checks."""
     out = []
     for name, path in SOURCES.items():
         source = path.read_text()
-        out.extend(f"{name}:{line}" for line in sorted(check(source, ast.parse(source, name))))
+        out.append((name, source, ast.parse(source, name)))
+    return out
+
+
+def _offenders(check) -> list[str]:
+    """path:line of every hit of check(source, tree) over SOURCES."""
+    out = []
+    for name, source, tree in _parsed():
+        out.extend(f"{name}:{line}" for line in sorted(check(source, tree)))
     return out
 
 
