@@ -21,12 +21,14 @@ TESTS = Path(__file__).resolve().parent
 SERVER_DIRS = ("e2e", "benchmarks", "router")
 # In-process tests that take seconds each (a model against transformers' generate, the Triton interpreter,
 # hypothesis state machines): a file, or file::test function (every parametrization). make test runs them,
-# make test-fast does not. Chosen from `pytest --durations` on a 2-core machine: each took over 2 s there.
+# make test-fast does not. Chosen from `pytest --durations` on a 2-core machine: each took over 1 s there.
 SLOW = (
     "kernels/test_attention_benchmark.py",
     "kernels/test_cpu_decode.py::test_build_command_prints_the_library",
+    "kernels/test_cpu_decode.py::test_one_and_two_threads_give_identical_results",
     "kernels/test_triton_interpreter.py",
     "radix/test_bench_smoke.py",
+    "radix/test_cases.py::test_c9_insert_evict_cycles_leave_memory_where_it_started",
     "radix/test_stateful.py",
     "runtime/client/test_client_liveness.py",
     "runtime/model/test_bf16_agreement.py",
@@ -49,11 +51,13 @@ SLOW = (
     "runtime/test_engine.py::test_c3_same_step_duplicates_and_abort_after_first_chunk",
     "runtime/test_engine.py::test_c5_multi_turn_cache_includes_reply_and_stop_string_keeps_cache_short",
     "runtime/test_engine.py::test_c8_hit_rate_and_chunks",
+    "runtime/test_engine_serving.py::test_abort_waiting_mid_prefill_mid_decode",
     "runtime/test_engine_serving.py::test_forward_tokens_equal_prompt_minus_cached",
     "runtime/test_engine_serving.py::test_memory_pressure_every_request_completes_unchanged",
     "runtime/test_engine_serving.py::test_parallel_samples_share_one_prefill_and_copy_on_write",
     "runtime/test_engine_smollm2.py",
     "runtime/test_host_tier_engine.py::test_a_tiny_pool_with_a_host_tier_gives_the_unlimited_pools_outputs",
+    "runtime/test_host_tier_engine.py::test_host_tier_size_from_bytes_or_blocks",
 )
 
 
