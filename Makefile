@@ -1,10 +1,11 @@
-# The two set-up commands: `make test` and `make demo`. Both create .venv on first use.
+# The set-up commands: `make test` (lint, types, every test), `make test-fast` (the unit tests: no server process, no
+# slow in-process test) and `make demo`. Each creates .venv on first use.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint install clean
+.PHONY: test test-fast demo lint install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,6 +34,10 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy radix kernels runtime router
 	$(BIN)/python -m pytest -q tests
+
+# The markers come from tests/conftest.py (by path); pyproject.toml lists them.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not server and not slow" tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache

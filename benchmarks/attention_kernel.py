@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from benchmarks.cli import output_path, run_mode
 from radix.blocks import cdiv
 
 logger = logging.getLogger(__name__)
@@ -214,12 +215,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=2, help="CPU: torch threads (1: CPU time immune to load)")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON path (default {RESULTS})")
     args = parser.parse_args(argv)
-    mode = "smoke" if args.smoke else ("quick" if args.quick else "full")
+    mode = run_mode(args.smoke, args.quick)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     if device == "cpu":
         torch.set_num_threads(args.threads)
-    out = args.out if args.out is not None else (None if args.smoke else RESULTS)
+    out = output_path(args.out, args.smoke, RESULTS)
     kept = _other_runs(out, device)
 
     def save(info: dict, rows: list[dict], extra: dict | None = None) -> dict:

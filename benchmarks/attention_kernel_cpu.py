@@ -142,8 +142,11 @@ class Stack:
         self.lens = torch.full((batch,), context, dtype=torch.int32)
         self.qsl = torch.arange(batch + 1, dtype=torch.int32)
         self.q = torch.randn(batch, h, d, dtype=dtype)
-        self.tables64, self.lens64 = self.tables.long(), self.lens.long()
-        self.layers, self.context, self.scale = layers, context, d**-0.5
+        self.tables64 = self.tables.long()
+        self.lens64 = self.lens.long()
+        self.layers = layers
+        self.context = context
+        self.scale = d**-0.5
 
     def attend(self, layer: int, q: torch.Tensor | None = None) -> torch.Tensor:
         """kernels.paged_attention on one layer, as the model calls it (decode-only batch)."""
@@ -161,7 +164,8 @@ def without_fused(fn: Callable[[], object]) -> Callable[[], None]:
     """fn run with the fused operator off (kernels/reference.py takes its gather + SDPA path)."""
 
     def run() -> None:
-        saved, cpu_decode.ENABLED = cpu_decode.ENABLED, False
+        saved = cpu_decode.ENABLED
+        cpu_decode.ENABLED = False
         try:
             fn()
         finally:

@@ -36,6 +36,7 @@ from typing import Any, cast
 
 import torch
 
+from benchmarks.cli import output_path
 from radix.blocks import cdiv
 from runtime.config import MIN_USABLE_BLOCKS, ServerArgs
 from runtime.model.loader import resolve_model
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict:
     batches = args.batches or batches
     repeats = args.repeats or repeats
     dtypes = list(dict.fromkeys(args.dtypes))
-    out_path = args.out if args.out is not None else (None if args.smoke else RESULTS)
+    out_path = output_path(args.out, args.smoke, RESULTS)
 
     from transformers import AutoModelForCausalLM
 

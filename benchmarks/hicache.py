@@ -40,7 +40,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.chat_questions import BACKGROUND, QUESTIONS, SYSTEM_BRIEF, fit_text
+from benchmarks.chat.workload import BACKGROUND, QUESTIONS, SYSTEM_BRIEF, fit_text
+from benchmarks.cli import output_path
 from radix.blocks import cdiv
 
 logger = logging.getLogger(__name__)
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = run(cfg)
     summary = {k: result[k] for k in (*CONFIGS, "outputs_equal", "pressure", "targets", "wall_s")}
     print(json.dumps(summary, indent=1))
-    path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
+    path = output_path(ns.out, ns.smoke, RESULTS)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1) + "\n")

@@ -8,12 +8,13 @@ and the HTTP server) and measures, in order:
    server's overhead without the SDK's), nothing else running; TTFT p50 of each and the differences (the issue's
    target: HTTP <= ZeroMQ + 3 ms).
 2. Load: `--clients` clients, each its own openai.AsyncOpenAI (its own connections), for `--minutes` minutes. Each
-   runs conversations of `--turns` turns after one shared system prompt (benchmarks/chat_questions.py text), every
+   runs conversations of `--turns` turns after one shared system prompt (benchmarks/chat/workload.py text), every
    request streamed with stream_options.include_usage, max_tokens drawn from `--max-tokens LO:HI`, greedy or seeded
    sampling (half each); `--cancel-fraction` of the streams are closed by the client after a drawn number of chunks
-   (an HTTP disconnect: the server aborts the request). Each finished stream is checked (benchmarks.soak.
-   check_output): finish reason stop / length, usage present, completion_tokens <= max_tokens, cached_tokens <=
-   prompt_tokens, prompt_tokens == the chat template's length. An exception is an error (counted by type).
+   (an HTTP disconnect: the server aborts the request). Each finished stream is checked
+   (benchmarks.load.outcome.check_output): finish reason stop / length, usage present, completion_tokens <=
+   max_tokens, cached_tokens <= prompt_tokens, prompt_tokens == the chat template's length. An exception is an error
+   (counted by type).
 3. The end: once the server is idle, its stats (every block back: num_used_blocks == 0) and a /metrics scrape
    (request_success_total counts the completed streams plus the idle phase's HTTP requests, and at most the
    aborted streams more).
@@ -32,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import http.client
 import json
 import logging
 import os
@@ -43,9 +43,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import soak
-from benchmarks.chat_questions import ChatWorkload, build_workload
-from benchmarks.soak import _pct, check_output, machine_facts, token_range, wait_idle
+from benchmarks.chat.workload import ChatWorkload, build_workload
+from benchmarks.cli import apply_preset, output_path
+from benchmarks.load import outcome
+from benchmarks.load.idle_ttft import idle_ttft
+from benchmarks.load.outcome import check_output, pct, token_range
+from benchmarks.load.probes import machine_facts, wait_idle
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +83,7 @@ class Config:
 
 
 @dataclass
-class Tally(soak.Tally):
+class Tally(outcome.Tally):
     """The soak's tally (what the load clients saw) plus the finish reasons, which /metrics is checked against."""
 
     finish_reasons: collections.Counter = field(default_factory=collections.Counter)
@@ -105,7 +108,13 @@ async def http_turn(
         params.update(temperature=0.8, top_p=0.95, seed=rng.randrange(2**31))
     cancel_at = rng.randint(1, max(1, max_tokens - 1)) if rng.random() < cfg.cancel_fraction else None
     tally.requests += 1
-    t0, first, text, finish, usage, chunks, cancelled = time.perf_counter(), None, "", None, None, 0, False
+    t0 = time.perf_counter()
+    first = None
+    text = ""
+    finish = None
+    usage = None
+    chunks = 0
+    cancelled = False
     try:
         stream = await client.chat.completions.create(
             model=model, messages=messages, stream=True, stream_options={"include_usage": True}, **params
@@ -151,7 +160,7 @@ async def http_turn(
 
 @dataclass
 class _Usage:
-    """An OpenAI usage object in the shape benchmarks.soak.check_output reads."""
+    """An OpenAI usage object in the shape benchmarks.load.outcome.check_output reads."""
 
     prompt_tokens: int
     cached_tokens: int
@@ -189,74 +198,6 @@ async def client_loop(
                     break
                 history.append({"role": "assistant", "content": reply})
             conv += cfg.clients
-
-
-async def idle_ttft(endpoint: str, url: str, model: str, n: int) -> dict[str, Any]:
-    """n streamed requests of one short prompt through each path, alternating, one at a time, each read to its end;
-    TTFT in seconds (to the first chunk with tokens / with content or a finish reason; raw: the first SSE event
-    with a choice, as the server sends none before the first token)."""
-    from openai import AsyncOpenAI
-
-    from runtime.client import AsyncClient
-
-    messages: list[Any] = [{"role": "user", "content": "Say hello."}]
-    zmq_s: list[float] = []
-    http_s: list[float] = []
-    raw_s: list[float] = []
-    loop = asyncio.get_running_loop()
-    async with (
-        AsyncClient(endpoint, timeout=300.0) as zc,
-        AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=300.0, max_retries=0) as hc,
-    ):
-        for i in range(n + 1):  # the first round warms both paths up and is not counted
-            t0, first = time.perf_counter(), None
-            async for chunk in zc.stream(messages=messages, max_tokens=2, temperature=0.0):
-                if first is None and (chunk.token_ids or chunk.finish_reason is not None):
-                    first = time.perf_counter() - t0
-            if i and first is not None:
-                zmq_s.append(first)
-            t0, first = time.perf_counter(), None
-            stream = await hc.chat.completions.create(
-                model=model, messages=messages, max_tokens=2, temperature=0.0, stream=True
-            )
-            async for hchunk in stream:
-                if first is None and any(c.delta.content or c.finish_reason for c in hchunk.choices):
-                    first = time.perf_counter() - t0
-            if i and first is not None:
-                http_s.append(first)
-            first = await loop.run_in_executor(None, raw_ttft, url, model, messages)
-            if i and first is not None:
-                raw_s.append(first)
-    z50, h50, r50 = _pct(zmq_s, 50), _pct(http_s, 50), _pct(raw_s, 50)
-
-    def diff_ms(a: float | None, b: float | None) -> float | None:
-        return None if a is None or b is None else round((a - b) * 1e3, 2)
-
-    return {
-        "requests_each": n,
-        "zmq_ttft_p50_s": z50,
-        "http_ttft_p50_s": h50,
-        "raw_http_ttft_p50_s": r50,
-        "http_minus_zmq_p50_ms": diff_ms(h50, z50),
-        "raw_http_minus_zmq_p50_ms": diff_ms(r50, z50),
-    }
-
-
-def raw_ttft(url: str, model: str, messages: list[Any]) -> float | None:
-    """TTFT (s) of one streamed chat request over a fresh http.client connection: to the first SSE line carrying a
-    choice (the server sends its first event with the first token). Reads the stream to its end."""
-    host, _, port = url.removeprefix("http://").rpartition(":")
-    conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=300)
-    body = json.dumps({"model": model, "messages": messages, "max_tokens": 2, "temperature": 0.0, "stream": True})
-    t0, first = time.perf_counter(), None
-    try:
-        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
-        for line in conn.getresponse():
-            if first is None and line.startswith(b"data: {") and b'"choices":[{' in line:
-                first = time.perf_counter() - t0
-    finally:
-        conn.close()
-    return first
 
 
 def scrape_success(url: str, model: str) -> dict[str, float]:
@@ -322,7 +263,8 @@ def run(cfg: Config) -> dict[str, Any]:
     tally = Tally()
     try:
         endpoint = launcher.start()
-        url, model = launcher.http_url, cfg.model
+        url = launcher.http_url
+        model = cfg.model
 
         async def main() -> tuple[dict[str, Any], dict[str, Any], float]:
             idle = await idle_ttft(endpoint, url, model, cfg.idle_requests)
@@ -345,7 +287,7 @@ def run(cfg: Config) -> dict[str, Any]:
         **tally.summary(),
         "finish_reasons": dict(tally.finish_reasons),
         "wall_s": round(wall_s, 1),
-        "ttft_p90_s": _pct(tally.ttft_s, 90),
+        "ttft_p90_s": pct(tally.ttft_s, 90),
         "idle": idle,
         "final_stats": final_stats,
         "metrics_request_success": success,
@@ -374,9 +316,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--smoke", action="store_true", help=f"{SMOKE}; writes nothing unless --out is given")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {RESULTS})")
     ns = parser.parse_args(argv)
-    for key, value in (SMOKE if ns.smoke else {}).items():
-        if parser.get_default(key) == getattr(ns, key):
-            setattr(ns, key, value)
+    if ns.smoke:
+        apply_preset(parser, ns, SMOKE)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("RADIXSERVE_LOG_LEVEL", "WARNING")  # the server's children: warnings and errors only
     cfg = Config(**{k: v for k, v in vars(ns).items() if k not in ("smoke", "out")})
@@ -402,7 +343,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     )
     print(json.dumps(result["targets"], indent=1))
-    path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
+    path = output_path(ns.out, ns.smoke, RESULTS)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1) + "\n")

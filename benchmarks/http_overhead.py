@@ -31,6 +31,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cli import output_path
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "http_overhead.json"
 PROMPT = "The capital of France is"
@@ -209,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     rounds, warmup = (5, 2) if ns.smoke else (ns.rounds, ns.warmup)
     result = run(ns.model, rounds, warmup, ns.logs)
-    path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
+    path = output_path(ns.out, ns.smoke, RESULTS)
     if path is not None:
         path.write_text(json.dumps(result, indent=2) + "\n")
     ttft = result["ttft"]

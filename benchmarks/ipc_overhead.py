@@ -32,6 +32,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
+from benchmarks.cli import output_path
 from radix.blocks import cdiv
 from runtime import protocol as p
 from runtime.sampling_params import SamplingParams
@@ -171,7 +172,9 @@ def main(argv: list[str] | None = None) -> dict:
         worker_main(*ns.worker)
         return {}
     if ns.smoke:
-        ns.batch, ns.contexts, ns.steps = 8, [64, 256], 32
+        ns.batch = 8
+        ns.contexts = [64, 256]
+        ns.steps = 32
     with tempfile.TemporaryDirectory(prefix="ipc-bench-") as tmp:
         ep_in, ep_out = f"ipc://{tmp}/worker_in", f"ipc://{tmp}/worker_out"
         ctx = zmq.Context()
@@ -198,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
         "target_fraction": 0.05,
     }
     print(json.dumps(out, indent=1))
-    path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
+    path = output_path(ns.out, ns.smoke, RESULTS)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out, indent=1) + "\n")

@@ -144,7 +144,11 @@ class ServerProcess:
         grace_s: float = 10.0,
         cwd: Path | None = None,
     ) -> None:
-        self.cmd, self.log, self.timeout_s, self.grace_s, self.cwd = cmd, log, timeout_s, grace_s, cwd
+        self.cmd = cmd
+        self.log = log
+        self.timeout_s = timeout_s
+        self.grace_s = grace_s
+        self.cwd = cwd
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
         self.startup_s = 0.0

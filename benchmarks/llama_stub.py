@@ -31,7 +31,8 @@ class Stub:
     """The stub's state: tokenizer, the sequences seen (for cache_n), when it becomes healthy."""
 
     def __init__(self, tokenizer: Any, load_s: float, token_delay_s: float) -> None:
-        self.tokenizer, self.token_delay_s = tokenizer, token_delay_s
+        self.tokenizer = tokenizer
+        self.token_delay_s = token_delay_s
         self.healthy_at = time.monotonic() + load_s
         self.reply_ids: list[int] = tokenizer.encode(REPLY, add_special_tokens=False)
         self.seen: list[list[int]] = []

@@ -42,6 +42,7 @@ import tracemalloc
 from array import array
 from pathlib import Path
 
+from benchmarks.cli import output_path, run_mode
 from radix.blocks import cdiv
 from radix.events import BlockRemoved
 from radix.keys import pack_blocks
@@ -302,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict:
         "oracle_hit_rate": oracle_hit_rate(trace),
         "bytes_per_cached_block": round(bytes_per_cached_block(mem_blocks), 1),
         "config": {
-            "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
+            "mode": run_mode(args.smoke, args.quick),
             "conversations": conversations,
             "turns": turns,
             "repeats": repeats,
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> dict:
         "targets": {"growth_ratio": 1.5, "bytes_per_cached_block": 640, "hit_rate": "== oracle_hit_rate"},
         "seconds": round(time.perf_counter() - t_start, 1),
     }
-    out = args.out if args.out is not None else (None if args.smoke else RESULTS)
+    out = output_path(args.out, args.smoke, RESULTS)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")

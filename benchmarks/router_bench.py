@@ -25,17 +25,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.chat_questions import ChatWorkload, build_workload
-from benchmarks.multi_turn_chat import (
-    SMOKE,
-    Config,
-    Record,
-    Reply,
-    default_num_blocks,
-    drive_async,
-    parse_router_target,
-    summarize,
-)
+from benchmarks.chat.config import Config
+from benchmarks.chat.drive import drive_async
+from benchmarks.chat.trace import Record, Reply, summarize
+from benchmarks.chat.workload import ChatWorkload, build_workload
+from benchmarks.cli import apply_preset, output_path
+from benchmarks.multi_turn_chat import SMOKE, default_num_blocks, parse_router_target
 from runtime.text.prompt import apply_chat_template
 
 logger = logging.getLogger(__name__)
@@ -179,9 +174,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--smoke", action="store_true", help=f"{SMOKE}; writes nothing unless --out is given")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {RESULTS})")
     ns = parser.parse_args(argv)
-    for key, value in (SMOKE if ns.smoke else QUICK if ns.quick else {}).items():
-        if parser.get_default(key) == getattr(ns, key):
-            setattr(ns, key, value)
+    if ns.smoke:
+        apply_preset(parser, ns, SMOKE)
+    elif ns.quick:
+        apply_preset(parser, ns, QUICK)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from runtime.model.loader import load_tokenizer
 
@@ -236,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "targets_met": targets_met(targets),
     }
     print(json.dumps(result["targets_met"], indent=1))
-    path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
+    path = output_path(ns.out, ns.smoke, RESULTS)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1) + "\n")

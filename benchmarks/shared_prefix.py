@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cli import output_path
 from runtime.engine import Engine
 from runtime.sampling_params import SamplingParams
 
@@ -85,7 +86,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.smoke:
-        args.requests, args.system, args.question, args.output = 4, 32, 8, 2
+        args.requests = 4
+        args.system = 32
+        args.question = 8
+        args.output = 2
     prompts = make_prompts(args.requests, args.system, args.question)
     kw = {
         "num_blocks": args.num_blocks,
@@ -122,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "same_outputs": on["output_token_ids_head"] == off["output_token_ids_head"],
     }
-    out = args.out if args.out is not None else (None if args.smoke else RESULTS)
+    out = output_path(args.out, args.smoke, RESULTS)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n")

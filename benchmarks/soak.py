@@ -2,7 +2,7 @@
 
 The benchmark starts a server in process (runtime.serve.launch.Launcher, so it knows the children's pids) and runs
 `--clients` clients, each its own runtime.client.AsyncClient (its own DEALER socket), for `--minutes` minutes. Each
-client runs conversations of `--turns` turns after one shared system prompt (benchmarks/chat_questions.py text); each
+client runs conversations of `--turns` turns after one shared system prompt (benchmarks/chat/workload.py text); each
 turn's request holds the whole history with the previous replies, so the radix cache hits. Every request streams a
 reply of max_tokens drawn from `--max-tokens LO:HI`, greedy or seeded sampling (half each); `--cancel-fraction` of
 the streams are cancelled after a drawn number of tokens (the client leaves: AbortRequest). Every
@@ -27,22 +27,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import contextlib
 import json
 import logging
 import os
-import platform
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import msgspec
-import numpy as np
-
-from benchmarks.chat_questions import ChatWorkload, build_workload
+from benchmarks.chat.workload import ChatWorkload, build_workload
+from benchmarks.cli import apply_preset, output_path
+from benchmarks.load.outcome import Tally, check_output, token_range
+from benchmarks.load.probes import machine_facts, read_rss_kb, sample, wait_idle
 
 logger = logging.getLogger(__name__)
 
@@ -83,68 +81,6 @@ class Config:
     seed: int = 0
 
 
-@dataclass
-class Tally:
-    """What the clients saw. errors / bad_outputs: kind -> count. ttft_s / latency_s: completed requests only."""
-
-    requests: int = 0
-    completed: int = 0
-    aborted: int = 0
-    errors: collections.Counter = field(default_factory=collections.Counter)
-    bad_outputs: collections.Counter = field(default_factory=collections.Counter)
-    ttft_s: list[float] = field(default_factory=list)
-    latency_s: list[float] = field(default_factory=list)
-
-    def summary(self) -> dict[str, Any]:
-        """The result keys every load benchmark reports: counts, errors, bad outputs, TTFT and latency p50 / p99."""
-        return {
-            "requests": self.requests,
-            "completed": self.completed,
-            "aborted": self.aborted,
-            "errors": dict(self.errors),
-            "bad_outputs": dict(self.bad_outputs),
-            "ttft_p50_s": _pct(self.ttft_s, 50),
-            "ttft_p99_s": _pct(self.ttft_s, 99),
-            "latency_p50_s": _pct(self.latency_s, 50),
-            "latency_p99_s": _pct(self.latency_s, 99),
-        }
-
-
-def token_range(text: str) -> tuple[int, int]:
-    """ "LO:HI" (or "N") -> (LO, HI). Raises ValueError unless 1 <= LO <= HI."""
-    lo, _, hi = text.partition(":")
-    a, b = int(lo), int(hi or lo)
-    if not 1 <= a <= b:
-        raise ValueError(f"bad token range {text!r}: LO:HI with 1 <= LO <= HI")
-    return a, b
-
-
-def check_output(
-    finish_reason: str | None, usage: Any, num_token_ids: int, max_tokens: int, prompt_len: int, max_model_len: int
-) -> list[str]:
-    """The ways a finished stream's finish reason and usage contradict its tokens ([]: consistent).
-
-    usage: a protocol Usage or None; num_token_ids: token ids received; prompt_len: the chat template's token count.
-    """
-    if finish_reason not in ("stop", "length"):
-        return [f"finish_reason {finish_reason!r}"]
-    if usage is None:
-        return ["no usage"]
-    problems = []
-    if usage.completion_tokens != num_token_ids:
-        problems.append("completion_tokens != len(token_ids)")
-    if usage.completion_tokens > max_tokens:
-        problems.append("completion_tokens > max_tokens")
-    full = usage.prompt_tokens + usage.completion_tokens >= max_model_len
-    if finish_reason == "length" and usage.completion_tokens < max_tokens and not full:
-        problems.append("length below max_tokens, context not full")
-    if not 0 <= usage.cached_tokens <= usage.prompt_tokens:
-        problems.append("cached_tokens outside [0, prompt_tokens]")
-    if usage.prompt_tokens != prompt_len:
-        problems.append("prompt_tokens != chat template length")
-    return problems
-
-
 async def one_turn(
     client: Any, messages: list[dict[str, str]], cfg: Config, rng: random.Random, tokenizer: Any, tally: Tally
 ) -> str | None:
@@ -158,7 +94,11 @@ async def one_turn(
         params.update(temperature=0.8, top_p=0.95, seed=rng.randrange(2**31))
     cancel_at = rng.randint(1, max(1, max_tokens - 1)) if rng.random() < cfg.cancel_fraction else None
     tally.requests += 1
-    t0, first, ids, text, last = time.perf_counter(), None, 0, "", None
+    t0 = time.perf_counter()
+    first = None
+    ids = 0
+    text = ""
+    last = None
     try:
         async with contextlib.aclosing(client.stream(messages=messages, **params)) as chunks:
             async for chunk in chunks:
@@ -219,55 +159,6 @@ async def client_loop(
             conv += cfg.clients
 
 
-def read_rss_kb(pid: int) -> int | None:
-    """VmRSS of pid in kB (None when the process is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-async def sample(
-    endpoint: str,
-    pids: dict[str, int],
-    t_start: float,
-    rss: dict[str, list],
-    stats: list,
-    interval_s: float,
-    stop: asyncio.Event,
-) -> None:
-    """Every interval_s until stop: [t_s, kB] per role into rss, and {t_s, ServerStats fields} into stats."""
-    from runtime.client import AsyncClient
-
-    async with AsyncClient(endpoint, timeout=60.0) as client:
-        while True:
-            t = round(time.monotonic() - t_start, 1)
-            for role, pid in pids.items():
-                rss[role].append([t, read_rss_kb(pid)])
-            stats.append({"t_s": t, **msgspec.structs.asdict(await client.stats())})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval_s)
-            if stop.is_set():
-                return
-
-
-async def wait_idle(endpoint: str, timeout_s: float = 60.0) -> dict[str, Any]:
-    """The server's stats once no request runs, waits or is swapped (or after timeout_s), as a dict."""
-    from runtime.client import AsyncClient
-
-    async with AsyncClient(endpoint, timeout=60.0) as client:
-        end = time.monotonic() + timeout_s
-        while True:
-            stats = await client.stats()
-            if (stats.num_running, stats.num_waiting, stats.num_swapped) == (0, 0, 0) or time.monotonic() > end:
-                return msgspec.structs.asdict(stats)
-            await asyncio.sleep(0.2)
-
-
 def rss_growth(series: list[list], from_s: float) -> float | None:
     """Relative RSS growth from the first sample at or after from_s to the last sample (None: too few samples)."""
     points = [(t, kb) for t, kb in series if kb is not None]
@@ -303,31 +194,6 @@ def evaluate(result: dict[str, Any], duration_s: float) -> dict[str, Any]:
     return targets
 
 
-def machine_facts() -> dict[str, Any]:
-    """CPU model, torch's CPU capability, cores, Python, platform (torch is imported here, in the benchmark only)."""
-    import torch
-
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    return {
-        "cpu": model,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cores": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 4) if values else None
-
-
 def run(cfg: Config) -> dict[str, Any]:
     """Starts the server, runs the soak, shuts the server down; returns the JSON-ready result."""
     from runtime.config import ServerArgs
@@ -357,7 +223,8 @@ def run(cfg: Config) -> dict[str, Any]:
         stats: list[dict[str, Any]] = []
 
         async def main() -> dict[str, Any]:
-            t_start, stop = time.monotonic(), asyncio.Event()
+            t_start = time.monotonic()
+            stop = asyncio.Event()
             sampler = asyncio.create_task(sample(endpoint, pids, t_start, rss, stats, cfg.sample_interval_s, stop))
             deadline = t_start + cfg.minutes * 60
             await asyncio.gather(
@@ -407,9 +274,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--smoke", action="store_true", help=f"{SMOKE}; writes nothing unless --out is given")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {RESULTS})")
     ns = parser.parse_args(argv)
-    for key, value in (SMOKE if ns.smoke else QUICK if ns.quick else {}).items():
-        if parser.get_default(key) == getattr(ns, key):
-            setattr(ns, key, value)
+    if ns.smoke:
+        apply_preset(parser, ns, SMOKE)
+    elif ns.quick:
+        apply_preset(parser, ns, QUICK)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("RADIXSERVE_LOG_LEVEL", "WARNING")  # the server's children: warnings and errors only
     cfg = Config(**{k: v for k, v in vars(ns).items() if k not in ("quick", "smoke", "out")})
@@ -435,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     )
     print(json.dumps(result["targets"], indent=1))
-    path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
+    path = output_path(ns.out, ns.smoke, RESULTS)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1) + "\n")

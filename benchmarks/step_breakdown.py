@@ -43,6 +43,7 @@ import msgspec
 import torch
 import zmq
 
+from benchmarks.cli import output_path
 from radix.blocks import cdiv
 from radix.manager import KVCacheManager
 from runtime import protocol as p
@@ -290,7 +291,11 @@ def main(argv: list[str] | None = None) -> dict:
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if ns.smoke:
-        ns.dtypes, ns.batches, ns.context, ns.steps, ns.penalty_batch = ["float32"], [1, 2], 32, 3, 2
+        ns.dtypes = ["float32"]
+        ns.batches = [1, 2]
+        ns.context = 32
+        ns.steps = 3
+        ns.penalty_batch = 2
         ns.threads = ns.threads or [1]
     ns.threads = ns.threads or [1, 2]
     machine = machine_facts()  # before any runner sets torch's threads
@@ -305,7 +310,7 @@ def main(argv: list[str] | None = None) -> dict:
         "rows": rows,
     }
     text = json.dumps(result, indent=1)
-    path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
+    path = output_path(ns.out, ns.smoke, RESULTS)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text + "\n")

@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks.cli import output_path
 from runtime.text.stop_strings import StopAutomaton, StopChecker
 
 RESULTS = Path(__file__).parent / "results" / "stop_strings.json"
@@ -165,9 +166,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {RESULTS}; none in --smoke)")
     ns = parser.parse_args(argv)
     if ns.smoke:
-        ns.tokens, ns.repeats = 200, 1
+        ns.tokens = 200
+        ns.repeats = 1
     result = run(ns.tokens, ns.repeats, ns.stop_len, (1, 64), ns.seed)
-    path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
+    path = output_path(ns.out, ns.smoke, RESULTS)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")

@@ -43,7 +43,12 @@ from typing import Any
 
 from benchmarks import llama_server as ls
 from benchmarks import multi_turn_chat as mtc
-from benchmarks.chat_questions import ChatWorkload, build_workload
+from benchmarks.chat.config import BenchmarkError, Config
+from benchmarks.chat.openai_client import run_openai
+from benchmarks.chat.targets import launch_radixserve
+from benchmarks.chat.trace import summarize
+from benchmarks.chat.workload import ChatWorkload, build_workload
+from benchmarks.cli import output_path
 from runtime.text.prompt import apply_chat_template
 
 logger = logging.getLogger(__name__)
@@ -83,7 +88,7 @@ class DecodeRun:
 def stream_completion(url: str, model: str, prompt: str, max_tokens: int, timeout_s: float = 600.0) -> DecodeRun:
     """POST url/v1/completions {model, prompt, max_tokens, ignore_eos, temperature 0, stream, include_usage}; times the
     chunks as they arrive. tokens: usage.completion_tokens, else llama.cpp's timings.predicted_n, else the chunks.
-    Raises mtc.BenchmarkError on a non-200 answer or fewer than two chunks."""
+    Raises BenchmarkError on a non-200 answer or fewer than two chunks."""
     parts = urllib.parse.urlsplit(url)
     body = json.dumps(
         {
@@ -105,7 +110,7 @@ def stream_completion(url: str, model: str, prompt: str, max_tokens: int, timeou
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
-            raise mtc.BenchmarkError(f"{url}/v1/completions: HTTP {resp.status}: {resp.read()[:300]!r}")
+            raise BenchmarkError(f"{url}/v1/completions: HTTP {resp.status}: {resp.read()[:300]!r}")
         for raw in resp:
             line = raw.decode("utf-8").strip()
             if not line.startswith("data:") or line[5:].strip() == "[DONE]":
@@ -117,7 +122,7 @@ def stream_completion(url: str, model: str, prompt: str, max_tokens: int, timeou
     finally:
         conn.close()
     if len(times) < 2:
-        raise mtc.BenchmarkError(f"{url}/v1/completions: {len(times)} text chunks, need >= 2")
+        raise BenchmarkError(f"{url}/v1/completions: {len(times)} text chunks, need >= 2")
     tokens = int(usage.get("completion_tokens") or timings.get("predicted_n") or len(times))
     decode_s = times[-1] - times[0]
     return DecodeRun(tokens, len(times), round(times[0] - t0, 4), round(decode_s, 4), round((tokens - 1) / decode_s, 2))
@@ -135,18 +140,18 @@ def single_stream(url: str, model: str, prompt: str, max_tokens: int, runs: int)
 
 
 def measure(
-    name: str, cfg: mtc.Config, wl: ChatWorkload, url: str, tokenizer: Any, decode_tokens: int, decode_runs: int
+    name: str, cfg: Config, wl: ChatWorkload, url: str, tokenizer: Any, decode_tokens: int, decode_runs: int
 ) -> dict[str, Any]:
     """The multi-turn workload (multi_turn_chat.run_openai) then single-stream decode against the server at url."""
     from tqdm import tqdm
 
     t0 = time.perf_counter()
     with tqdm(total=cfg.conversations * cfg.turns, desc=name, unit="req", file=sys.stderr, mininterval=1.0) as bar:
-        records = mtc.run_openai(cfg, wl, url, tokenizer, bar)
+        records = run_openai(cfg, wl, url, tokenizer, bar)
     for r in records:
         r.prompt_ids = apply_chat_template(tokenizer, r.messages)
     wall = max(r.reply.t_end for r in records) - min(r.t_submit for r in records)
-    summary = mtc.summarize(records, wall, cfg.block_size)
+    summary = summarize(records, wall, cfg.block_size)
     multi_s = time.perf_counter() - t0
     decode = single_stream(url, cfg.model, wl.system_prompt, decode_tokens, decode_runs)
     return {
@@ -185,7 +190,7 @@ def resolve_gguf(model: str, gguf: str | None) -> Path:
         return Path(model)
     if model in EMBEDDED_MODELS:
         return embedded_gguf_path(model)
-    raise mtc.BenchmarkError(f"model {model!r} is no GGUF: give llama-server's file with --gguf")
+    raise BenchmarkError(f"model {model!r} is no GGUF: give llama-server's file with --gguf")
 
 
 def llama_command(ns: argparse.Namespace, gguf: Path, port: int, threads: int) -> list[str]:
@@ -203,7 +208,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     from runtime.model.loader import load_tokenizer
 
     threads = ns.threads or usable_cores()
-    cfg = mtc.Config(
+    cfg = Config(
         ns.model,
         ns.conversations,
         ns.turns,
@@ -232,7 +237,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     engines: dict[str, dict[str, Any]] = {}
     load0 = machine_facts()["load_average"]
     t0 = time.perf_counter()
-    with mtc.launch_radixserve(cfg, caching=True, http=True) as launcher:
+    with launch_radixserve(cfg, caching=True, http=True) as launcher:
         engines["radixserve-http"] = measure(
             "radixserve-http", cfg, wl, launcher.http_url, tokenizer, ns.decode_tokens, ns.decode_runs
         )
@@ -302,7 +307,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     result = run(ns)
     print_table(result)
-    path = ns.out if ns.out is not None else (None if ns.smoke else RESULTS)
+    path = output_path(ns.out, ns.smoke, RESULTS)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1) + "\n")

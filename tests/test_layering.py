@@ -1,11 +1,17 @@
-"""The layering rules of ARCHITECTURE.md, checked on the source: no import circle, torch only in runtime/model/ (and
-kernels/), no file over 400 lines (STYLE.md). Each failure names the files or the circle to fix."""
+"""The layering rules of ARCHITECTURE.md and the source rules of STYLE.md, checked on the source: no import circle,
+torch only in runtime/model/ (and kernels/); in the product, benchmarks/ and tests/: no file over 400 lines, no
+`# fmt: skip` (ruff format is the formatter), no inline `-(-x // b)` (a named cdiv), no packed assignment to
+attributes (`self.a, self.b = ...`). Each failure names the files and lines to fix."""
 
 from __future__ import annotations
 
 import ast
+import functools
+import io
+import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -13,6 +19,7 @@ import pytest
 from tests.paths import ROOT
 
 PACKAGES = ("radix", "kernels", "runtime", "router")
+CHECKED = (*PACKAGES, "benchmarks", "tests")  # the line and style rules: the product and the code beside it
 MAX_LINES = 400
 
 
@@ -215,10 +222,112 @@ def test_module_starts_without_torch(module):
     assert proc.stdout.strip() == "no torch", f"importing {module}: {proc.stdout.strip()}"
 
 
+def _sources() -> dict[str, Path]:
+    """Every Python file the line and style rules cover, by its path from the repository root."""
+    return {str(path.relative_to(ROOT)): path for top in CHECKED for path in sorted((ROOT / top).rglob("*.py"))}
+
+
+SOURCES = _sources()
+
+
 def test_no_file_over_400_lines():
-    long = {
-        str(path.relative_to(ROOT)): n
-        for path in MODULES.values()
-        if (n := len(path.read_text().splitlines())) > MAX_LINES
-    }
-    assert not long, f"files over {MAX_LINES} lines (STYLE.md: split them): {long}"
+    long = {}
+    for name, path in SOURCES.items():
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES:
+            long[name] = lines
+    assert not long, f"files over {MAX_LINES} lines (STYLE.md: split them at a seam between concepts): {long}"
+
+
+FMT_PRAGMA = re.compile(r"#\s*fmt:\s*(skip|off|on)\b")
+
+
+def _fmt_pragmas(source: str) -> list[int]:
+    """Lines of the comments that switch ruff format off (`# fmt: skip`, `# fmt: off` / `on`); strings do not count."""
+    if "fmt:" not in source:  # tokenizing is the slow part: only files that may hold one
+        return []
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return [tok.start[0] for tok in tokens if tok.type == tokenize.COMMENT and FMT_PRAGMA.search(tok.string)]
+
+
+def _is_negated_floor_div(node: ast.AST) -> bool:
+    """-(-a // b): the inline ceiling division."""
+    if not (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)):
+        return False
+    inner = node.operand
+    if not (isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.FloorDiv)):
+        return False
+    return isinstance(inner.left, ast.UnaryOp) and isinstance(inner.left.op, ast.USub)
+
+
+def _inline_ceil_divs(tree: ast.Module) -> list[int]:
+    """Lines of `-(-a // b)` outside the body of a function named cdiv or _cdiv (the arithmetic with a name:
+    radix.blocks.cdiv, and kernels/reference.py's own, as kernels/ imports nothing of the project)."""
+    named: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") == "cdiv":
+            named.update(id(inner) for inner in ast.walk(node))
+    return [node.lineno for node in ast.walk(tree) if _is_negated_floor_div(node) and id(node) not in named]
+
+
+def _attribute_packing(tree: ast.Module) -> list[int]:
+    """Lines of assignments to a tuple or list of targets with an attribute among them (`self.a, self.b = x, y`)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            if isinstance(target, ast.Tuple | ast.List) and any(isinstance(e, ast.Attribute) for e in target.elts):
+                found.append(node.lineno)
+    return found
+
+
+def test_the_source_checks_see_each_pattern():
+    source = (
+        "def cdiv(n, d):\n"
+        "    return -(-n // d)\n"
+        "x = -(-7 // 2)  # fmt: skip\n"
+        "s = '# fmt: skip'\n"
+        "self.a, self.b = 1, 2\n"
+        "a, b = 1, 2\n"
+        "[o.x, y] = f()\n"
+    )
+    tree = ast.parse(source)
+    assert _fmt_pragmas(source) == [3]
+    assert _inline_ceil_divs(tree) == [3]
+    assert sorted(_attribute_packing(tree)) == [5, 7]
+
+
+@functools.cache
+def _parsed() -> list[tuple[str, str, ast.Module]]:
+    """(path, source, syntax tree) of every file of SOURCES, parsed once for the three source checks."""
+    out = []
+    for name, path in SOURCES.items():
+        source = path.read_text()
+        out.append((name, source, ast.parse(source, name)))
+    return out
+
+
+def _offenders(check) -> list[str]:
+    """path:line of every hit of check(source, tree) over SOURCES."""
+    out = []
+    for name, source, tree in _parsed():
+        out.extend(f"{name}:{line}" for line in sorted(check(source, tree)))
+    return out
+
+
+def test_no_fmt_skip():
+    offenders = _offenders(lambda source, tree: _fmt_pragmas(source))
+    assert not offenders, "ruff format is the formatter (STYLE.md): remove the fmt pragmas at\n" + "\n".join(offenders)
+
+
+def test_no_inline_ceiling_division():
+    offenders = _offenders(lambda source, tree: _inline_ceil_divs(tree))
+    assert not offenders, "-(-x // b) inline: call radix.blocks.cdiv (STYLE.md) at\n" + "\n".join(offenders)
+
+
+def test_no_attribute_packing():
+    offenders = _offenders(lambda source, tree: _attribute_packing(tree))
+    assert not offenders, "packed assignments to attributes: one statement per line (STYLE.md) at\n" + "\n".join(
+        offenders
+    )

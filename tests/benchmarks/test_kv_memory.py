@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.kv_memory import ContiguousAllocator, draw_requests, main, parallel_sampling
+from benchmarks.kv_memory import main, parallel_sampling
+from benchmarks.kv_replay import ContiguousAllocator, draw_requests
 
 
 def test_contiguous_allocator_first_fit_and_merge():

@@ -8,17 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.chat_questions import build_workload
-from benchmarks.multi_turn_chat import (
-    BenchmarkError,
-    Record,
-    Reply,
-    first_mismatches,
-    main,
-    openai_request,
-    oracle_cached,
-    parse_targets,
-)
+from benchmarks.chat.config import BenchmarkError
+from benchmarks.chat.openai_client import openai_request
+from benchmarks.chat.trace import Record, Reply, first_mismatches, oracle_cached
+from benchmarks.chat.workload import build_workload
+from benchmarks.multi_turn_chat import main, parse_targets
 from tests.benchmarks.openai_stub import OpenAIStub
 
 

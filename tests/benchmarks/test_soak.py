@@ -9,7 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from benchmarks.soak import check_output, evaluate, main, rss_growth, token_range
+from benchmarks.load.outcome import check_output, token_range
+from benchmarks.soak import evaluate, main, rss_growth
 from runtime import protocol as p
 
 

@@ -16,7 +16,8 @@ from http.client import HTTPConnection
 import openai
 import pytest
 
-from tests.e2e.http_servers import MODEL, assert_idle, start_http
+from tests.e2e.frozen import frozen, wait_stats, worker_pid
+from tests.e2e.http_servers import MODEL, assert_idle, scrape, start_http
 from tests.e2e.servers import TINY_FLAGS
 from tests.paths import ROOT
 
@@ -235,17 +236,21 @@ def test_health_needs_no_key_and_everything_else_does(http):
         assert send(http.url, "GET", path, key=None)[0] == 401
 
 
-def wait_running(zmq, n: int) -> None:
-    deadline = time.monotonic() + 30
-    while zmq.stats().num_running < n:
-        assert time.monotonic() < deadline, "the request never started"
-        time.sleep(0.01)
+def successes(url: str) -> float:
+    """request_success_total of the HTTP server at url, summed over finish reasons."""
+    samples = scrape(url, {"Authorization": f"Bearer {KEY}"})
+    return sum(v for (name, _), v in samples.items() if name == "radixserve:request_success_total")
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_a_client_that_leaves_aborts_its_request(http, zmq, wait_idle, stream):
+def test_a_client_that_leaves_aborts_its_request(http, zmq, wait_idle, tiny_server, stream):
+    """Once the request has generated tokens, the worker is frozen (tests/e2e/frozen.py), so no step can finish it:
+    the request leaves the running set only through the abort that the disconnect causes, nothing is generated after
+    that, the HTTP server counts no completion, and every block comes back."""
     assert_idle(zmq, wait_idle)
+    worker = worker_pid(tiny_server)
     before = zmq.stats().generated_tokens
+    served = successes(http.url)
     conn = connect(http.url)
     body = json.dumps(text(prompt=[300, 301, 302, 303], stream=stream, **LONG)).encode()
     conn.request(
@@ -253,14 +258,22 @@ def test_a_client_that_leaves_aborts_its_request(http, zmq, wait_idle, stream):
     )
     if stream:
         resp = conn.getresponse()
-        assert resp.status == 200 and resp.readline().startswith(b"data: {")
+        assert resp.status == 200
+        assert resp.readline().startswith(b"data: {")
     else:
-        wait_running(zmq, 1)
-    conn.sock.shutdown(socket.SHUT_RDWR)
-    conn.close()
+        wait_stats(zmq, lambda s: s.num_running == 1 and s.generated_tokens > before, "the request never decoded")
+    with frozen(worker):
+        held = zmq.stats()
+        assert held.num_running == 1, "the request finished before its worker was frozen"
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        aborted = wait_stats(zmq, lambda s: s.num_running == 0, "the disconnect did not abort the request")
     assert_idle(zmq, wait_idle)
-    generated = zmq.stats().generated_tokens - before
-    assert (1 if stream else 0) <= generated < 1000  # stopped early: aborted, not run to max_tokens
+    decoded = held.generated_tokens - before
+    # at most the step in flight when the worker stopped was applied after `held`
+    assert 1 <= decoded <= aborted.generated_tokens - before <= decoded + 1 < LONG["max_tokens"]
+    assert zmq.stats().generated_tokens == aborted.generated_tokens  # nothing decoded after the abort
+    assert successes(http.url) == served
 
 
 def test_after_all_that_the_server_serves_and_every_block_is_back(http, zmq, wait_idle):

@@ -1,5 +1,6 @@
 """Cancelled and vanished clients: the server aborts their requests and returns to idle (no running request, no
-locked block)."""
+locked block). The tests that need a request to stay running until the abort freeze the worker (tests/e2e/frozen.py)
+rather than race the tiny model's decoding."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 from runtime.client import AsyncClient, RequestTimeout
+from tests.e2e.frozen import frozen, wait_stats, worker_pid
 from tests.paths import ROOT
 
 LONG = {"ignore_eos": True, "temperature": 0.0, "max_tokens": 1000}
@@ -49,15 +50,24 @@ def test_keyboard_interrupt_in_stream_aborts(tiny_server, wait_idle):
 
 
 def test_timeout_aborts(tiny_server, wait_idle):
+    """The worker is frozen, so the request cannot finish before the client's deadline: the client aborts it, the
+    scheduler drops it without a step, and nothing is generated for it."""
     with tiny_server.client() as c:
-        c.timeout = 0.3
-        with pytest.raises(RequestTimeout):
-            c.generate(input_ids=[6100, 1, 2], **LONG)
-        c.timeout = 60.0
-        assert_idle(wait_idle(c))
+        before = c.stats().generated_tokens
+        with frozen(worker_pid(tiny_server)):
+            c.timeout = 0.3
+            with pytest.raises(RequestTimeout):
+                c.generate(input_ids=[6100, 1, 2], **LONG)
+            c.timeout = 60.0
+            wait_stats(c, lambda s: s.num_running + s.num_waiting == 0, "the timeout did not abort the request")
+        stats = wait_idle(c)
+        assert_idle(stats)
+        assert stats.generated_tokens == before
 
 
 def test_asyncio_cancellation_aborts(tiny_server, wait_idle):
+    """The worker is frozen while the task waits, so the cancellation, not the end of decoding, ends it."""
+
     async def main():
         async with AsyncClient(tiny_server.endpoint) as ac:
             task = asyncio.create_task(ac.generate(input_ids=[6200, 1, 2], **LONG))
@@ -66,10 +76,16 @@ def test_asyncio_cancellation_aborts(tiny_server, wait_idle):
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
+            while (await ac.stats()).num_running:
+                await asyncio.sleep(0.01)
 
-    asyncio.run(main())
     with tiny_server.client() as c:
-        assert_idle(wait_idle(c))
+        before = c.stats().generated_tokens
+        with frozen(worker_pid(tiny_server)):
+            asyncio.run(asyncio.wait_for(main(), 30))
+        stats = wait_idle(c)
+        assert_idle(stats)
+        assert stats.generated_tokens == before
 
 
 CLIENT_SCRIPT = textwrap.dedent("""
@@ -90,27 +106,31 @@ CLIENT_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("mode", ["stream", "generate"])
 def test_killed_client_process_is_aborted(tiny_server, wait_idle, mode):
+    """The client process has its request running (streamed: with a first chunk), the worker is frozen so decoding
+    cannot finish it, the client is killed: the tokenizer notices the vanished client (a heartbeat it cannot send) and
+    aborts its request; nothing is generated after that and every block comes back."""
     proc = subprocess.Popen(
         [sys.executable, "-c", CLIENT_SCRIPT, tiny_server.endpoint, mode, "6300"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
     )
+    worker = worker_pid(tiny_server)
     try:
         assert proc.stdout.readline().strip() == "started"
         with tiny_server.client() as c:
-            before = c.stats()
-            for _ in range(1000):  # the other client's request may still be on its way
-                if before.num_running + before.num_waiting:
-                    break
-                time.sleep(0.01)
-                before = c.stats()
-            assert before.num_running + before.num_waiting == 1
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+            wait_stats(c, lambda s: s.num_running == 1, "the other client's request never started")
+            with frozen(worker):
+                held = c.stats()
+                assert held.num_running == 1, "the request finished before its worker was frozen"
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                aborted = wait_stats(c, lambda s: s.num_running == 0, "the killed client's request was not aborted")
             after = wait_idle(c, timeout_s=20)
             assert_idle(after)
-            assert after.generated_tokens - before.generated_tokens < 500  # aborted soon, not run to max_tokens
+            # at most the step in flight when the worker stopped was applied after `held`
+            assert held.generated_tokens <= aborted.generated_tokens <= held.generated_tokens + 1
+            assert after.generated_tokens == aborted.generated_tokens  # nothing decoded after the abort
     finally:
         proc.kill()
         proc.wait()

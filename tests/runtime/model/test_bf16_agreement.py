@@ -22,7 +22,7 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from benchmarks.chat_questions import BACKGROUND, QUESTIONS, SYSTEM_BRIEF
+from benchmarks.chat.workload import BACKGROUND, QUESTIONS, SYSTEM_BRIEF
 from radix.blocks import cdiv
 from runtime.config import ServerArgs
 from runtime.model.models import AttentionMetadata

@@ -134,9 +134,11 @@ def build_workload(
     rng = random.Random(seed)
     system = fit_text(tokenizer, SYSTEM_BRIEF, system_tokens, None)
     questions: list[str] = []
-    turns_text, sizes = [], []
+    turns_text = []
+    sizes = []
     for _ in range(conversations):
-        row, row_sizes = [], []
+        row = []
+        row_sizes = []
         for _ in range(turns):
             if not questions:
                 questions = rng.sample(QUESTIONS, len(QUESTIONS))
