@@ -1,5 +1,5 @@
-"""Shared fixtures: tiny random Llama and Qwen2 model folders and the embedded SmolLM2 tokenizer; the `server` and
-`slow` markers by path (`make test-fast` runs the tests with neither).
+"""Shared fixtures: tiny random Llama and Qwen2 model folders and the embedded SmolLM2 tokenizer; the `server`
+marker by path (`make test-fast` runs neither the `server` tests nor those marked `slow`).
 
 The tiny models use SmolLM2's tokenizer (saved into their folders, vocab 49152), so ServerArgs(model=<folder>) and
 load_tokenizer(<folder>) both work on them. Their weights are drawn with a wide initializer so greedy decoding has
@@ -19,58 +19,15 @@ TESTS = Path(__file__).resolve().parent
 
 # Every test under these folders starts server processes (real launchers, router replicas, benchmark servers).
 SERVER_DIRS = ("e2e", "benchmarks", "router")
-# In-process tests that take seconds each (a model against transformers' generate, the Triton interpreter,
-# hypothesis state machines): a file, or file::test function (every parametrization). make test runs them,
-# make test-fast does not. Chosen from `pytest --durations` on a 2-core machine: each took over 1 s there.
-SLOW = (
-    "kernels/test_attention_benchmark.py",
-    "kernels/test_cpu_decode.py::test_build_command_prints_the_library",
-    "kernels/test_cpu_decode.py::test_one_and_two_threads_give_identical_results",
-    "kernels/test_triton_interpreter.py",
-    "radix/test_bench_smoke.py",
-    "radix/test_cases.py::test_c9_insert_evict_cycles_leave_memory_where_it_started",
-    "radix/test_stateful.py",
-    "runtime/client/test_client_liveness.py",
-    "runtime/model/test_bf16_agreement.py",
-    "runtime/model/test_loader.py::test_gguf_is_converted_once_then_read_from_the_cache",
-    "runtime/model/test_loader.py::test_tokenizer_loads_without_torch",
-    "runtime/model/test_model.py::test_smollm2_greedy_matches_generate",
-    "runtime/model/test_model.py::test_smollm2_logits_match_transformers",
-    "runtime/model/test_model.py::test_tiny_models_greedy_match_generate",
-    "runtime/model/test_penalties.py",
-    "runtime/model/test_quant.py::test_int4_model_agrees_with_float32_on_top1_of_real_text",
-    "runtime/model/test_quant.py::test_int8_model_agrees_with_float32_on_top1_of_real_text",
-    "runtime/model/test_runner.py::test_seeded_sampling_is_independent_of_batch_composition",
-    "runtime/scheduler/test_beam_blocks.py",
-    "runtime/scheduler/test_beam_search.py::test_beams_that_end_on_eos_equal_transformers",
-    "runtime/scheduler/test_beam_search.py::test_fixed_length_beams_equal_transformers",
-    "runtime/scheduler/test_failure_isolation.py::test_engine_a_failing_request_leaves_the_others_of_its_steps_unchanged",
-    "runtime/scheduler/test_failure_isolation.py::test_engine_keeps_no_state_of_requests_that_ended",
-    "runtime/serve/tokenizer/test_frame_fuzz.py::test_decode_client_frame_is_total_on_every_msgpack_value_and_any_bytes",
-    "runtime/serve/tokenizer/test_prompt_worker.py::test_streaming_and_heartbeats_go_on_while_three_max_size_prompts_are_tokenized",
-    "runtime/test_engine.py::test_c3_same_step_duplicates_and_abort_after_first_chunk",
-    "runtime/test_engine.py::test_c5_multi_turn_cache_includes_reply_and_stop_string_keeps_cache_short",
-    "runtime/test_engine.py::test_c8_hit_rate_and_chunks",
-    "runtime/test_engine_serving.py::test_abort_waiting_mid_prefill_mid_decode",
-    "runtime/test_engine_serving.py::test_forward_tokens_equal_prompt_minus_cached",
-    "runtime/test_engine_serving.py::test_memory_pressure_every_request_completes_unchanged",
-    "runtime/test_engine_serving.py::test_parallel_samples_share_one_prefill_and_copy_on_write",
-    "runtime/test_engine_smollm2.py",
-    "runtime/test_host_tier_engine.py::test_a_tiny_pool_with_a_host_tier_gives_the_unlimited_pools_outputs",
-    "runtime/test_host_tier_engine.py::test_host_tier_size_from_bytes_or_blocks",
-)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks each test `server` when its file is under SERVER_DIRS and `slow` when its file or its function is in
-    SLOW (paths relative to tests/)."""
+    """Marks each test `server` when its file is under SERVER_DIRS (paths relative to tests/). Slow in-process tests
+    carry their own `slow` marker (a file's pytestmark or a test's decorator)."""
     for item in items:
         path = item.path.relative_to(TESTS)
         if path.parts[0] in SERVER_DIRS:
             item.add_marker(pytest.mark.server)
-        function = f"{path.as_posix()}::{getattr(item, 'originalname', item.name)}"
-        if path.as_posix() in SLOW or function in SLOW:
-            item.add_marker(pytest.mark.slow)
 
 
 def _save_tiny(folder: Path, config, tokenizer, seed: int, max_shard_size: str | None = None) -> Path:

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.paths import ROOT
+
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves it out
 
 FIELDS = {
     "backend",

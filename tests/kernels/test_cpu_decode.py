@@ -86,6 +86,7 @@ def test_paged_attention_takes_the_kernel_for_both_dtypes(monkeypatch) -> None:
     assert calls == [torch.float32, torch.bfloat16]
 
 
+@pytest.mark.slow
 def test_one_and_two_threads_give_identical_results() -> None:
     """Batches past the kernel's parallel threshold: fewer sequences than threads (work items are kv heads) and
     more (work items are sequences), ragged and unsorted."""
@@ -147,6 +148,7 @@ def test_one_openmp_runtime_in_the_process() -> None:
     assert len(runtimes) <= 1, runtimes
 
 
+@pytest.mark.slow
 def test_build_command_prints_the_library(tmp_path) -> None:
     """`python -m kernels.cpu_decode` (make install) finds or builds the library and says where, with no runpy
     warning about a module imported twice."""

@@ -10,7 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.paths import ROOT
+
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves it out
 
 HERE = Path(__file__).resolve().parent
 

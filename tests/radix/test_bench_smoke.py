@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import radix_ops
+
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves it out
 
 
 def test_radix_ops_smoke(tmp_path):

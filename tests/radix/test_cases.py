@@ -7,6 +7,8 @@ import subprocess
 import sys
 import tracemalloc
 
+import pytest
+
 from radix.hashing import hash_block_tokens
 from radix.manager import KVCacheManager
 from tests.radix.radix_testing import admit, is_cached, match, num_tokens, ref_count, slot_mapping, toks
@@ -141,6 +143,7 @@ def test_c9_accounting_invariant_with_shared_blocks_and_splits():
     m.check_invariants()
 
 
+@pytest.mark.slow
 def test_c9_insert_evict_cycles_leave_memory_where_it_started():
     m = KVCacheManager(11, block_size=4)
 

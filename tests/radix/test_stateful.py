@@ -16,6 +16,8 @@ from radix.manager import KVCacheManager, PrefixMatch, StaleMatchError
 from tests.radix.radix_model import B, Model, ModelSeq
 from tests.radix.radix_testing import admit, match, num_tokens, ref_count, snapshot
 
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves it out
+
 TOKENS = st.lists(st.integers(1, 3), min_size=1, max_size=9)
 SALT = st.sampled_from([None, "s"])
 

@@ -70,6 +70,7 @@ def test_c1_c2_whole_prompt_cached(make_engine, cold):
     assert_idle(engine)
 
 
+@pytest.mark.slow
 def test_c3_same_step_duplicates_and_abort_after_first_chunk(make_engine, cold):
     engine = make_engine(chunked_prefill_size=4, max_prefill_tokens=8)
     prompt = list(range(20, 32))
@@ -103,6 +104,7 @@ def test_c4_eviction_then_recompute(make_engine, cold):
     assert_idle(engine)
 
 
+@pytest.mark.slow
 def test_c5_multi_turn_cache_includes_reply_and_stop_string_keeps_cache_short(make_engine, cold, smollm2_tokenizer):
     engine = make_engine(num_blocks=96)
     prompt = [1000 + 7 * i for i in range(100)]
@@ -154,6 +156,7 @@ def test_c7_prompt_beyond_the_pool_is_rejected_and_others_run(make_engine, cold)
     assert_idle(engine)
 
 
+@pytest.mark.slow
 def test_c8_hit_rate_and_chunks(make_engine):
     engine = make_engine(chunked_prefill_size=4, max_prefill_tokens=4)
     batches = record_batches(engine)

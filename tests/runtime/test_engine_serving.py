@@ -32,6 +32,7 @@ def unpressured(make_engine):
     return [o.token_ids for o in engine.generate(input_ids=PROMPTS, sampling_params=greedy(12))]
 
 
+@pytest.mark.slow
 def test_forward_tokens_equal_prompt_minus_cached(make_engine, unpressured):
     engine = make_engine()
     batches = record_batches(engine)
@@ -49,6 +50,7 @@ def test_forward_tokens_equal_prompt_minus_cached(make_engine, unpressured):
     assert_idle(engine)
 
 
+@pytest.mark.slow
 def test_parallel_samples_share_one_prefill_and_copy_on_write(make_engine):
     engine = make_engine()
     batches = record_batches(engine)
@@ -69,6 +71,7 @@ def test_parallel_samples_share_one_prefill_and_copy_on_write(make_engine):
     assert_idle(engine)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_memory_pressure_every_request_completes_unchanged(make_engine, unpressured, mode):
     engine = make_engine(num_blocks=20, preemption_mode=mode, num_host_blocks=64 if mode == "swap" else 0)
@@ -82,6 +85,7 @@ def test_memory_pressure_every_request_completes_unchanged(make_engine, unpressu
     assert_idle(engine)
 
 
+@pytest.mark.slow
 def test_abort_waiting_mid_prefill_mid_decode(make_engine, unpressured):
     engine = make_engine(chunked_prefill_size=8, max_prefill_tokens=16, max_running_requests=2)
     free0 = engine.manager.num_free_blocks()

@@ -8,6 +8,8 @@ import pytest
 from runtime.engine import Engine
 from runtime.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves it out
+
 SYSTEM = (
     "You are a concise assistant for a small bakery. Answer in one short sentence, mention prices in euros, "
     "and never invent products that are not on the menu: bread, croissants, baguettes and apple pie."

@@ -41,6 +41,7 @@ def make(tiny_llama_dir):
     return build
 
 
+@pytest.mark.slow
 def test_a_tiny_pool_with_a_host_tier_gives_the_unlimited_pools_outputs(make):
     unlimited = chat(make(num_blocks=256))
     engine = make(num_blocks=12, num_host_cache_blocks=64)  # 11 usable device blocks (44 tokens) for 3 chats
@@ -55,6 +56,7 @@ def test_a_tiny_pool_with_a_host_tier_gives_the_unlimited_pools_outputs(make):
     assert sum(c for _o, c, _h in device_only) < sum(c for _o, c, _h in unlimited) // 2  # the pool is pressured
 
 
+@pytest.mark.slow
 def test_host_tier_size_from_bytes_or_blocks(make):
     per_block = kv_block_bytes(2, 4, 2, 16, torch.float32)  # the tiny Llama: 2 layers, 2 KV heads of 16
     engine = make(num_blocks=12, num_host_blocks=3, host_cache_memory=10 * per_block + per_block // 2)

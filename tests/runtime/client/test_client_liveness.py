@@ -14,6 +14,8 @@ import zmq
 from runtime import protocol as p
 from runtime.client import AsyncClient, Client, ServerGoneError
 
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves it out
+
 
 class FakeServer(threading.Thread):
     """Receives one request; sends `heartbeats` Heartbeats 0.1 s apart, then (if answer) a HealthResponse."""

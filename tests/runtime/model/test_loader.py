@@ -46,6 +46,7 @@ def fake_gguf(tmp_path, monkeypatch, tiny_qwen2_dir):
     return path, calls
 
 
+@pytest.mark.slow
 def test_gguf_is_converted_once_then_read_from_the_cache(fake_gguf, tmp_path):
     path, calls = fake_gguf
     first = resolve_model(str(path))
@@ -81,6 +82,7 @@ def test_embedded_model_is_a_cache_hit(smollm2_tokenizer, monkeypatch):
     assert load_config(folder).architecture == "LlamaForCausalLM"
 
 
+@pytest.mark.slow
 def test_tokenizer_loads_without_torch(smollm2_tokenizer):
     code = (
         "import sys; from runtime.model.loader import load_tokenizer; t = load_tokenizer('smollm2'); "

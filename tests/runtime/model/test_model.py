@@ -35,6 +35,7 @@ def _prefill_logits(runner: ModelRunner, seq_id: int, tokens: list[int], blocks:
     return runner.forward(batch).logits[0]
 
 
+@pytest.mark.slow
 def test_smollm2_logits_match_transformers(smol_runner, smol_hf, chat_prompt_ids):
     prompt = chat_prompt_ids[0]
     blocks = list(range(1, 1 + cdiv(len(prompt), smol_runner.block_size)))
@@ -45,6 +46,7 @@ def test_smollm2_logits_match_transformers(smol_runner, smol_hf, chat_prompt_ids
     assert float((mine - ref).abs().max()) <= 1e-3
 
 
+@pytest.mark.slow
 def test_smollm2_greedy_matches_generate(smol_runner, smol_hf, chat_prompt_ids, runner_greedy, hf_greedy):
     hf_generate, assert_same = hf_greedy
     runner = ModelRunner(ServerArgs(model="smollm2", num_blocks=64, dtype="float32"))
@@ -54,6 +56,7 @@ def test_smollm2_greedy_matches_generate(smol_runner, smol_hf, chat_prompt_ids, 
         assert_same(out, ref, ref_logits)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["tiny_qwen2_dir", "tiny_llama_dir"])
 def test_tiny_models_greedy_match_generate(fixture, request, chat_prompt_ids, runner_greedy, hf_greedy):
     folder = request.getfixturevalue(fixture)

@@ -16,6 +16,8 @@ from runtime.model.sampler import Sampler, SampleRequest
 from runtime.sampling_params import SamplingParams
 from tests.runtime.engine_helpers import record_batches
 
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves it out
+
 CPU = torch.device("cpu")
 # logits, counts and penalties that float32 holds exactly, so the reference below is exact too
 LOGITS = [[2.0, -1.5, 0.0, 3.25, -0.5, 1.0], [-2.0, 4.0, 0.5, -3.0, 0.0, 1.25]]

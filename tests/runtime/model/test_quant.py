@@ -227,6 +227,7 @@ def float32_logits(passage_ids) -> list[torch.Tensor]:
         return [hf(torch.tensor([ids])).logits[0, :-1].float() for ids in passage_ids]
 
 
+@pytest.mark.slow
 def test_int8_model_agrees_with_float32_on_top1_of_real_text(passage_ids, float32_logits):
     runner = ModelRunner(ServerArgs(model="smollm2", num_blocks=64, dtype="bfloat16", quantization="int8"))
     assert runner.model.lm_head.uses_int8(len(passage_ids))  # 4 rows a step: every projection reads int8
@@ -353,6 +354,7 @@ INT4_AGREEMENT_FLOOR = 0.96
 INT4_MAX_LOGIT_DIFF = 3.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_int4_model_agrees_with_float32_on_top1_of_real_text(passage_ids, float32_logits, dtype):
     runner = ModelRunner(ServerArgs(model="smollm2", num_blocks=64, dtype=dtype, quantization="int4"))

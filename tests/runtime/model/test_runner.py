@@ -157,6 +157,7 @@ def test_chunked_prefill_samples_only_at_the_end(tiny):
     assert last.token_ids == _step(whole, _new(1, range(30, 40), [4, 5, 6])).token_ids
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_independent_of_batch_composition(tiny):
     params = SamplingParams(temperature=1.0, seed=42, top_p=0.9)
     prompt = list(range(100, 110))

@@ -14,6 +14,8 @@ from runtime.engine import Engine
 from runtime.protocol import ForwardBatch
 from runtime.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves it out
+
 
 def _record(engine: Engine) -> list[ForwardBatch]:
     batches: list[ForwardBatch] = []

@@ -56,6 +56,7 @@ def _assert_same(ours, ref_seqs: list[list[int]], ref_scores: list[float]) -> No
     assert scores == sorted(scores, reverse=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("k", "length_penalty"), [(2, 1.0), (4, 0.5)])
 def test_fixed_length_beams_equal_transformers(smol_engine, smol_hf, chat_prompt_ids, k, length_penalty):
     n = 12
@@ -72,6 +73,7 @@ def test_fixed_length_beams_equal_transformers(smol_engine, smol_hf, chat_prompt
     smol_engine.manager.check_invariants()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [2, 4])
 def test_beams_that_end_on_eos_equal_transformers(smol_engine, smol_hf, chat_prompt_ids, k):
     prompt = chat_prompt_ids[0]  # "What is the capital of France? ...": every beam ends on EOS within 32 tokens

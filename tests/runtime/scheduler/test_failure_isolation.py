@@ -260,6 +260,7 @@ def clean_outputs(tiny):
     return outs
 
 
+@pytest.mark.slow
 def test_engine_a_failing_request_leaves_the_others_of_its_steps_unchanged(tiny, clean_outputs):
     engine = Engine(model=tiny, **ENGINE_KW)
     engine.runner.model = model = PoisonedModel(engine.runner.model)
@@ -280,6 +281,7 @@ def test_engine_a_failing_request_leaves_the_others_of_its_steps_unchanged(tiny,
     assert engine.manager.match_prefix(engine.manager.block_keys(POISONED)).num_tokens == 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_engine_keeps_no_state_of_requests_that_ended(tiny, mode):
     engine = Engine(

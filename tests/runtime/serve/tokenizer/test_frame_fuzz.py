@@ -186,6 +186,7 @@ def check_decoded(value: object, frame: bytes) -> None:
     assert over.rid == (rid if all(isinstance(k, str) for k in value) else "")
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None)
 @given(
     messages.map(lambda value: (value, msgspec.msgpack.encode(value)))

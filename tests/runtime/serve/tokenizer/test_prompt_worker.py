@@ -181,6 +181,7 @@ def _max_size_prompt(chars: int, seed: int) -> str:
     return "".join(rng.choices(alphabet, k=chars))
 
 
+@pytest.mark.slow
 def test_streaming_and_heartbeats_go_on_while_three_max_size_prompts_are_tokenized(ctx, smollm2_tokenizer):
     """Client S streams; clients B, C, D each send a prompt of the largest size accepted (32 x 8192 characters).
     While they are tokenized, S hears from the server (a chunk or a heartbeat) in every second."""
