@@ -128,8 +128,10 @@ def extend_attention(
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     block_d = triton.next_power_of_2(head_dim)
-    block_m = 16 if max_query_len <= 16 else (32 if block_d > 64 else 64)
-    block_n = 32 if block_d > 64 else 64
+    block_n = 32 if block_d > 64 else 64  # wide heads: smaller tiles keep a program's K/V tile in shared memory
+    block_m = block_n
+    if max_query_len <= 16:
+        block_m = 16  # decode-like steps: no rows of padding
     out = q.new_empty(q.shape)
     grid = (triton.cdiv(max_query_len, block_m), num_seqs, num_heads)
     _extend_kernel[grid](

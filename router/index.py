@@ -57,7 +57,8 @@ class ReplicaIndex:
         self.host_hashes = set(snapshot.host_block_hashes)
         self.last_seq = snapshot.last_seq
         self.syncing = False
-        buffered, self._buffer = self._buffer, []
+        buffered = self._buffer
+        self._buffer = []
         for event in buffered:
             if not self.apply(event):
                 return False

@@ -68,8 +68,11 @@ class RouterLauncher:
         if replicas < 1 and not backends:
             raise ValueError("give replicas >= 1 (local) or backends (endpoints of running replicas)")
         self.server_args = server_args or ServerArgs()
-        self.num_replicas, self.backends = replicas, list(backends or [])
-        self.host, self.port, self.startup_timeout_s = host, port, startup_timeout_s
+        self.num_replicas = replicas
+        self.backends = list(backends or [])
+        self.host = host
+        self.port = port
+        self.startup_timeout_s = startup_timeout_s
         self.router_kwargs = router_kwargs
         self.replicas: list[Launcher] = []
         self.router_proc: subprocess.Popen | None = None

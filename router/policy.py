@@ -55,7 +55,8 @@ class Policy:
             raise ValueError(f"unknown policy {name!r}; known: {list(POLICIES)}")
         if balance_threshold < 0:
             raise ValueError(f"balance_threshold must be >= 0, got {balance_threshold}")
-        self.name, self.balance_threshold = name, balance_threshold
+        self.name = name
+        self.balance_threshold = balance_threshold
         self._turn = 0
 
     def choose(self, candidates: list[Candidate], num_replicas: int) -> Decision:

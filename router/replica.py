@@ -38,7 +38,9 @@ class Replica:
     """
 
     def __init__(self, position: int, endpoint: str, ctx: zmq.Context) -> None:
-        self.position, self.endpoint, self.ctx = position, endpoint, ctx
+        self.position = position
+        self.endpoint = endpoint
+        self.ctx = ctx
         self.host = urlsplit(endpoint).hostname or "127.0.0.1"
         self.dealer = self._new_dealer()
         self.sub: zmq.Socket | None = None
@@ -85,7 +87,8 @@ class Replica:
         return True
 
     def _probe(self, msg_type: type, now: float) -> None:
-        self.probe_rid, self.probe_sent = f"probe-{uuid.uuid4().hex}", now
+        self.probe_rid = f"probe-{uuid.uuid4().hex}"
+        self.probe_sent = now
         self.send(msg_type(self.probe_rid))
 
     def request_snapshot(self, now: float) -> None:
@@ -115,7 +118,8 @@ class Replica:
             )
         if not self.index.load_snapshot(msg.snapshot):
             self._probe(p.KvSnapshotRequest, now)
-        was_up, self.up = self.up, True
+        was_up = self.up
+        self.up = True
         if not was_up:
             logger.info(
                 "replica %s in rotation (%d resident blocks, event seq %d)",

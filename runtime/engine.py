@@ -222,8 +222,8 @@ class Engine:
                     self._on_output(o)
                 raise EngineError(f"step {batch.step_id} failed ({exc!r}); its requests were aborted") from exc
             outs = self._process(result)
-        chunks = [c for o in outs if (c := self._on_output(o)) is not None]
-        chunks += [c for o in self.scheduler.drain_outputs() if (c := self._on_output(o)) is not None]
+        chunks = self._feed(outs)
+        chunks.extend(self._feed(self.scheduler.drain_outputs()))  # what _feed's stops produced
         return chunks
 
     def abort(self, rid: str) -> RequestOutput:
@@ -259,9 +259,19 @@ class Engine:
         """scheduler.process_result, then the error of each request it failed onto that request's record."""
         outs = self.scheduler.process_result(result)
         for failure in self.scheduler.drain_failures():
-            if (live := self._live.get(failure.rid)) is not None:
+            live = self._live.get(failure.rid)
+            if live is not None:
                 live.error = failure.message
         return outs
+
+    def _feed(self, outs: list[TokenOutput]) -> list[StreamChunk]:
+        """_on_output of each delta in order; the chunks there are to send."""
+        chunks = []
+        for o in outs:
+            chunk = self._on_output(o)
+            if chunk is not None:
+                chunks.append(chunk)
+        return chunks
 
     def _on_output(self, o: TokenOutput) -> StreamChunk | None:
         """Feed one scheduler delta to its CompletionStream and fold the chunk it makes into the request's result; a

@@ -142,7 +142,8 @@ class Launcher:
     """
 
     def __init__(self, args: ServerArgs, startup_timeout_s: float = 600.0) -> None:
-        self.args, self.startup_timeout_s = args, startup_timeout_s
+        self.args = args
+        self.startup_timeout_s = startup_timeout_s
         self.ipc_base = new_ipc_base()
         self.endpoints = Endpoints.under(self.ipc_base)
         self.ctx = zmq.Context()

@@ -52,7 +52,10 @@ class SchedulerServer:
         events_port: int = 0,
         worker_probe_timeout_s: float = 5.0,
     ) -> None:
-        self.scheduler, self.to_worker, self.to_tokenizer, self.pub = scheduler, to_worker, to_tokenizer, pub
+        self.scheduler = scheduler
+        self.to_worker = to_worker
+        self.to_tokenizer = to_tokenizer
+        self.pub = pub
         self.stats_interval_s = stats_interval_s
         self.events_port = events_port  # TCP port of pub for routers (0: ipc only)
         self.health = WorkerHealth(worker_probe_timeout_s)

@@ -44,7 +44,8 @@ class StopAutomaton:
         if any(not s for s in stop):
             raise ValueError("stop strings must be non-empty")
         self.goto: list[dict[str, int]] = [{}]
-        self.depth, self.match = [0], [0]
+        self.depth = [0]
+        self.match = [0]
         for s in stop:
             node = 0
             for ch in s:
@@ -151,7 +152,8 @@ class StopChecker:
             node = step(node, text[end - 1])
             if match[node] and (best is None or end - match[node] < best):
                 best = end - match[node]
-        self._node, self._scanned = node, len(text)
+        self._node = node
+        self._scanned = len(text)
         return best
 
     def flush(self, text: str) -> str:

@@ -24,7 +24,8 @@ def router():
 
 def test_not_ok_health_answer_takes_the_replica_out(router):
     sick, well = router.replicas
-    sick.probe_rid, well.probe_rid = "probe-1", "probe-2"
+    sick.probe_rid = "probe-1"
+    well.probe_rid = "probe-2"
     router.on_replica_message(sick, p.HealthResponse("probe-1", "worker unresponsive for 6.0 s"), 10.0)
     router.on_replica_message(well, p.HealthResponse("probe-2", "ok"), 10.0)
     assert (sick.up, well.up) == (False, True)

@@ -26,7 +26,8 @@ class FakeServer(threading.Thread):
         self.sock = self.ctx.socket(zmq.ROUTER)
         port = self.sock.bind_to_random_port("tcp://127.0.0.1")
         self.endpoint = f"tcp://127.0.0.1:{port}"
-        self.heartbeats, self.answer = heartbeats, answer
+        self.heartbeats = heartbeats
+        self.answer = answer
 
     def run(self) -> None:
         identity, frame = self.sock.recv_multipart()
@@ -81,7 +82,8 @@ class ScriptedServer(threading.Thread):
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
-        self.script, self.done = script, threading.Event()
+        self.script = script
+        self.done = threading.Event()
 
     def stop(self) -> None:
         self.done.set()

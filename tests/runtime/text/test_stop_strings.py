@@ -14,7 +14,9 @@ class OracleStopChecker:
     text; otherwise the longest suffix that is a proper prefix of a stop string is held back."""
 
     def __init__(self, stop: list[str]) -> None:
-        self.stop, self.emitted, self.result = stop, 0, None
+        self.stop = stop
+        self.emitted = 0
+        self.result = None
 
     def update(self, text: str, token_ends: list[int]) -> StopCheck:
         if self.result is not None:
@@ -23,13 +25,16 @@ class OracleStopChecker:
         if hits:
             pos, i = hits[0]
             keep = 0 if pos == 0 else sum(1 for e in token_ends if e < pos) + 1
-            new, self.emitted, self.result = text[self.emitted : pos], pos, (keep, self.stop[i])
+            new = text[self.emitted : pos]
+            self.emitted = pos
+            self.result = (keep, self.stop[i])
             return StopCheck(new, True, keep, self.stop[i])
         held = max(
             (k for k in range(1, len(text) + 1) for s in self.stop if len(s) > k and s.startswith(text[-k:])), default=0
         )
         safe = max(self.emitted, len(text) - held)
-        new, self.emitted = text[self.emitted : safe], safe
+        new = text[self.emitted : safe]
+        self.emitted = safe
         return StopCheck(new, False, len(token_ends), None)
 
 
