@@ -55,6 +55,7 @@ from runtime.protocol.public import (
     StatsRequest,
     StatsResponse,
     StreamChunk,
+    TokenText,
     Usage,
     input_problem,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "StatsRequest",
     "KvSnapshotRequest",
     "Usage",
+    "TokenText",
     "StreamChunk",
     "ERR_MALFORMED",
     "ERR_UNKNOWN_MESSAGE",

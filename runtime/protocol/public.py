@@ -109,12 +109,24 @@ class Usage(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     host_cached_tokens: int = 0
 
 
+class TokenText(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """The text of one generated token and of its top alternatives, for answers that name tokens (the OpenAI
+    logprobs formats): text is tokenizer.decode([token_id], skip_special_tokens=False) of the sampled id (special
+    tokens named; a partial UTF-8 character reads U+FFFD), top_texts the same for each of its TokenLogprobs'
+    top_token_ids, aligned with them ([] for a token that came without logprobs)."""
+
+    text: str
+    top_texts: list[str] = []
+
+
 class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fields=True):
     """Part of completion `index` (0..n-1) of request rid.
 
     text: new text since the previous chunk (never a partial UTF-8 character, never a stop string or part of one).
     token_ids: new token ids since the previous chunk.
     logprobs: aligned with token_ids when the request asked for logprobs.
+    token_texts: aligned with token_ids (and logprobs) when the request asked for logprobs and the server has a
+        tokenizer: each token's and its alternatives' text (TokenText), so a client names tokens without one.
     finish_reason: None while running; "stop" (EOS, stop token or stop string), "length" (max_tokens or context),
         "abort" on the last chunk.
     usage: set on the last chunk.
@@ -127,6 +139,7 @@ class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fiel
     text: str = ""
     token_ids: list[int] = []
     logprobs: list[TokenLogprobs | None] | None = None
+    token_texts: list[TokenText] | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
     score: float | None = None

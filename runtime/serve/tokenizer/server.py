@@ -270,18 +270,21 @@ def _chunk(
         text = delta.text
         token_ids = delta.token_ids
         logprobs = delta.logprobs
+        token_texts = delta.token_texts
     else:
         if delta.finish_reason is None:
             return None
         text = completion.text
         token_ids = completion.token_ids
         logprobs = completion.logprobs
+        token_texts = completion.token_texts
     return p.StreamChunk(
         rid=req.rid,
         index=out.index,
         text=text,
         token_ids=token_ids,
         logprobs=logprobs,
+        token_texts=token_texts,
         finish_reason=delta.finish_reason,
         usage=delta.usage,
         score=out.score,
