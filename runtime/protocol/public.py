@@ -95,6 +95,37 @@ class KvSnapshotRequest(msgspec.Struct, tag="kv_snapshot_request", forbid_unknow
     rid: Rid
 
 
+class TokenizeRequest(msgspec.Struct, tag="tokenize", kw_only=True, forbid_unknown_fields=True):
+    """Asks for the prompt token ids of a text or a chat, as a GenerateRequest with the same prompt or messages
+    would get them (the chat template applied to messages; the same character limit); answered by TokenizeResponse.
+    Exactly one of prompt and messages is set (an empty prompt is allowed: its ids may be []).
+    add_special_tokens: for prompt only, whether the tokenizer adds its special tokens (BOS) as a GenerateRequest's
+    prompt gets them (True); a chat's ids are the template's own."""
+
+    rid: Rid
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+
+    def check(self) -> str | None:
+        """The reason this request is invalid regardless of the model (None when it is well formed)."""
+        if (self.prompt is None) == (self.messages is None):
+            given = [name for name in ("prompt", "messages") if getattr(self, name) is not None]
+            return f"exactly one of prompt, messages must be set, got {given or 'none'}"
+        if self.messages is not None and not self.messages:
+            return "messages is empty"
+        return None
+
+
+class DetokenizeRequest(msgspec.Struct, tag="detokenize", forbid_unknown_fields=True):
+    """Asks for the text of token_ids (special tokens kept: the text of every id); answered by DetokenizeResponse.
+    Each id must lie in the tokenizer's vocabulary, and a request carries at most as many ids as a prompt may have
+    characters (the server's max_prompt_chars limit)."""
+
+    rid: Rid
+    token_ids: list[int]
+
+
 class Usage(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     """Token counts of one completion: prompt_tokens, cached_tokens (prompt tokens whose KV came from the radix
     cache, either tier), completion_tokens; queue_time_s: seconds from the request's arrival at the scheduler to its
@@ -257,11 +288,42 @@ class KvSnapshotResponse(msgspec.Struct, tag="kv_snapshot_response", forbid_unkn
     snapshot: KvSnapshot
 
 
+class TokenizeResponse(msgspec.Struct, tag="tokenize_response", forbid_unknown_fields=True):
+    """Answer to TokenizeRequest: the prompt token ids."""
+
+    rid: str
+    token_ids: list[int]
+
+
+class DetokenizeResponse(msgspec.Struct, tag="detokenize_response", forbid_unknown_fields=True):
+    """Answer to DetokenizeRequest: the text of the token ids."""
+
+    rid: str
+    text: str
+
+
 class Heartbeat(msgspec.Struct, tag="heartbeat", forbid_unknown_fields=True):
     """Sent by the tokenizer to a client with requests in flight and nothing sent for a while, so a vanished client
     is noticed (ROUTER_MANDATORY send fails) and its requests aborted. Clients ignore it."""
 
 
-ClientMessage = GenerateRequest | AbortRequest | HealthRequest | StatsRequest | KvSnapshotRequest
-ServerMessage = StreamChunk | ErrorResponse | HealthResponse | StatsResponse | KvSnapshotResponse | Heartbeat
-CLIENT_TAGS = frozenset({"generate", "abort", "health", "stats", "kv_snapshot_request"})
+ClientMessage = (
+    GenerateRequest
+    | AbortRequest
+    | HealthRequest
+    | StatsRequest
+    | KvSnapshotRequest
+    | TokenizeRequest
+    | DetokenizeRequest
+)
+ServerMessage = (
+    StreamChunk
+    | ErrorResponse
+    | HealthResponse
+    | StatsResponse
+    | KvSnapshotResponse
+    | TokenizeResponse
+    | DetokenizeResponse
+    | Heartbeat
+)
+CLIENT_TAGS = frozenset({"generate", "abort", "health", "stats", "kv_snapshot_request", "tokenize", "detokenize"})

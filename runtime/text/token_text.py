@@ -1,12 +1,31 @@
-"""Token ids as text, for answers that name tokens rather than stream a completion: TokenTextCache (the text of each
-generated token and of its top alternatives, which the OpenAI logprobs formats name). The tokenizer process sends
-them with the completion, so a client (the HTTP server) needs no tokenizer of its own. No torch, no sockets."""
+"""Token ids as text, for answers that name tokens rather than stream a completion: decode_text (a DetokenizeRequest's
+text) and TokenTextCache (the text of each generated token and of its top alternatives, which the OpenAI logprobs
+formats name). The tokenizer process and the router answer with them, so a client (the HTTP server) needs no
+tokenizer of its own. No torch, no sockets."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from runtime.protocol import TokenLogprobs, TokenText
+
+
+def decode_text(tokenizer: Any, token_ids: Sequence[int]) -> str:
+    """tokenizer.decode(token_ids, skip_special_tokens=False): the text of every id, special tokens included.
+
+    A fast tokenizer that does not clean up tokenization spaces decodes through the Rust decoder's decode_batch,
+    which releases the GIL (transformers' decode, through the backend's decode, holds it for the whole call: a
+    fraction of a second for a few hundred thousand ids), so the tokenizer process's loop keeps running while its
+    PromptWorker thread decodes; it is the same decoder, so the same text. Anything else goes through
+    tokenizer.decode. Every id must lie in [0, len(tokenizer)) (the caller checks: the Rust decoder takes u32 ids).
+    Cost: O(len(token_ids) + characters of the text).
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    batch = getattr(backend, "decode_batch", None)
+    if batch is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return tokenizer.decode(list(token_ids), skip_special_tokens=False)
+    return batch([list(token_ids)], skip_special_tokens=False)[0]
 
 
 class TokenTextCache:

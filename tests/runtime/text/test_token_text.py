@@ -1,28 +1,53 @@
-"""Token ids as text for answers that name tokens (runtime/text/token_text.py): TokenTextCache names a token as
-decode([id]) does, once per id; a CompletionStream asked for logprobs sends each token's TokenText aligned with its
-token_ids, a stop string dropping both."""
+"""Token ids as text for answers that name tokens (runtime/text/token_text.py): decode_text is the tokenizer's
+decode with special tokens kept, on either path; TokenTextCache names a token as decode([id]) does, once per id; a
+CompletionStream asked for logprobs sends each token's TokenText aligned with its token_ids, a stop string dropping
+both; encode_prompt's add_special_tokens (a TokenizeRequest's) reaches the tokenizer."""
 
 from __future__ import annotations
+
+import random
 
 from runtime.protocol import TokenLogprobs, TokenOutput, TokenText
 from runtime.sampling_params import SamplingParams
 from runtime.text.completion_stream import CompletionStream
-from runtime.text.token_text import TokenTextCache
+from runtime.text.prompt import encode_prompt
+from runtime.text.token_text import TokenTextCache, decode_text
 
 HI, THERE = 26843, 665  # "Hi", " there" in the SmolLM2 tokenizer
 IM_END = 2  # "<|im_end|>", a special token
 
 
 class _NoBackend:
-    """The SmolLM2 tokenizer behind its decode, counting decodes."""
+    """The SmolLM2 tokenizer without backend_tokenizer (decode_text's fallback: tokenizer.decode), counting decodes;
+    encode adds a BOS id 1 in front when add_special_tokens (SmolLM2 itself adds none)."""
 
     def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer
         self.decodes = 0
+        self.chat_template = tokenizer.chat_template
 
     def decode(self, ids, skip_special_tokens=False):
         self.decodes += 1
         return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def encode(self, text, add_special_tokens=True):
+        return ([1] if add_special_tokens else []) + self._tokenizer.encode(text, add_special_tokens=False)
+
+    def apply_chat_template(self, *args, **kwargs):
+        return self._tokenizer.apply_chat_template(*args, **kwargs)
+
+
+def test_decode_text_is_the_tokenizers_decode_with_special_tokens(smollm2_tokenizer):
+    rng = random.Random(7)
+    ids = [rng.randrange(49152) for _ in range(5000)] + [0, 1, 2, IM_END]
+    want = smollm2_tokenizer.decode(ids, skip_special_tokens=False)
+    assert decode_text(smollm2_tokenizer, ids) == want  # the Rust decode_batch path
+    assert decode_text(_NoBackend(smollm2_tokenizer), ids) == want  # the fallback
+    emoji = smollm2_tokenizer.encode("🎉 héllo")
+    assert decode_text(smollm2_tokenizer, emoji) == "🎉 héllo"
+    assert decode_text(smollm2_tokenizer, emoji[:1]) == smollm2_tokenizer.decode(emoji[:1])  # a partial character
+    assert decode_text(smollm2_tokenizer, [1, IM_END]) == "<|im_start|><|im_end|>"
+    assert decode_text(smollm2_tokenizer, []) == ""
 
 
 def test_token_text_cache_names_each_token_as_decode_does_once_per_id(smollm2_tokenizer):
@@ -73,3 +98,12 @@ def test_streamed_token_texts_concatenate_to_the_final_ones(smollm2_tokenizer):
     assert streamed == s.token_texts == [TokenText("Hi", []), TokenText("<|endoftext|>", []), TokenText(" there", [])]
     assert [t for d in deltas for t in d.token_ids] == s.token_ids == ids[:3]
     assert shared.text(0) == "<|endoftext|>"  # the stream filled the shared cache
+
+
+def test_encode_prompt_add_special_tokens_reaches_the_tokenizer(smollm2_tokenizer):
+    tok = _NoBackend(smollm2_tokenizer)
+    ids = smollm2_tokenizer.encode("Hi there")
+    assert encode_prompt(tok, "Hi there") == [1, *ids]  # as a GenerateRequest's prompt
+    assert encode_prompt(tok, "Hi there", add_special_tokens=False) == ids
+    chat = [{"role": "user", "content": "Hi"}]
+    assert encode_prompt(tok, messages=chat, add_special_tokens=True) == encode_prompt(smollm2_tokenizer, messages=chat)
