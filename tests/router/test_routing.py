@@ -111,7 +111,9 @@ def test_router_answers_tokenize_and_detokenize_from_its_own_tokenizer(replicas,
         )
         with pytest.raises(InvalidRequestError) as info:
             c.detokenize([1] * (ROUTER_TOKENIZE_CHARS + 1))
-        assert info.value.message == f"too many token ids: {ROUTER_TOKENIZE_CHARS + 1}, the limit is 262144"
+        assert info.value.message == (
+            f"too many token ids: {ROUTER_TOKENIZE_CHARS + 1}, the limit is 262144 (max_prompt_chars)"
+        )
 
 
 def test_a_router_without_a_tokenizer_answers_tokenize_with_an_error():

@@ -46,7 +46,8 @@ class TextRequests:
         if isinstance(req, p.DetokenizeRequest):
             if len(req.token_ids) > self.limit:
                 raise RequestRejected(
-                    p.ERR_INVALID, f"too many token ids: {len(req.token_ids)}, the limit is {self.limit}"
+                    p.ERR_INVALID,
+                    f"too many token ids: {len(req.token_ids)}, the limit is {self.limit} (max_prompt_chars)",
                 )
             return
         problem = req.check()

@@ -95,7 +95,7 @@ def test_each_fault_gets_its_exact_error(ctx, smollm2_tokenizer):
         ),
         (
             p.DetokenizeRequest("many", [1] * (LIMIT + 1)),
-            f"too many token ids: {LIMIT + 1}, the limit is {LIMIT}",
+            f"too many token ids: {LIMIT + 1}, the limit is {LIMIT} (max_prompt_chars)",
         ),
         (p.DetokenizeRequest("vocab", [1, 49152, -1]), "token_ids[1] = 49152 is outside the vocabulary [0, 49152)"),
         (p.DetokenizeRequest("negative", [5, -1]), "token_ids[1] = -1 is outside the vocabulary [0, 49152)"),
