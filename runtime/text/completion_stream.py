@@ -116,7 +116,9 @@ class CompletionStream:
             self.logprobs.extend(new_logprobs)
             if self._texts is not None and self.token_texts is not None:
                 self.token_texts.extend(map(self._texts.token_text, ids, new_logprobs))
-        finish, keep, start = out.finish_reason, None, self._end
+        finish = out.finish_reason
+        keep = None
+        start = self._end
         detok = self._detok
         if detok is not None:
             if ids:
@@ -137,7 +139,8 @@ class CompletionStream:
                 elif finish is not None:
                     self._end += len(self._stop.flush(detok.text))
         release = len(self.token_ids) if finish is not None else self._releasable()
-        sent, self._sent = self._sent, max(self._sent, release)
+        sent = self._sent
+        self._sent = max(sent, release)
         usage = None
         if finish is not None:
             self.finish_reason = finish
