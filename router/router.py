@@ -4,7 +4,9 @@ A client cannot tell it from a replica's tokenizer process: the same ROUTER sock
 ErrorResponses. Per GenerateRequest the router tokenizes the prompt (the model's tokenizer and chat template, as the
 replica would), hashes its full blocks with radix.hashing (cache_salt in the first block, as the replica does), picks
 a replica with its Policy (router/policy.py) and forwards the request with input_ids under an internal rid, so the
-replica does not tokenize twice. Replies are streamed back under the client's rid; aborts are forwarded.
+replica does not tokenize twice. Replies are streamed back under the client's rid; aborts are forwarded. A
+TokenizeRequest or DetokenizeRequest is answered from the router's own tokenizer (router/text.py: the replicas' rule,
+with ROUTER_TOKENIZE_CHARS as its limit), so an HTTP server in front of the router needs no tokenizer either.
 
 Failures: a replica out of rotation (router/replica.py: an unanswered probe, or ERR_SHUTDOWN / ERR_SERVER for a
 request it had not started) has its requests split: those that sent nothing to the client yet are re-sent to another
@@ -32,6 +34,7 @@ from router.index import TierPrefix
 from router.policy import Candidate, Policy
 from router.replica import Replica
 from router.stats import RouterStats
+from router.text import RouterTokenizer
 from runtime import protocol as p
 from runtime.serve.tokenizer.frontend import ClientFrontend
 
@@ -40,9 +43,6 @@ logger = logging.getLogger(__name__)
 POLL_MS = 100
 HEARTBEAT_S = 1.0  # as the tokenizer process: a client with requests in flight and nothing sent this long is probed
 _FAILURE_CODES = (p.ERR_SERVER, p.ERR_SHUTDOWN)
-# The router tokenizes prompts on its own loop to match prefixes: a longer text (characters) is not tokenized here, so
-# one huge prompt cannot stall routing (the replica applies its own max_prompt_chars).
-ROUTER_TOKENIZE_CHARS = 262_144
 
 
 @dataclass
@@ -64,12 +64,14 @@ class _Request:
 class Router:
     """The router's state and loop. Sockets live in `ctx`; `bind()` opens the public endpoint; `serve()` runs.
 
-    tokenizer: a transformers tokenizer (runtime.model.loader.load_tokenizer(args.model)); None forwards requests as
-    given (no prefix hashing: cache_aware then sees no prefix and balances load). Mutates: its tables, its replicas.
+    tokenizer: a transformers tokenizer (runtime.model.loader.load_tokenizer(args.model)), kept as a RouterTokenizer
+    (router/text.py); None forwards requests as given (no prefix hashing: cache_aware then sees no prefix and balances
+    load) and answers tokenize / detokenize requests ERR_INVALID. Mutates: its tables, its replicas.
     """
 
     def __init__(self, args: RouterArgs, tokenizer: Any, ctx: zmq.Context | None = None) -> None:
-        self.args, self.tokenizer = args, tokenizer
+        self.args = args
+        self.tokenizer = RouterTokenizer(tokenizer)
         self.ctx = ctx or zmq.Context()
         self.policy = Policy(args.policy, args.balance_threshold)
         self.replicas = [Replica(i, ep, self.ctx) for i, ep in enumerate(args.backends)]
@@ -194,6 +196,8 @@ class Router:
                 self.clients.send(identity, p.ErrorResponse(msg.rid, p.ERR_SERVER, "no replica is in rotation"))
         elif isinstance(msg, p.StatsRequest):
             self.fanout.start(identity, msg.rid, [r for r in self.replicas if r.up])
+        elif isinstance(msg, (p.TokenizeRequest, p.DetokenizeRequest)):
+            self.clients.send(identity, self.tokenizer.answer(msg))
         else:
             self.clients.send(
                 identity,
@@ -215,7 +219,7 @@ class Router:
             )
             return
         internal = uuid.uuid4().hex
-        ids = self.tokenize(req)
+        ids = self.tokenizer.prompt_ids(req)
         forward = msgspec.structs.replace(req, rid=internal)
         if ids is not None and req.input_ids is None:
             forward = msgspec.structs.replace(forward, prompt=None, messages=None, input_ids=ids)
@@ -224,21 +228,6 @@ class Router:
         self.clients.waiting(identity, now)
         self.pending.append(internal)
         self.dispatch_pending(now)
-
-    def tokenize(self, req: p.GenerateRequest) -> list[int] | None:
-        """The prompt's token ids as the replica's tokenizer process computes them; None when the router cannot
-        (no tokenizer, the template fails, or the text is over ROUTER_TOKENIZE_CHARS: the replica then applies its
-        own checks and answers with the same error it would give; such a request is routed without a prefix match)."""
-        if req.input_ids is None and self.tokenizer is None:
-            return None
-        from runtime.text.prompt import PromptError, encode_prompt
-
-        try:
-            return encode_prompt(
-                self.tokenizer, req.prompt, req.messages, req.input_ids, max_chars=ROUTER_TOKENIZE_CHARS
-            )
-        except PromptError:  # too long to tokenize here, or malformed: the replica answers with its own error
-            return None
 
     def abort(self, internal: str) -> None:
         """Forgets a request and forwards AbortRequest to its replica (if it has one)."""
@@ -341,8 +330,8 @@ class Router:
 
     def on_replica_message(self, replica: Replica, msg: p.ServerMessage, now: float) -> None:
         """Routes one reply of a replica: to its client, its probe, or its stats fan-out."""
-        if isinstance(msg, p.Heartbeat):
-            return
+        if isinstance(msg, (p.Heartbeat, p.TokenizeResponse, p.DetokenizeResponse)):
+            return  # the router asks replicas for neither
         if isinstance(msg, p.HealthResponse) and msg.status != "ok" and msg.rid == replica.probe_rid and replica.up:
             replica.probe_rid = None
             self.replica_failed(replica, f"its health probe answered {msg.status!r}", now)

@@ -36,6 +36,7 @@ from runtime.scheduler.request import RequestRejected
 from runtime.scheduler.scheduler import Scheduler
 from runtime.text.completion_stream import CompletionStream
 from runtime.text.prompt import PromptError, encode_prompt
+from runtime.text.token_text import TokenTextCache
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +51,10 @@ class EngineError(RuntimeError):
 CompletionOutput = Choice
 """One completion of a request: the Choice that runtime.results.CompletionFold folds from the request's chunks, as
 the client's and the HTTP server's are (index, text, token_ids, finish_reason "stop" / "length" / "abort",
-logprobs aligned with token_ids when asked, usage, score). EOS, stop token ids and stop strings follow
-CompletionStream's rule (runtime/text/): an EOS / stop id stays in token_ids but not in text; a stop string cuts text
-before it and token_ids to the tokens that cover that text. score: a beam search completion's length-penalised
-cumulative logprob (SamplingParams.use_beam_search: the outputs come best first), else None."""
+logprobs and the texts of their tokens aligned with token_ids when asked, usage, score). EOS, stop token ids and stop
+strings follow CompletionStream's rule (runtime/text/): an EOS / stop id stays in token_ids but not in text; a stop
+string cuts text before it and token_ids to the tokens that cover that text. score: a beam search completion's
+length-penalised cumulative logprob (SamplingParams.use_beam_search: the outputs come best first), else None."""
 
 
 class RequestOutput(msgspec.Struct, kw_only=True):
@@ -128,6 +129,7 @@ class Engine:
         except ModelLoadError as e:
             logger.warning("no tokenizer for %s (%s): input_ids only, no text", model, e)
             self.tokenizer = None
+        self._texts = None if self.tokenizer is None else TokenTextCache(self.tokenizer)  # shared by every completion
         self._eos = tuple(ready.eos_token_ids)
         self._max_prompt_chars = prompt_char_limit(self.args.max_prompt_chars, ready.max_model_len)
         self._rids = itertools.count()
@@ -195,7 +197,7 @@ class Engine:
         params = sampling_params or SamplingParams()
         rid = rid if rid is not None else f"req-{next(self._rids)}"
         self.scheduler.add_request(rid, ids, params, cache_salt)
-        streams = [CompletionStream(self.tokenizer, params, self._eos) for _ in range(params.n)]
+        streams = [CompletionStream(self.tokenizer, params, self._eos, self._texts) for _ in range(params.n)]
         self._live[rid] = _Live(ids, streams)
         return rid
 
@@ -291,6 +293,7 @@ class Engine:
             text=delta.text,
             token_ids=delta.token_ids,
             logprobs=delta.logprobs,
+            token_texts=delta.token_texts,
             finish_reason=delta.finish_reason,
             usage=delta.usage,
             score=o.score,

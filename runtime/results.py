@@ -1,27 +1,33 @@
 """What a request returns, whoever serves it: Choice (one completion) and Completion (the request), and the one fold
 of a request's StreamChunks into them, CompletionFold. The client (generate / result), the Engine (generate / result
 / abort) and the HTTP server (non-streamed answers, usage) all fold with CompletionFold, so text, token_ids, logprobs,
-finish_reason, score and usage cannot drift between them. No sockets and no clock: the Engine imports it without
-zmq, and each caller passes the time a chunk arrived."""
+token_texts, finish_reason, score and usage cannot drift between them. No sockets and no clock: the Engine imports
+it without zmq, and each caller passes the time a chunk arrived."""
 
 from __future__ import annotations
+
+from typing import TypeVar
 
 import msgspec
 
 from runtime import protocol as p
 
+T = TypeVar("T")
+
 
 class Choice(msgspec.Struct, kw_only=True):
     """One completion: text, token_ids, finish_reason ("stop", "length", "abort"), logprobs (aligned with token_ids,
-    one entry per token, None for a token that came without one; None when no chunk carried logprobs), usage (this
-    completion's, from its last chunk), score: a beam search completion's length-penalised cumulative logprob
-    (use_beam_search: choices come best first), else None."""
+    one entry per token, None for a token that came without one; None when no chunk carried logprobs), token_texts
+    (each token's TokenText, aligned the same way, from the chunks' token_texts), usage (this completion's, from its
+    last chunk), score: a beam search completion's length-penalised cumulative logprob (use_beam_search: choices come
+    best first), else None."""
 
     index: int
     text: str = ""
     token_ids: list[int] = msgspec.field(default_factory=list)
     finish_reason: str | None = None
     logprobs: list[p.TokenLogprobs | None] | None = None
+    token_texts: list[p.TokenText | None] | None = None
     usage: p.Usage | None = None
     score: float | None = None
 
@@ -54,13 +60,14 @@ class Completion(msgspec.Struct, kw_only=True):
 
 class _Parts:
     """One completion as it accumulates: its text as pieces (joined once: O(total length), not O(n^2) over many
-    chunks), token ids and logprobs appended."""
+    chunks), token ids, logprobs and token texts appended."""
 
     def __init__(self) -> None:
         self.texts: list[str] = []
         self.num_chars = 0
         self.token_ids: list[int] = []
         self.logprobs: list[p.TokenLogprobs | None] | None = None
+        self.token_texts: list[p.TokenText | None] | None = None
         self.finish_reason: str | None = None
         self.usage: p.Usage | None = None
         self.score: float | None = None
@@ -72,7 +79,8 @@ class CompletionFold:
 
     The rules, per completion (StreamChunk.index): text is the chunks' texts concatenated, token_ids their token ids;
     logprobs stay None until a chunk carries some, and from then on are kept aligned with token_ids (a chunk without
-    logprobs adds one None per token id, and the tokens before the first chunk with logprobs get None each);
+    logprobs adds one None per token id, and the tokens before the first chunk with logprobs get None each); so are
+    token_texts (the same rule, on the chunks' token_texts);
     finish_reason, usage and score are those of the completion's last chunk (the one with finish_reason). The
     request's usage: see usage(). Time to first token: from start to the `now` of the first chunk with token ids.
     Mutated only by add(); O(1) per token (amortised) and O(total text) for choices().
@@ -107,13 +115,8 @@ class CompletionFold:
         if chunk.text:
             parts.texts.append(chunk.text)
             parts.num_chars += len(chunk.text)
-        if chunk.logprobs is not None and parts.logprobs is None:
-            parts.logprobs = [None] * len(parts.token_ids)  # the tokens before came without logprobs
-        if parts.logprobs is not None:
-            if chunk.logprobs is None:
-                parts.logprobs.extend([None] * len(chunk.token_ids))
-            else:
-                parts.logprobs.extend(chunk.logprobs)
+        parts.logprobs = _aligned(parts.logprobs, chunk.logprobs, len(parts.token_ids), len(chunk.token_ids))
+        parts.token_texts = _aligned(parts.token_texts, chunk.token_texts, len(parts.token_ids), len(chunk.token_ids))
         parts.token_ids.extend(chunk.token_ids)
         if chunk.finish_reason is not None:
             if parts.finish_reason is None:
@@ -128,8 +131,8 @@ class CompletionFold:
         return self._parts[index].num_chars
 
     def choices(self) -> list[Choice]:
-        """Every completion so far as a Choice, by index (the token_ids and logprobs lists are the fold's own: take
-        them once the fold is done)."""
+        """Every completion so far as a Choice, by index (the token_ids, logprobs and token_texts lists are the fold's
+        own: take them once the fold is done)."""
         return [
             Choice(
                 index=i,
@@ -137,6 +140,7 @@ class CompletionFold:
                 token_ids=parts.token_ids,
                 finish_reason=parts.finish_reason,
                 logprobs=parts.logprobs,
+                token_texts=parts.token_texts,
                 usage=parts.usage,
                 score=parts.score,
             )
@@ -163,3 +167,20 @@ class CompletionFold:
         """The client's Completion of request rid (ttft_s 0.0 when no chunk had token ids)."""
         ttft = self.ttft_s
         return Completion(rid=rid, choices=self.choices(), usage=self.usage(), ttft_s=0.0 if ttft is None else ttft)
+
+
+def _aligned(
+    folded: list[T | None] | None, new: list[T] | list[T | None] | None, before: int, count: int
+) -> list[T | None] | None:
+    """A per-token list of the fold (logprobs, token_texts) after a chunk of count tokens whose own list is new:
+    None while no chunk carried one; once one did, one entry per token id (None for the `before` tokens folded
+    earlier without one, and for each token of a chunk without one). Extends folded in place. O(count)."""
+    if new is None and folded is None:
+        return None
+    if folded is None:
+        folded = [None] * before  # the tokens before came without one
+    if new is None:
+        folded.extend([None] * count)
+    else:
+        folded.extend(new)
+    return folded

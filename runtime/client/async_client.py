@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any
 
 import zmq
@@ -168,12 +168,27 @@ class AsyncClient:
         return fold.completion(out.rid)
 
     async def _control(self, kind: ControlRequest) -> Reply:
-        out = self._core.open_control(kind)
+        return await self._one_reply(self._core.open_control(kind))
+
+    async def _one_reply(self, out: Outgoing) -> Reply:
+        """Sends an opened request answered by one reply and waits for it; cancellation stops waiting."""
         try:
             await self._send(out)
             return await self._next(out.rid, self._core.deadline(time.monotonic()))
         finally:
             self._close(out.rid)
+
+    async def tokenize(
+        self, *, prompt: str | None = None, messages: list | None = None, add_special_tokens: bool = True
+    ) -> list[int]:
+        """See Client.tokenize."""
+        out = self._core.open_tokenize(prompt, messages, add_special_tokens)
+        return expect(await self._one_reply(out), p.TokenizeResponse).token_ids
+
+    async def detokenize(self, token_ids: Iterable[int]) -> str:
+        """See Client.detokenize."""
+        out = self._core.open_detokenize(token_ids)
+        return expect(await self._one_reply(out), p.DetokenizeResponse).text
 
     async def health(self) -> str:
         """ "ok" when every server process serves."""

@@ -11,13 +11,13 @@ sends an AbortRequest so the server frees its blocks.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import zmq
 
 from runtime import protocol as p
-from runtime.client.core import LIVENESS_S, ClientCore, ControlRequest, Reply, expect
+from runtime.client.core import LIVENESS_S, ClientCore, ControlRequest, Outgoing, Reply, expect
 from runtime.results import Completion, CompletionFold
 
 
@@ -182,12 +182,32 @@ class Client:
         return self.result(rid, start=start)
 
     def _control(self, kind: ControlRequest) -> Reply:
-        out = self._core.open_control(kind)
+        return self._one_reply(self._core.open_control(kind))
+
+    def _one_reply(self, out: Outgoing) -> Reply:
+        """Sends an opened request answered by one reply and waits for it (see _next for what it raises)."""
         self.send_raw(out.frame)
         try:
             return self._next(out.rid, self._core.deadline(time.monotonic()))
         finally:
             self._close(out.rid)
+
+    def tokenize(
+        self, *, prompt: str | None = None, messages: list | None = None, add_special_tokens: bool = True
+    ) -> list[int]:
+        """The prompt token ids the server computes for prompt (add_special_tokens: as a generate() prompt gets them)
+        or for messages (the chat template applied), exactly one of them; nothing is generated. Raises
+        InvalidInputError before sending, InvalidRequestError (neither or both given, text over the server's
+        character limit, a failed chat template), ServerError subclasses, RequestTimeout."""
+        out = self._core.open_tokenize(prompt, messages, add_special_tokens)
+        return expect(self._one_reply(out), p.TokenizeResponse).token_ids
+
+    def detokenize(self, token_ids: Iterable[int]) -> str:
+        """The text of token_ids as the server's tokenizer decodes them (special tokens kept). Raises
+        InvalidInputError before sending, InvalidRequestError (an id outside the vocabulary, more ids than the
+        server's character limit), ServerError subclasses, RequestTimeout."""
+        out = self._core.open_detokenize(token_ids)
+        return expect(self._one_reply(out), p.DetokenizeResponse).text
 
     def health(self) -> str:
         """ "ok" when every server process serves; raises ServerError or RequestTimeout otherwise."""

@@ -12,13 +12,14 @@ from __future__ import annotations
 import collections
 import logging
 import uuid
+from collections.abc import Iterable
 from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
 from runtime import protocol as p
 from runtime.client.errors import ClientError, InvalidInputError, RequestTimeout, ServerGoneError, error_from_response
-from runtime.client.wire import build_request, encode_request
+from runtime.client.wire import build_detokenize, build_request, build_tokenize, encode_request
 
 logger = logging.getLogger(__name__)
 
@@ -26,9 +27,25 @@ LIVENESS_S = 15.0  # seconds of silence that mean the server is gone (it heartbe
 JUDGE_EVERY_S = 1.0  # the longest a face waits for a frame before the clocks are judged again
 
 # What a request's inbox holds: every reply routed by rid (Heartbeats are not routed).
-Reply = p.StreamChunk | p.ErrorResponse | p.HealthResponse | p.StatsResponse | p.KvSnapshotResponse
+Reply = (
+    p.StreamChunk
+    | p.ErrorResponse
+    | p.HealthResponse
+    | p.StatsResponse
+    | p.KvSnapshotResponse
+    | p.TokenizeResponse
+    | p.DetokenizeResponse
+)
 ControlRequest = type[p.HealthRequest] | type[p.StatsRequest] | type[p.KvSnapshotRequest]
-R = TypeVar("R", p.StreamChunk, p.HealthResponse, p.StatsResponse, p.KvSnapshotResponse)
+R = TypeVar(
+    "R",
+    p.StreamChunk,
+    p.HealthResponse,
+    p.StatsResponse,
+    p.KvSnapshotResponse,
+    p.TokenizeResponse,
+    p.DetokenizeResponse,
+)
 
 _decoder = msgspec.msgpack.Decoder(p.ServerMessage)
 
@@ -106,10 +123,24 @@ class ClientCore:
 
     def open_control(self, kind: ControlRequest) -> Outgoing:
         """Opens a control request (health, stats, KV snapshot) under a new rid; it ends with its one reply."""
-        rid = uuid.uuid4().hex
-        frame = encode_request(kind(rid))
-        self._open[rid] = _Open(1)
-        return Outgoing(rid, frame)
+        return self._open_one(kind(uuid.uuid4().hex))
+
+    def open_tokenize(self, prompt: str | None, messages: list | None, add_special_tokens: bool) -> Outgoing:
+        """Opens a TokenizeRequest under a new rid (it ends with its one reply). Raises InvalidInputError (a chat
+        message that is neither a ChatMessage nor a dict with role and content, text msgpack cannot carry), and then
+        opens nothing."""
+        return self._open_one(build_tokenize(uuid.uuid4().hex, prompt, messages, add_special_tokens))
+
+    def open_detokenize(self, token_ids: Iterable[int]) -> Outgoing:
+        """Opens a DetokenizeRequest under a new rid (it ends with its one reply). Raises InvalidInputError (ids that
+        are not integers, an id msgpack cannot carry), and then opens nothing."""
+        return self._open_one(build_detokenize(uuid.uuid4().hex, token_ids))
+
+    def _open_one(self, msg: p.ClientMessage) -> Outgoing:
+        """Opens a request answered by one reply (control, tokenize, detokenize) and returns its frame."""
+        frame = encode_request(msg)
+        self._open[msg.rid] = _Open(1)
+        return Outgoing(msg.rid, frame)
 
     def sent(self, now: float) -> None:
         """The face sent a request: the liveness clock starts now (it measures silence while a call waits)."""

@@ -1,8 +1,11 @@
-"""Building what the client sends: build_request (keyword arguments -> GenerateRequest) and encode_request (a
-message -> its msgpack frame, or InvalidInputError naming the field msgpack cannot carry)."""
+"""Building what the client sends: build_request (keyword arguments -> GenerateRequest), build_tokenize and
+build_detokenize (-> TokenizeRequest, DetokenizeRequest) and encode_request (a message -> its msgpack frame, or
+InvalidInputError naming the field msgpack cannot carry)."""
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -40,6 +43,30 @@ def build_request(
         stream=stream,
         cache_salt=cache_salt,
     )
+
+
+def build_tokenize(
+    rid: str,
+    prompt: str | None,
+    messages: list[dict[str, str]] | list[p.ChatMessage] | None,
+    add_special_tokens: bool,
+) -> p.TokenizeRequest:
+    """A TokenizeRequest from tokenize() arguments. Raises InvalidInputError for a chat message that is neither a
+    ChatMessage nor a dict with "role" and "content" (the server checks the rest: exactly one of prompt and
+    messages, the character limit)."""
+    chat = None if messages is None else [_chat_message(i, m) for i, m in enumerate(messages)]
+    return p.TokenizeRequest(rid=rid, prompt=prompt, messages=chat, add_special_tokens=add_special_tokens)
+
+
+def build_detokenize(rid: str, token_ids: Iterable[int]) -> p.DetokenizeRequest:
+    """A DetokenizeRequest from detokenize() arguments: token_ids as a list of Python ints (numpy integers too).
+    Raises InvalidInputError when token_ids is not an iterable of integers (the server checks the vocabulary and the
+    count)."""
+    try:
+        ids = [operator.index(t) for t in token_ids]
+    except TypeError as exc:
+        raise InvalidInputError(f"token_ids must be integers: {exc}") from None
+    return p.DetokenizeRequest(rid, ids)
 
 
 def _chat_message(i: int, m: Any) -> p.ChatMessage:

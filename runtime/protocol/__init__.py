@@ -3,8 +3,8 @@
 Decoding is strict and typed (msgspec); nothing here is ever pickled. One module per link:
   worker.py    scheduler <-> worker (ScheduledSeq, ForwardBatch, ForwardResult, Ready, WorkerProbe): the delta
                format
-  public.py    client <-> tokenizer process (GenerateRequest ... StreamChunk, ErrorResponse, ServerStats),
-               the error codes
+  public.py    client <-> tokenizer process (GenerateRequest ... StreamChunk, ErrorResponse, ServerStats,
+               TokenizeRequest / DetokenizeRequest and their answers), the error codes
   client_frame.py  decode_client_frame: the server's strict reader of a public frame (validates what a client sent)
   internal.py  tokenizer <-> scheduler (TokenizedRequest, Stop, TokenOutputs, ...), launcher <-> children
 Import from here (`from runtime import protocol as p`, `from runtime.protocol import X`); every name is re-exported.
@@ -43,6 +43,8 @@ from runtime.protocol.public import (
     AbortRequest,
     ChatMessage,
     ClientMessage,
+    DetokenizeRequest,
+    DetokenizeResponse,
     ErrorResponse,
     GenerateRequest,
     HealthRequest,
@@ -55,6 +57,9 @@ from runtime.protocol.public import (
     StatsRequest,
     StatsResponse,
     StreamChunk,
+    TokenizeRequest,
+    TokenizeResponse,
+    TokenText,
     Usage,
     input_problem,
 )
@@ -91,7 +96,10 @@ __all__ = [
     "HealthRequest",
     "StatsRequest",
     "KvSnapshotRequest",
+    "TokenizeRequest",
+    "DetokenizeRequest",
     "Usage",
+    "TokenText",
     "StreamChunk",
     "ERR_MALFORMED",
     "ERR_UNKNOWN_MESSAGE",
@@ -108,6 +116,8 @@ __all__ = [
     "ServerStats",
     "StatsResponse",
     "KvSnapshotResponse",
+    "TokenizeResponse",
+    "DetokenizeResponse",
     "Heartbeat",
     "ClientMessage",
     "ServerMessage",

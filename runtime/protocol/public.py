@@ -95,6 +95,37 @@ class KvSnapshotRequest(msgspec.Struct, tag="kv_snapshot_request", forbid_unknow
     rid: Rid
 
 
+class TokenizeRequest(msgspec.Struct, tag="tokenize", kw_only=True, forbid_unknown_fields=True):
+    """Asks for the prompt token ids of a text or a chat, as a GenerateRequest with the same prompt or messages
+    would get them (the chat template applied to messages; the same character limit); answered by TokenizeResponse.
+    Exactly one of prompt and messages is set (an empty prompt is allowed: its ids may be []).
+    add_special_tokens: for prompt only, whether the tokenizer adds its special tokens (BOS) as a GenerateRequest's
+    prompt gets them (True); a chat's ids are the template's own."""
+
+    rid: Rid
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+
+    def check(self) -> str | None:
+        """The reason this request is invalid regardless of the model (None when it is well formed)."""
+        if (self.prompt is None) == (self.messages is None):
+            given = [name for name in ("prompt", "messages") if getattr(self, name) is not None]
+            return f"exactly one of prompt, messages must be set, got {given or 'none'}"
+        if self.messages is not None and not self.messages:
+            return "messages is empty"
+        return None
+
+
+class DetokenizeRequest(msgspec.Struct, tag="detokenize", forbid_unknown_fields=True):
+    """Asks for the text of token_ids (special tokens kept: the text of every id); answered by DetokenizeResponse.
+    Each id must lie in the tokenizer's vocabulary, and a request carries at most as many ids as a prompt may have
+    characters (the server's max_prompt_chars limit)."""
+
+    rid: Rid
+    token_ids: list[int]
+
+
 class Usage(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     """Token counts of one completion: prompt_tokens, cached_tokens (prompt tokens whose KV came from the radix
     cache, either tier), completion_tokens; queue_time_s: seconds from the request's arrival at the scheduler to its
@@ -109,12 +140,24 @@ class Usage(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     host_cached_tokens: int = 0
 
 
+class TokenText(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """The text of one generated token and of its top alternatives, for answers that name tokens (the OpenAI
+    logprobs formats): text is tokenizer.decode([token_id], skip_special_tokens=False) of the sampled id (special
+    tokens named; a partial UTF-8 character reads U+FFFD), top_texts the same for each of its TokenLogprobs'
+    top_token_ids, aligned with them ([] for a token that came without logprobs)."""
+
+    text: str
+    top_texts: list[str] = []
+
+
 class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fields=True):
     """Part of completion `index` (0..n-1) of request rid.
 
     text: new text since the previous chunk (never a partial UTF-8 character, never a stop string or part of one).
     token_ids: new token ids since the previous chunk.
     logprobs: aligned with token_ids when the request asked for logprobs.
+    token_texts: aligned with token_ids (and logprobs) when the request asked for logprobs and the server has a
+        tokenizer: each token's and its alternatives' text (TokenText), so a client names tokens without one.
     finish_reason: None while running; "stop" (EOS, stop token or stop string), "length" (max_tokens or context),
         "abort" on the last chunk.
     usage: set on the last chunk.
@@ -127,6 +170,7 @@ class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fiel
     text: str = ""
     token_ids: list[int] = []
     logprobs: list[TokenLogprobs | None] | None = None
+    token_texts: list[TokenText] | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
     score: float | None = None
@@ -244,11 +288,42 @@ class KvSnapshotResponse(msgspec.Struct, tag="kv_snapshot_response", forbid_unkn
     snapshot: KvSnapshot
 
 
+class TokenizeResponse(msgspec.Struct, tag="tokenize_response", forbid_unknown_fields=True):
+    """Answer to TokenizeRequest: the prompt token ids."""
+
+    rid: str
+    token_ids: list[int]
+
+
+class DetokenizeResponse(msgspec.Struct, tag="detokenize_response", forbid_unknown_fields=True):
+    """Answer to DetokenizeRequest: the text of the token ids."""
+
+    rid: str
+    text: str
+
+
 class Heartbeat(msgspec.Struct, tag="heartbeat", forbid_unknown_fields=True):
     """Sent by the tokenizer to a client with requests in flight and nothing sent for a while, so a vanished client
     is noticed (ROUTER_MANDATORY send fails) and its requests aborted. Clients ignore it."""
 
 
-ClientMessage = GenerateRequest | AbortRequest | HealthRequest | StatsRequest | KvSnapshotRequest
-ServerMessage = StreamChunk | ErrorResponse | HealthResponse | StatsResponse | KvSnapshotResponse | Heartbeat
-CLIENT_TAGS = frozenset({"generate", "abort", "health", "stats", "kv_snapshot_request"})
+ClientMessage = (
+    GenerateRequest
+    | AbortRequest
+    | HealthRequest
+    | StatsRequest
+    | KvSnapshotRequest
+    | TokenizeRequest
+    | DetokenizeRequest
+)
+ServerMessage = (
+    StreamChunk
+    | ErrorResponse
+    | HealthResponse
+    | StatsResponse
+    | KvSnapshotResponse
+    | TokenizeResponse
+    | DetokenizeResponse
+    | Heartbeat
+)
+CLIENT_TAGS = frozenset({"generate", "abort", "health", "stats", "kv_snapshot_request", "tokenize", "detokenize"})

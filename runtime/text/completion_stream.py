@@ -1,6 +1,6 @@
 """The one text path of a completion: CompletionStream combines the Detokenizer and the StopChecker into text,
-token_ids, logprobs, finish_reason and the keep_tokens the scheduler is told. The Engine uses it in process; the
-tokenizer process wraps it around its ZeroMQ loop."""
+token_ids, logprobs (with the texts of their tokens), finish_reason and the keep_tokens the scheduler is told. The
+Engine uses it in process; the tokenizer process wraps it around its ZeroMQ loop."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import bisect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from runtime.protocol import TokenLogprobs, TokenOutput, Usage
+from runtime.protocol import TokenLogprobs, TokenOutput, TokenText, Usage
 from runtime.text.detokenizer import Detokenizer
 from runtime.text.stop_strings import StopChecker
+from runtime.text.token_text import TokenTextCache
 
 if TYPE_CHECKING:
     from runtime.sampling_params import SamplingParams
@@ -21,8 +22,10 @@ class CompletionDelta(NamedTuple):
     scheduler.
 
     text / token_ids / logprobs: new since the previous delta (logprobs aligned with token_ids, None when the request
-        asked for none). finish_reason: set once, on the last delta. usage: set with finish_reason (prompt and cached
-        tokens as the scheduler reported them; completion_tokens = len(CompletionStream.token_ids)).
+        asked for none). token_texts: aligned with token_ids when the request asked for logprobs and there is a
+        tokenizer (each token's TokenText), else None. finish_reason: set once, on the last delta. usage: set with
+        finish_reason (prompt and cached tokens as the scheduler reported them; completion_tokens =
+        len(CompletionStream.token_ids)).
     stop_keep_tokens: set when a stop string ended the completion while the scheduler still runs it: the caller must
         tell the scheduler to finish it keeping this many completion tokens (Scheduler.stop / protocol.Stop).
     """
@@ -30,6 +33,7 @@ class CompletionDelta(NamedTuple):
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None] | None
+    token_texts: list[TokenText] | None
     finish_reason: str | None
     usage: Usage | None
     stop_keep_tokens: int | None
@@ -55,15 +59,24 @@ class CompletionStream:
           the completion ("length", EOS) still wins: "stop", truncated.
         - Otherwise ("length", "abort"): text and token_ids are everything generated; held-back text is released.
         - Special tokens are skipped in text. Without a tokenizer text is "" and stop strings are not applied.
+        - Logprobs (params.logprobs set): each token keeps its TokenLogprobs (None for one that came without) and,
+          with a tokenizer, its TokenText (texts: the shared TokenTextCache; None: one of its own); a stop string
+          drops both with the token.
         - Streaming: a delta releases the text that can no longer begin a stop string and the token ids a later stop
           string can no longer drop, so streamed token_ids never pass the final ones; the deltas concatenated equal
-          the final text, token_ids and logprobs.
+          the final text, token_ids, logprobs and token_texts.
 
-    State: token_ids, logprobs (appended, O(1) per token), text (property), finish_reason, usage (the latest usage the
-    scheduler reported). Mutated only by feed.
+    State: token_ids, logprobs, token_texts (appended, O(1 + alternatives) per token), text (property),
+    finish_reason, usage (the latest usage the scheduler reported). Mutated only by feed (texts too: its cache).
     """
 
-    def __init__(self, tokenizer: Any, params: SamplingParams, eos_token_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        params: SamplingParams,
+        eos_token_ids: Sequence[int] = (),
+        texts: TokenTextCache | None = None,
+    ) -> None:
         self._hidden = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else frozenset(eos_token_ids)
         )
@@ -71,6 +84,11 @@ class CompletionStream:
         self._stop = StopChecker(params.stop) if params.stop and tokenizer is not None else None
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprobs | None] | None = [] if params.logprobs is not None else None
+        self._texts: TokenTextCache | None = None
+        self.token_texts: list[TokenText] | None = None
+        if params.logprobs is not None and tokenizer is not None:
+            self._texts = texts if texts is not None else TokenTextCache(tokenizer)
+            self.token_texts = []
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self._end = 0  # characters of the decoded text released (a stop string's start once stopped)
@@ -85,17 +103,22 @@ class CompletionStream:
         """Apply one scheduler delta of this completion (O(new tokens + new characters)); returns what may be sent.
 
         After the completion finished (finish_reason set), later deltas (the scheduler's own end after a stop string)
-        are ignored: an empty delta. Mutates token_ids, logprobs, text, finish_reason, usage.
+        are ignored: an empty delta. Mutates token_ids, logprobs, token_texts, text, finish_reason, usage.
         """
         if self.finish_reason is not None:
-            return CompletionDelta("", [], None, None, None, None)
+            return CompletionDelta("", [], None, None, None, None, None)
         if out.usage is not None:
             self.usage = out.usage
         ids = out.token_ids
         self.token_ids.extend(ids)
         if self.logprobs is not None:
-            self.logprobs.extend(out.logprobs if out.logprobs is not None else [None] * len(ids))
-        finish, keep, start = out.finish_reason, None, self._end
+            new_logprobs = out.logprobs if out.logprobs is not None else [None] * len(ids)
+            self.logprobs.extend(new_logprobs)
+            if self._texts is not None and self.token_texts is not None:
+                self.token_texts.extend(map(self._texts.token_text, ids, new_logprobs))
+        finish = out.finish_reason
+        keep = None
+        start = self._end
         detok = self._detok
         if detok is not None:
             if ids:
@@ -109,12 +132,15 @@ class CompletionStream:
                     del self.token_ids[check.keep_tokens :]
                     if self.logprobs is not None:
                         del self.logprobs[check.keep_tokens :]
+                    if self.token_texts is not None:
+                        del self.token_texts[check.keep_tokens :]
                     keep = check.keep_tokens if finish is None else None
                     finish = "stop"
                 elif finish is not None:
                     self._end += len(self._stop.flush(detok.text))
         release = len(self.token_ids) if finish is not None else self._releasable()
-        sent, self._sent = self._sent, max(self._sent, release)
+        sent = self._sent
+        self._sent = max(sent, release)
         usage = None
         if finish is not None:
             self.finish_reason = finish
@@ -122,7 +148,8 @@ class CompletionStream:
             usage = Usage(u.prompt_tokens, u.cached_tokens, len(self.token_ids), u.queue_time_s, u.host_cached_tokens)
         text = detok.text[start : self._end] if detok is not None else ""
         logprobs = self.logprobs[sent : self._sent] if self.logprobs is not None else None
-        return CompletionDelta(text, self.token_ids[sent : self._sent], logprobs, finish, usage, keep)
+        token_texts = self.token_texts[sent : self._sent] if self.token_texts is not None else None
+        return CompletionDelta(text, self.token_ids[sent : self._sent], logprobs, token_texts, finish, usage, keep)
 
     def _releasable(self) -> int:
         """How many token ids no later stop string can drop: all without stop strings; with them, the tokens whose

@@ -1,5 +1,6 @@
 """Prompt encoding: a request's prompt text, chat messages or input_ids as prompt token ids, through the tokenizer's
-chat template; the one way the tokenizer process, the router and the Engine compute them."""
+chat template; the one way the tokenizer process, the router and the Engine compute them (for a GenerateRequest and
+a TokenizeRequest alike)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ def encode_prompt(
     input_ids: Sequence[int] | None = None,
     *,
     max_chars: int | None = None,
+    add_special_tokens: bool = True,
 ) -> list[int]:
     """A request's prompt token ids, the one way the tokenizer process, the router and the Engine compute them.
 
@@ -79,6 +81,8 @@ def encode_prompt(
             messages: dicts or ChatMessage structs with role and content; the chat template is applied.
         max_chars: the most characters of prompt text (all messages' roles and contents together) to tokenize
             (runtime.prompt_check.prompt_char_limit); checked before any tokenizing or rendering. None: no limit.
+        add_special_tokens: for prompt text, whether the tokenizer adds its special tokens (True: as a completion
+            request's prompt; a TokenizeRequest may ask for False); a chat's ids are the template's own.
     Returns:
         the token ids (list[int]): input_ids as given, the template's ids, or the prompt text encoded.
     Raises:
@@ -104,7 +108,7 @@ def encode_prompt(
             raise ChatTemplateError(f"chat template failed: {exc}") from None
     _check_text("prompt", prompt)
     try:
-        return encode_text(tokenizer, prompt)
+        return encode_text(tokenizer, prompt, add_special_tokens)
     except (TypeError, ValueError) as exc:  # e.g. a prompt that is not a str (the Engine is called in process)
         raise PromptError(f"the tokenizer cannot encode the prompt: {exc}") from None
 

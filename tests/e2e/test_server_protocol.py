@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -85,6 +86,23 @@ BAD_INPUTS = {
     "negative token id": (gen(input_ids=[-1, 3]), "r", p.ERR_INVALID),
     "empty stop string": (gen(prompt="hi", sampling_params={"stop": [""]}), "r", p.ERR_INVALID),
     "bad chat role type": (gen(messages=[{"role": 1, "content": "x"}]), "r", p.ERR_MALFORMED),
+    "tokenize int prompt": (enc({"type": "tokenize", "rid": "r", "prompt": 5}), "r", p.ERR_MALFORMED),
+    "tokenize both inputs": (
+        enc({"type": "tokenize", "rid": "r", "prompt": "x", "messages": [{"role": "user", "content": "x"}]}),
+        "r",
+        p.ERR_INVALID,
+    ),
+    "detokenize without ids": (enc({"type": "detokenize", "rid": "r"}), "r", p.ERR_MALFORMED),
+    "detokenize id = vocab size": (
+        enc({"type": "detokenize", "rid": "r", "token_ids": [1, 49152]}),
+        "r",
+        p.ERR_INVALID,
+    ),
+    "detokenize over max_message_bytes": (
+        enc({"type": "detokenize", "rid": "r", "token_ids": [1] * (MAX_MESSAGE_BYTES + 1)}),
+        "r",
+        p.ERR_TOO_LARGE,
+    ),
 }
 
 
@@ -132,6 +150,38 @@ def test_client_raises_typed_errors(tiny_server):
         with pytest.raises(InvalidSamplingParams):  # checked before anything is sent
             c.generate(prompt="hi", max_tokens=0)
         assert c.health() == "ok"
+
+
+def test_tokenize_and_detokenize_answer_from_the_servers_tokenizer(tiny_server, smollm2_tokenizer):
+    """The ids of a tokenize request are the prompt tokens the same prompt or messages get when generating (the chat
+    template applied; the character limit of generate); detokenize gives the text of ids, special tokens kept."""
+    from runtime.client import AsyncClient
+    from runtime.text.prompt import encode_prompt
+
+    chat = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "tokenize me"}]
+    limit = 32 * 1024  # the tiny model's context is 1024 tokens; max_prompt_chars is not set
+    with tiny_server.client(timeout=60) as c:
+        ids = c.tokenize(messages=chat)
+        assert ids == encode_prompt(smollm2_tokenizer, messages=chat)
+        assert c.generate(messages=chat, max_tokens=1).usage.prompt_tokens == len(ids)
+        assert c.tokenize(prompt="héllo world") == smollm2_tokenizer.encode("héllo world") == [88, 2756, 31394, 905]
+        assert c.detokenize([88, 2756, 31394, 905]) == "héllo world"
+        assert c.detokenize(ids) == smollm2_tokenizer.decode(ids)  # "<|im_start|>system\n..."
+        with pytest.raises(InvalidRequestError) as info:
+            c.tokenize(prompt="a" * (limit + 1))
+        assert info.value.message == f"prompt too long: {limit + 1} characters, the limit is {limit} (max_prompt_chars)"
+        with pytest.raises(InvalidRequestError) as info:
+            c.detokenize([5, 49152])
+        assert info.value.message == "token_ids[1] = 49152 is outside the vocabulary [0, 49152)"
+        with pytest.raises(InvalidRequestError) as info:
+            c.tokenize()
+        assert info.value.message == "exactly one of prompt, messages must be set, got none"
+
+    async def run() -> tuple[list[int], str]:
+        async with AsyncClient(tiny_server.endpoint, timeout=60) as ac:
+            return await ac.tokenize(prompt="héllo world"), await ac.detokenize([88, 2756, 31394, 905])
+
+    assert asyncio.run(run()) == ([88, 2756, 31394, 905], "héllo world")
 
 
 def test_client_gets_message_too_large_for_its_own_request(tiny_server):

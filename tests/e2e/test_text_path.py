@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from runtime.engine import Engine
+from runtime.protocol import TokenText
 from runtime.sampling_params import SamplingParams
 
 PROMPT = [9000 + 17 * i for i in range(21)]
@@ -110,21 +111,44 @@ def _fold(chunks, n: int) -> list[tuple]:
     return out
 
 
+def _texts(chunks, n: int) -> list[list]:
+    """The token_texts of streamed chunks, per completion index."""
+    return [[t for c in chunks if c.index == i for t in (c.token_texts or [])] for i in range(n)]
+
+
+def _named(token_ids: list[int], logprobs, tokenizer) -> list[TokenText]:
+    """Each token's TokenText as the tokenizer names it alone: what the server must send beside logprobs."""
+    return [
+        TokenText(tokenizer.decode([t]), [tokenizer.decode([a]) for a in lp.top_token_ids])
+        for t, lp in zip(token_ids, logprobs, strict=True)
+    ]
+
+
 def run_four(engine: Engine, server, case: str, **params) -> list[tuple]:
     """The request through Engine.generate, Engine.stream, Client.generate and Client.stream (each its own salt);
-    asserts all four agree and returns the completions as (text, token_ids, finish_reason, logprobs)."""
+    asserts all four agree (the token texts of logprobs too) and returns the completions as (text, token_ids,
+    finish_reason, logprobs)."""
     n = params.get("n", 1)
     sp = SamplingParams(**params)
     gen = engine.generate(input_ids=[PROMPT], sampling_params=sp, cache_salt=f"{case}-eg")[0]
     engine_gen = [(o.text, o.token_ids, o.finish_reason, _lp(o.logprobs)) for o in gen.outputs]
-    engine_stream = _fold(list(engine.stream(input_ids=[PROMPT], sampling_params=sp, cache_salt=f"{case}-es")), n)
+    engine_chunks = list(engine.stream(input_ids=[PROMPT], sampling_params=sp, cache_salt=f"{case}-es"))
+    engine_stream = _fold(engine_chunks, n)
     with server.client(timeout=60) as c:
         r = c.generate(input_ids=PROMPT, cache_salt=f"{case}-sg", **params)
         server_gen = [(ch.text, ch.token_ids, ch.finish_reason, _lp(ch.logprobs)) for ch in r.choices]
-        server_stream = _fold(list(c.stream(input_ids=PROMPT, cache_salt=f"{case}-ss", **params)), n)
+        server_chunks = list(c.stream(input_ids=PROMPT, cache_salt=f"{case}-ss", **params))
+        server_stream = _fold(server_chunks, n)
     assert engine_gen == server_gen
     assert engine_stream == engine_gen
     assert server_stream == server_gen
+    texts = [o.token_texts for o in gen.outputs]
+    assert texts == [ch.token_texts for ch in r.choices]
+    if sp.logprobs is None:
+        assert texts == [None] * n and _texts(engine_chunks, n) == _texts(server_chunks, n) == [[]] * n
+    else:
+        assert texts == _texts(engine_chunks, n) == _texts(server_chunks, n)
+        assert texts == [_named(o.token_ids, o.logprobs, engine.tokenizer) for o in gen.outputs]
     assert gen.usage.completion_tokens == r.usage.completion_tokens == sum(len(o[1]) for o in engine_gen)
     return engine_gen
 

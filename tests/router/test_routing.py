@@ -7,6 +7,7 @@ import msgspec
 import pytest
 import zmq
 
+from router.text import ROUTER_TOKENIZE_CHARS, RouterTokenizer
 from runtime import protocol as p
 from runtime.client import ContextLengthError, InvalidRequestError
 from tests.router.router_cases import conversation, prompt_tokens, start_router
@@ -87,3 +88,37 @@ def test_router_answers_like_a_replica(replicas, routers, smollm2_tokenizer):
     reply = msgspec.msgpack.decode(sock.recv(), type=p.ServerMessage)
     sock.close(linger=0)
     assert isinstance(reply, p.ErrorResponse) and reply.code == p.ERR_MALFORMED
+
+
+def test_router_answers_tokenize_and_detokenize_from_its_own_tokenizer(replicas, routers):
+    """What a replica answers, so an HTTP server in front of the router needs no tokenizer (router/text.py)."""
+    chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USERS[0]}]
+    with replicas[0].client() as direct:
+        ids = direct.tokenize(messages=chat)
+        text = direct.detokenize(ids)
+    with routers["cache_aware"].client() as c:
+        assert c.tokenize(messages=chat) == ids
+        assert c.detokenize(ids) == text
+        assert c.tokenize(prompt="héllo world", add_special_tokens=False) == [88, 2756, 31394, 905]
+        with pytest.raises(InvalidRequestError) as info:
+            c.detokenize([7, -1])
+        assert info.value.message == "token_ids[1] = -1 is outside the vocabulary [0, 49152)"
+        with pytest.raises(InvalidRequestError) as info:
+            c.tokenize(prompt="a" * (ROUTER_TOKENIZE_CHARS + 1))
+        assert info.value.message == (
+            f"prompt too long: {ROUTER_TOKENIZE_CHARS + 1} characters, the limit is {ROUTER_TOKENIZE_CHARS} "
+            "(max_prompt_chars)"
+        )
+        with pytest.raises(InvalidRequestError) as info:
+            c.detokenize([1] * (ROUTER_TOKENIZE_CHARS + 1))
+        assert info.value.message == (
+            f"too many token ids: {ROUTER_TOKENIZE_CHARS + 1}, the limit is 262144 (max_prompt_chars)"
+        )
+
+
+def test_a_router_without_a_tokenizer_answers_tokenize_with_an_error():
+    none = RouterTokenizer(None)
+    message = "this router has no tokenizer; ask a replica's endpoint"
+    assert none.answer(p.TokenizeRequest(rid="t", prompt="hi")) == p.ErrorResponse("t", p.ERR_INVALID, message)
+    assert none.answer(p.DetokenizeRequest("d", [1])) == p.ErrorResponse("d", p.ERR_INVALID, message)
+    assert none.prompt_ids(p.GenerateRequest(rid="g", prompt="hi")) is None

@@ -87,6 +87,20 @@ def test_logprobs_stay_aligned_with_token_ids():
     assert asked_empty.choices()[0].logprobs == []
 
 
+def test_token_texts_stay_aligned_with_token_ids_as_logprobs_do():
+    fold = CompletionFold(n=1, start=0.0)
+    fold.add(p.StreamChunk(rid="r", text="a", token_ids=[1, 2]), 1.0)  # no texts: none yet
+    assert fold.choices()[0].token_texts is None
+    texts = [p.TokenText("b", ["b", "c"])]
+    fold.add(p.StreamChunk(rid="r", text="b", token_ids=[3], logprobs=[lp(-0.5)], token_texts=texts), 2.0)
+    fold.add(p.StreamChunk(rid="r", text="c", token_ids=[4]), 3.0)  # a chunk without them: one None per token
+    fold.add(p.StreamChunk(rid="r", token_ids=[], token_texts=[], finish_reason="stop", usage=p.Usage(3, 0, 4)), 4.0)
+    [choice] = fold.choices()
+    assert choice.token_ids == [1, 2, 3, 4]
+    assert choice.token_texts == [None, None, p.TokenText("b", ["b", "c"]), None]
+    assert choice.logprobs == [None, None, lp(-0.5), None]
+
+
 def test_beam_search_completions_keep_their_scores_best_first():
     fold = CompletionFold(n=2, start=0.0)
     for i, (ids, score) in enumerate([([5, 6, 7], -0.5), ([5, 8], -0.75)]):

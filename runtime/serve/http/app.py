@@ -3,14 +3,14 @@
 Routes: POST /v1/chat/completions, POST /v1/completions (SSE when stream is true), GET /v1/models, GET /health (200
 once the backend answers a health probe "ok", 503 before and whenever a probe fails), GET /metrics (Prometheus text,
 the backend's stats fetched at scrape time; only this server's own series while the backend does not answer), POST
-/tokenize, POST /detokenize. Errors: runtime.serve.http.errors. Bodies are read with a limit (Content-Length first,
+/tokenize, POST /detokenize (answered by the backend: this process loads no tokenizer, and logprobs name tokens by
+the texts the backend sends). Errors: runtime.serve.http.errors. Bodies are read with a limit (Content-Length first,
 then while reading: 413) and decoded with msgspec; answers are orjson bytes. A client that disconnects before its
 answer is complete aborts its backend request.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -27,6 +27,7 @@ from starlette.responses import Response
 from runtime import protocol as p
 from runtime.client import ClientError
 from runtime.serve.http import openai_schema as schema
+from runtime.serve.http import tokenization
 from runtime.serve.http.auth import ApiKeyMiddleware
 from runtime.serve.http.backend import Backend
 from runtime.serve.http.config import HttpConfig
@@ -36,7 +37,6 @@ from runtime.serve.http.metrics import CONTENT_TYPE, HttpMetrics
 from runtime.serve.http.request_map import BackendRequest, chat_request, completion_request
 from runtime.serve.http.responses import chat_response, completion_response
 from runtime.serve.http.streaming import EventStream, StreamContext, chat_events, completion_events
-from runtime.serve.http.tokenization import Tokenization
 
 logger = logging.getLogger(__name__)
 
@@ -64,13 +64,12 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 class Routes:
-    """The route handlers over one Backend, tokenizer and HttpMetrics."""
+    """The route handlers over one Backend and HttpMetrics."""
 
-    def __init__(self, config: HttpConfig, metrics: HttpMetrics, backend: Backend, tokens: Tokenization) -> None:
+    def __init__(self, config: HttpConfig, metrics: HttpMetrics, backend: Backend) -> None:
         self.config = config
         self.metrics = metrics
         self.backend = backend
-        self.tokens = tokens
         self.created = int(time.time())
 
     def check_model(self, model: str | None) -> None:
@@ -112,9 +111,9 @@ class Routes:
         except ClientError as exc:
             raise from_exception(exc, backend_req.param_names, backend_req.prompt_param) from None
         if chat:
-            body = chat_response(rid, created, model, choices, gen.usage(), self.tokens.text)
+            body = chat_response(rid, created, model, choices, gen.usage())
         else:
-            body = completion_response(rid, created, model, choices, gen.usage(), self.tokens.text)
+            body = completion_response(rid, created, model, choices, gen.usage())
         return _json(body)
 
     def _event_stream(
@@ -125,11 +124,9 @@ class Routes:
         logprobs = backend_req.sampling_params.logprobs is not None
         usage = backend_req.include_usage
         if chat:
-            ctx = StreamContext(
-                f"chatcmpl-{rid}", "chat.completion.chunk", created, model, self.tokens.text, logprobs, usage
-            )
+            ctx = StreamContext(f"chatcmpl-{rid}", "chat.completion.chunk", created, model, logprobs, usage)
             return EventStream(chat_events(gen, first, ctx))
-        ctx = StreamContext(f"cmpl-{rid}", "text_completion", created, model, self.tokens.text, logprobs, usage)
+        ctx = StreamContext(f"cmpl-{rid}", "text_completion", created, model, logprobs, usage)
         return EventStream(completion_events(gen, first, ctx))
 
     async def models(self, request: Request) -> Response:
@@ -163,12 +160,12 @@ class Routes:
     async def tokenize(self, request: Request) -> Response:
         req = schema.decode(await read_body(request, self.config.max_body_bytes), schema.TokenizeRequest)
         self.check_model(req.model)
-        return _json(await self.tokens.tokenize(req))
+        return _json(await tokenization.tokenize(self.backend.require_ready(), req))
 
     async def detokenize(self, request: Request) -> Response:
         req = schema.decode(await read_body(request, self.config.max_body_bytes), schema.DetokenizeRequest)
         self.check_model(req.model)
-        return _json(self.tokens.detokenize(req))
+        return _json(await tokenization.detokenize(self.backend.require_ready(), req))
 
 
 async def _openai_error(request: Request, exc: Exception) -> Response:
@@ -195,11 +192,10 @@ def build_app(config: HttpConfig, metrics: HttpMetrics) -> FastAPI:
     render() at /metrics). The backend link opens when the app starts (lifespan) and closes when it stops;
     app.state.backend is the Backend (its ready event is set once the backend answered a health probe)."""
     backend = Backend(config.backend, config.health_timeout_s)
-    tokens = Tokenization(config.model)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await asyncio.gather(backend.open(), tokens.load())
+        await backend.open()
         try:
             yield
         finally:
@@ -207,7 +203,7 @@ def build_app(config: HttpConfig, metrics: HttpMetrics) -> FastAPI:
 
     app = FastAPI(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.backend = backend
-    routes = Routes(config, metrics, backend, tokens)
+    routes = Routes(config, metrics, backend)
     app.add_api_route("/v1/chat/completions", routes.chat, methods=["POST"])
     app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
     app.add_api_route("/v1/models", routes.models, methods=["GET"])

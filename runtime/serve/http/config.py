@@ -16,9 +16,9 @@ class HttpConfig:
     host / port: where it listens (port 0: a free port, reported by the ready line and on_ready).
     api_key: when set, every route but /health needs `Authorization: Bearer <api_key>` (main() also reads
         RADIXSERVE_API_KEY).
-    model: the model argument of the backend ("smollm2", a folder, a .gguf file): its tokenizer serves /tokenize,
-        /detokenize and the token strings of logprobs. served_model_name: the name /v1/models lists (None: model);
-        a request may name either.
+    model: the model argument of the backend ("smollm2", a folder, a .gguf file): /v1/models lists it as the model's
+        root (nothing is loaded from it: /tokenize, /detokenize and the token texts of logprobs come from the
+        backend). served_model_name: the name /v1/models lists (None: model); a request may name either.
     max_body_bytes: largest request body (bytes); a larger one is answered 413 before it is read in full.
     health_timeout_s: seconds a health probe of the backend may take before /health answers 503.
     on_ready: called with the bound port once the server listens and the backend answered a health probe.

@@ -1,5 +1,6 @@
 """Answer bodies in the OpenAI shape (plain dicts, serialized with orjson): chat.completion, text_completion, their
-stream chunks, usage (always with prompt_tokens_details.cached_tokens) and both logprobs formats."""
+stream chunks, usage (always with prompt_tokens_details.cached_tokens) and both logprobs formats, which name each
+token by the text the backend sent with it (StreamChunk.token_texts: the HTTP process has no tokenizer)."""
 
 from __future__ import annotations
 
@@ -11,23 +12,18 @@ from runtime import protocol as p
 MIN_LOGPROB = -9999.0  # stands for -inf (and a missing value): JSON has no infinity
 
 
-class TokenText:
-    """Token id -> its text (and UTF-8 bytes) for logprobs; cached per id. Without a tokenizer a token reads
-    "token_id:<id>" (vLLM's spelling)."""
+def _named(token_id: int, lp: p.TokenLogprobs | None, texts: p.TokenText | None) -> p.TokenText:
+    """The text of a token and of its top alternatives, as the backend sent them (StreamChunk.token_texts); a token
+    that came without them (a backend without a tokenizer) reads "token_id:<id>" (vLLM's spelling)."""
+    if texts is not None:
+        return texts
+    top = [] if lp is None else [f"token_id:{t}" for t in lp.top_token_ids]
+    return p.TokenText(f"token_id:{token_id}", top)
 
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-        self._cache: dict[int, str] = {}
 
-    def __call__(self, token_id: int) -> str:
-        text = self._cache.get(token_id)
-        if text is None:
-            if self._tokenizer is None:
-                text = f"token_id:{token_id}"
-            else:
-                text = self._tokenizer.decode([token_id], skip_special_tokens=False)
-            self._cache[token_id] = text
-        return text
+def _texts(token_texts: list[p.TokenText | None] | list[p.TokenText] | None, n: int) -> list[p.TokenText | None]:
+    """token_texts, or n Nones when the backend sent none."""
+    return [None] * n if token_texts is None else list(token_texts)
 
 
 def _logprob(value: float | None) -> float:
@@ -46,17 +42,18 @@ def usage_body(usage: p.Usage) -> dict[str, Any]:
     }
 
 
-def chat_logprobs(token_ids: list[int], logprobs: list[p.TokenLogprobs | None], text: TokenText) -> dict[str, Any]:
+def chat_logprobs(
+    token_ids: list[int],
+    logprobs: list[p.TokenLogprobs | None],
+    token_texts: list[p.TokenText | None] | list[p.TokenText] | None,
+) -> dict[str, Any]:
     """Chat logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]},
-    one entry per token id."""
+    one entry per token id; token_texts: aligned with token_ids (None: none sent). bytes: the token's text as UTF-8."""
     content = []
-    for tid, lp in zip(token_ids, logprobs, strict=True):
-        token = text(tid)
-        top = (
-            []
-            if lp is None
-            else [_chat_top(text(t), v) for t, v in zip(lp.top_token_ids, lp.top_logprobs, strict=True)]
-        )
+    for tid, lp, texts in zip(token_ids, logprobs, _texts(token_texts, len(token_ids)), strict=True):
+        named = _named(tid, lp, texts)
+        token = named.text
+        top = [] if lp is None else [_chat_top(t, v) for t, v in zip(named.top_texts, lp.top_logprobs, strict=True)]
         content.append(
             {
                 "token": token,
@@ -73,30 +70,33 @@ def _chat_top(token: str, value: float) -> dict[str, Any]:
 
 
 def completion_logprobs(
-    token_ids: list[int], logprobs: list[p.TokenLogprobs | None], text: TokenText, offset: int = 0
+    token_ids: list[int],
+    logprobs: list[p.TokenLogprobs | None],
+    token_texts: list[p.TokenText | None] | list[p.TokenText] | None,
+    offset: int = 0,
 ) -> dict[str, Any]:
     """Completions logprobs: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"};
-    offset: characters of completion text before the first token (for a stream chunk)."""
+    token_texts: aligned with token_ids (None: none sent); offset: characters of completion text before the first
+    token (for a stream chunk)."""
     tokens, values, tops, offsets = [], [], [], []
-    for tid, lp in zip(token_ids, logprobs, strict=True):
-        token = text(tid)
+    for tid, lp, texts in zip(token_ids, logprobs, _texts(token_texts, len(token_ids)), strict=True):
+        named = _named(tid, lp, texts)
+        token = named.text
         tokens.append(token)
         values.append(_logprob(None if lp is None else lp.logprob))
         tops.append(
-            {} if lp is None else {text(t): _logprob(v) for t, v in zip(lp.top_token_ids, lp.top_logprobs, strict=True)}
+            {} if lp is None else {t: _logprob(v) for t, v in zip(named.top_texts, lp.top_logprobs, strict=True)}
         )
         offsets.append(offset)
         offset += len(token)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
-def chat_response(
-    rid: str, created: int, model: str, choices: list[Any], usage: p.Usage, text: TokenText
-) -> dict[str, Any]:
+def chat_response(rid: str, created: int, model: str, choices: list[Any], usage: p.Usage) -> dict[str, Any]:
     """A chat.completion object; choices: runtime.results.Choice values (Generation.collect)."""
     out = []
     for c in choices:
-        logprobs = None if c.logprobs is None else chat_logprobs(c.token_ids, c.logprobs, text)
+        logprobs = None if c.logprobs is None else chat_logprobs(c.token_ids, c.logprobs, c.token_texts)
         out.append(
             {
                 "index": c.index,
@@ -116,13 +116,11 @@ def chat_response(
     }
 
 
-def completion_response(
-    rid: str, created: int, model: str, choices: list[Any], usage: p.Usage, text: TokenText
-) -> dict[str, Any]:
+def completion_response(rid: str, created: int, model: str, choices: list[Any], usage: p.Usage) -> dict[str, Any]:
     """A text_completion object; choices: runtime.results.Choice values (Generation.collect)."""
     out = []
     for c in choices:
-        logprobs = None if c.logprobs is None else completion_logprobs(c.token_ids, c.logprobs, text)
+        logprobs = None if c.logprobs is None else completion_logprobs(c.token_ids, c.logprobs, c.token_texts)
         out.append({"index": c.index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason})
     return {
         "id": f"cmpl-{rid}",

@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"require 'Authorization: Bearer KEY' on all routes but /health (default: ${API_KEY_ENV})",
     )
-    parser.add_argument("--model", default="smollm2", help="the backend's model (its tokenizer serves /tokenize)")
+    parser.add_argument("--model", default="smollm2", help="the backend's model (the name answers carry by default)")
     parser.add_argument("--served-model-name", default=None, help="the model name clients use (default: --model)")
     parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="largest request body (413 above)")
     parser.add_argument(

@@ -20,7 +20,7 @@ from runtime import protocol as p
 from runtime.client.errors import ClientError
 from runtime.serve.http.errors import OpenAIError, from_exception
 from runtime.serve.http.generation import Generation, wait_disconnect
-from runtime.serve.http.responses import TokenText, chat_logprobs, completion_logprobs, usage_body
+from runtime.serve.http.responses import chat_logprobs, completion_logprobs, usage_body
 
 DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -73,14 +73,13 @@ class EventStream(Response):
 
 
 class StreamContext:
-    """What every event of one answer shares: the object header (id, object, created, model), token texts for
-    logprobs, whether logprobs and the usage chunk were asked for."""
+    """What every event of one answer shares: the object header (id, object, created, model), whether logprobs and
+    the usage chunk were asked for."""
 
     def __init__(
-        self, rid: str, object_name: str, created: int, model: str, text: TokenText, logprobs: bool, include_usage: bool
+        self, rid: str, object_name: str, created: int, model: str, logprobs: bool, include_usage: bool
     ) -> None:
         self.header = {"id": rid, "object": object_name, "created": created, "model": model}
-        self.text = text
         self.logprobs = logprobs
         self.include_usage = include_usage
 
@@ -102,7 +101,9 @@ def chat_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext) -> As
             delta = {"role": "assistant", **delta}
         logprobs = None
         if ctx.logprobs:
-            logprobs = chat_logprobs(chunk.token_ids, chunk.logprobs or [None] * len(chunk.token_ids), ctx.text)
+            logprobs = chat_logprobs(
+                chunk.token_ids, chunk.logprobs or [None] * len(chunk.token_ids), chunk.token_texts
+            )
         return {"index": chunk.index, "delta": delta, "logprobs": logprobs, "finish_reason": chunk.finish_reason}
 
     return _events(gen, first, ctx, choice)
@@ -116,7 +117,7 @@ def completion_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext)
         if ctx.logprobs:
             offset = gen.fold.num_chars(chunk.index) - len(chunk.text)
             logprobs = completion_logprobs(
-                chunk.token_ids, chunk.logprobs or [None] * len(chunk.token_ids), ctx.text, offset
+                chunk.token_ids, chunk.logprobs or [None] * len(chunk.token_ids), chunk.token_texts, offset
             )
         return {"index": chunk.index, "text": chunk.text, "logprobs": logprobs, "finish_reason": chunk.finish_reason}
 

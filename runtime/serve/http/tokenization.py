@@ -1,77 +1,62 @@
-"""/tokenize and /detokenize, and the token texts of logprobs: the model's tokenizer loaded in the HTTP process
-(runtime.model.loader.load_tokenizer imports no torch once the model folder exists).
-
-This is the server's second copy of the tokenizer (the tokenizer process holds the first); it is what the HTTP
-process needs one for, nothing else (prompts are tokenized and checked by the backend only). It stays here because
-the public protocol has no tokenize request that a router could also answer, and a logprobs answer names every
-token and alternative with no round trip to the backend; its memory cost is in the README.
+"""/tokenize and /detokenize, answered by the backend through the process's AsyncClient (a TokenizeRequest or a
+DetokenizeRequest: the tokenizer process, or a router, answers from its own tokenizer with
+runtime.serve.tokenizer.text_requests), so the HTTP process loads no tokenizer of its own.
 
 /tokenize {"prompt": text, "add_special_tokens": true} gives the ids the completions route would send for that text;
-{"messages": [...]} the ids of the chat template, as the chat route's backend computes them. Answer:
-{"count": n, "tokens": [ids]}. /detokenize {"tokens": [ids]} answers {"prompt": text} (special tokens kept).
+{"messages": [...]} the ids of the chat template, as the chat route's backend computes them (the same encode_prompt
+path and character limit). Answer: {"count": n, "tokens": [ids]}. /detokenize {"tokens": [ids]} answers
+{"prompt": text} (special tokens kept).
+
+Errors: 400 invalid_value for neither or both of prompt and messages (param "prompt"), text the backend will not
+tokenize (over its character limit, not Unicode, a failed chat template: param "prompt" or "messages") and an id
+outside the vocabulary (param "tokens[i]", the first one); a bad chat message as the chat route answers it
+(openai_schema.chat_messages); 413 over the backend's max_message_bytes; 503 when the backend is not ready or gone.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
+import re
 from typing import Any
 
-from runtime.serve.http.errors import bad_request, unavailable
+from runtime import protocol as p
+from runtime.client import AsyncClient, ClientError, InvalidRequestError
+from runtime.serve.http.errors import OpenAIError, bad_request, from_exception
 from runtime.serve.http.openai_schema import DetokenizeRequest, TokenizeRequest, chat_messages
-from runtime.serve.http.responses import TokenText
-from runtime.text.prompt import PromptError, encode_prompt, encode_text
 
-logger = logging.getLogger(__name__)
+_ID_AT = re.compile(r"token_ids\[(\d+)\]")  # the backend names the first id outside the vocabulary so
 
 
-class Tokenization:
-    """The tokenizer of model (loaded by load(); None when it cannot be loaded: then /tokenize and /detokenize
-    answer 503 and logprobs name tokens "token_id:<id>")."""
+async def tokenize(client: AsyncClient, req: TokenizeRequest) -> dict[str, Any]:
+    """{"count", "tokens"} of req's prompt or messages, from the backend. Raises OpenAIError (see the module)."""
+    if (req.prompt is None) == (req.messages is None):
+        raise bad_request("exactly one of prompt and messages must be given", "prompt")
+    param = "prompt" if req.messages is None else "messages"
+    messages = None if req.messages is None else chat_messages(req.messages)
+    try:
+        ids = await client.tokenize(prompt=req.prompt, messages=messages, add_special_tokens=req.add_special_tokens)
+    except ClientError as exc:
+        raise _error(exc, param) from None
+    return {"count": len(ids), "tokens": ids}
 
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self.tokenizer: Any = None
-        self.text = TokenText(None)
 
-    async def load(self) -> None:
-        """Loads the tokenizer on a thread (seconds on a cold cache); logs a warning when it cannot."""
-        from runtime.model.loader import ModelLoadError, load_tokenizer
+async def detokenize(client: AsyncClient, req: DetokenizeRequest) -> dict[str, Any]:
+    """{"prompt": text} of req.tokens, from the backend. Raises OpenAIError (see the module)."""
+    try:
+        text = await client.detokenize(req.tokens)
+    except ClientError as exc:
+        raise _error(exc, "tokens") from None
+    return {"prompt": text}
 
-        try:
-            self.tokenizer = await asyncio.to_thread(load_tokenizer, self.model)
-        except (ModelLoadError, OSError, ValueError) as exc:
-            logger.warning("no tokenizer for %r (%s): /tokenize and /detokenize answer 503", self.model, exc)
-            return
-        self.text = TokenText(self.tokenizer)
 
-    def _require(self) -> Any:
-        if self.tokenizer is None:
-            raise unavailable(f"no tokenizer loaded for {self.model!r}")
-        return self.tokenizer
-
-    async def tokenize(self, req: TokenizeRequest) -> dict[str, Any]:
-        """{"count", "tokens"} of req's prompt or messages (encoded on a thread). Raises OpenAIError 400 when not
-        exactly one is given or the text cannot be encoded, 503 without a tokenizer."""
-        tokenizer = self._require()
-        if (req.prompt is None) == (req.messages is None):
-            raise bad_request("exactly one of prompt and messages must be given", "prompt")
-        try:
-            if req.messages is not None:
-                messages = chat_messages(req.messages)
-                ids = await asyncio.to_thread(encode_prompt, tokenizer, messages=messages)
-            else:
-                ids = await asyncio.to_thread(encode_text, tokenizer, req.prompt, req.add_special_tokens)
-        except (PromptError, TypeError, ValueError) as exc:
-            raise bad_request(str(exc), "messages" if req.messages is not None else "prompt") from None
-        return {"count": len(ids), "tokens": ids}
-
-    def detokenize(self, req: DetokenizeRequest) -> dict[str, Any]:
-        """{"prompt": text} of req.tokens. Raises OpenAIError 400 for an id outside the vocabulary, 503 without a
-        tokenizer."""
-        tokenizer = self._require()
-        vocab = len(tokenizer)
-        for i, t in enumerate(req.tokens):
-            if not 0 <= t < vocab:
-                raise bad_request(f"tokens[{i}] = {t} is outside the vocabulary [0, {vocab})", f"tokens[{i}]")
-        return {"prompt": tokenizer.decode(req.tokens)}
+def _error(exc: ClientError, param: str) -> OpenAIError:
+    """The OpenAIError for what the backend (or the client library) refused: ERR_INVALID is a 400 invalid_value
+    naming param, or, for an id outside the vocabulary, "tokens[i]" (the body's field: the backend's message says
+    "token_ids[i] = ...", renamed so); anything else as the completion routes map it (errors.from_exception)."""
+    if isinstance(exc, InvalidRequestError) and exc.code == p.ERR_INVALID:
+        message = exc.message
+        at = _ID_AT.match(message)
+        if at is not None:
+            param = f"tokens[{at.group(1)}]"
+            message = param + message[at.end() :]
+        return bad_request(message, param)
+    return from_exception(exc, {}, param)

@@ -28,6 +28,7 @@ from runtime.prompt_check import (
 from runtime.scheduler.request import RequestRejected
 from runtime.text.completion_stream import CompletionStream
 from runtime.text.prompt import PromptError, encode_prompt
+from runtime.text.token_text import TokenTextCache
 
 INLINE_CHARS = 2048  # a request this small (prompt characters as prompt_chars counts them, or ids, plus stop-string
 # characters) is prepared on the loop thread in a few ms (2048 characters of CJK text: ~2-3 ms to encode; 64 empty chat
@@ -44,12 +45,14 @@ class Prepared(NamedTuple):
 class PromptPrep:
     """The prompt path of one tokenizer process. ready: the worker's Ready (context, vocabulary, pool for
     check_prompt; EOS ids for the completions). max_prompt_chars: ServerArgs'; prompt_chars is the limit in force.
+    texts: the process's TokenTextCache, handed to every completion (only its feed, on the loop thread, uses it).
     Immutable after construction, so prepare may run on another thread than precheck."""
 
     def __init__(self, tokenizer: Any, ready: p.Ready, max_prompt_chars: int | None = None) -> None:
         self.tokenizer = tokenizer
         self.ready = ready
         self.prompt_chars = prompt_char_limit(max_prompt_chars, ready.max_model_len)
+        self.texts = TokenTextCache(tokenizer)
 
     def precheck(self, req: p.GenerateRequest) -> None:
         """Raises RequestRejected: ERR_INVALID for a malformed request, more than MAX_CHAT_MESSAGES messages or text
@@ -89,4 +92,4 @@ class PromptPrep:
             raise RequestRejected(*problem)
         sp = req.sampling_params
         msg = p.TokenizedRequest(rid=internal, input_ids=ids, sampling_params=sp, cache_salt=req.cache_salt)
-        return Prepared(msg, [CompletionStream(self.tokenizer, sp, r.eos_token_ids) for _ in range(sp.n)])
+        return Prepared(msg, [CompletionStream(self.tokenizer, sp, r.eos_token_ids, self.texts) for _ in range(sp.n)])

@@ -7,12 +7,15 @@ prompt never stalls the loop (a small one is prepared in place), and forward a T
 an internal rid. Per TokenOutput from the scheduler: feed the completion's CompletionStream (runtime.text, the
 Engine's text path: incremental detokenization, stop strings with hold-back; on a stop string it sends Stop(rid,
 index, keep_tokens) so the scheduler caches no block past the kept tokens), and send StreamChunks to the client's
-identity (streamed: every non-empty delta; non-streamed: one chunk per completion when it ends). A client that
-vanished (the ROUTER_MANDATORY send fails; Heartbeats probe quiet clients) has its requests aborted. Every bad input is
-answered with an ErrorResponse.
+identity (streamed: every non-empty delta; non-streamed: one chunk per completion when it ends). A TokenizeRequest or
+DetokenizeRequest is checked on the loop and answered from this process's tokenizer (TextRequests), on the
+PromptWorker thread unless it is cheap, in the client's order with its prompts; the scheduler never sees it. A client
+that vanished (the ROUTER_MANDATORY send fails; Heartbeats probe quiet clients) has its requests aborted. Every bad
+input is answered with an ErrorResponse.
 
 Parts, each given what it needs in the constructor: InFlight / ControlRequests (what is in flight), PromptPrep (the
-prompt path), PromptWorker (the tokenizing thread), ClientFrontend (replies and heartbeats). The loop that drives the
+prompt path), TextRequests (tokenize and detokenize answers), PromptWorker (the tokenizing thread), ClientFrontend
+(replies and heartbeats). The loop that drives the
 handlers is runtime.serve.tokenizer.loop; the process entry is runtime.serve.tokenizer.process.
 """
 
@@ -32,6 +35,7 @@ from runtime.serve.tokenizer.frontend import ClientFrontend
 from runtime.serve.tokenizer.in_flight import ClientRef, ClientRequest, ControlRequests, InFlight
 from runtime.serve.tokenizer.prompt_prep import Prepared, PromptPrep
 from runtime.serve.tokenizer.prompt_worker import PromptResult, PromptWorker, run_job
+from runtime.serve.tokenizer.text_requests import TextRequest, TextRequests
 from runtime.text.completion_stream import CompletionDelta, CompletionStream
 
 logger = logging.getLogger(__name__)
@@ -48,7 +52,8 @@ class TokenizerServer:
     health / stats / KV snapshot request waits for the scheduler before it is answered ErrorResponse(ERR_SERVER).
     max_prompt_chars: ServerArgs' (runtime.prompt_check.prompt_char_limit). Prompts are tokenized on a PromptWorker
     thread: a generate request is answered (forwarded or ErrorResponse) when the loop, or an in-process driver, calls
-    finish_prompts. Mutates: in_flight, control. close() stops the thread.
+    finish_prompts; so is a tokenize / detokenize request that is not cheap (text_clients: its key -> its client,
+    until then). Mutates: in_flight, control, text_clients. close() stops the thread.
     """
 
     def __init__(
@@ -67,6 +72,8 @@ class TokenizerServer:
         self.router = router
         self.to_scheduler = to_scheduler
         self.prep = PromptPrep(tokenizer, ready, max_prompt_chars)
+        self.text = TextRequests(tokenizer, self.prep.prompt_chars)
+        self.text_clients: dict[str, ClientRef] = {}
         self.prompts = PromptWorker()
         self.in_flight = InFlight()
         self.control = ControlRequests(control_timeout_s)
@@ -77,9 +84,14 @@ class TokenizerServer:
     # ---- client side ---------------------------------------------------------------------------------------------
 
     def drop_client(self, identity: bytes) -> None:
-        """Aborts every request of a vanished client (ClientFrontend's on_gone)."""
+        """Aborts every request of a vanished client (ClientFrontend's on_gone), its tokenize / detokenize requests
+        included (a queued one does not run)."""
         for internal in self.in_flight.of_client(identity):
             self.abort(internal)
+        for key, client in list(self.text_clients.items()):
+            if client.identity == identity:
+                del self.text_clients[key]
+                self.prompts.cancel(key)
 
     def abort(self, internal: str) -> None:
         """Forgets a request and tells the scheduler to free its blocks (a request still being tokenized is never
@@ -108,6 +120,8 @@ class TokenizerServer:
             internal = self.in_flight.internal_of(identity, msg.rid)
             if internal is not None:
                 self.abort(internal)
+        elif isinstance(msg, (p.TokenizeRequest, p.DetokenizeRequest)):
+            self.on_text_request(identity, msg)
         else:  # health / stats / kv snapshot: answered by the scheduler
             internal = self._new_rid()
             now = time.monotonic()
@@ -143,9 +157,35 @@ class TokenizerServer:
             self.in_flight.pop(internal)
             raise
 
+    def on_text_request(self, identity: bytes, req: TextRequest) -> None:
+        """Checks a tokenize / detokenize request (O(fields + messages)) and answers it: here when it is cheap and the
+        client has no prompt queued, else on the PromptWorker (on_prepared answers it); errors go back as
+        ErrorResponse."""
+        try:
+            self.text.check(req)
+        except RequestRejected as exc:
+            self.clients.send(identity, p.ErrorResponse(req.rid, exc.code, str(exc)))
+            return
+        key = self._new_rid()
+        self.text_clients[key] = ClientRef(identity, req.rid)
+        self.clients.waiting(identity, time.monotonic())
+        job = functools.partial(self.text.answer, req)
+        try:
+            if self.text.cheap(req) and not self.prompts.busy(identity):
+                self.on_prepared(run_job(key, identity, job))
+            else:
+                self.prompts.submit(key, identity, job)
+        except Exception:  # answered ERR_SERVER by the loop: leave no record behind
+            self.text_clients.pop(key, None)
+            raise
+
     def on_prepared(self, result: PromptResult) -> None:
         """Forwards a prepared prompt as TokenizedRequest, or answers its rejection; drops it when the request was
-        aborted (or its client vanished) meanwhile."""
+        aborted (or its client vanished) meanwhile. A tokenize / detokenize job's result is sent to its client."""
+        client = self.text_clients.pop(result.key, None)
+        if client is not None:
+            self._answer_text(client, result)
+            return
         pending = self.in_flight.get(result.key)
         if pending is None or pending.forwarded:
             return
@@ -161,6 +201,18 @@ class TokenizerServer:
         pending.completions = prepared.completions
         pending.forwarded = True
         self._to_scheduler(prepared.message)
+
+    def _answer_text(self, client: ClientRef, result: PromptResult) -> None:
+        """Sends a tokenize / detokenize job's answer, or its rejection, to client."""
+        answer = result.value
+        if result.error is None and isinstance(answer, (p.TokenizeResponse, p.DetokenizeResponse)):
+            self.clients.send(client.identity, answer)
+            return
+        error = result.error
+        if not isinstance(error, RequestRejected):
+            logger.error("answering tokenize / detokenize request %s failed", result.key, exc_info=error)
+            error = RequestRejected(p.ERR_SERVER, f"internal error: {error!r}")
+        self.clients.send(client.identity, p.ErrorResponse(client.rid, error.code, str(error)))
 
     def finish_prompts(self, timeout_s: float = 0.0) -> int:
         """Handles every prompt the PromptWorker has finished (the loop calls it when PromptWorker.fd is readable);
@@ -214,12 +266,17 @@ class TokenizerServer:
         self.prompts.close()
 
     def fail_all(self, code: str, reason: str) -> None:
-        """Answers every request and control request in flight with ErrorResponse(code, reason)."""
+        """Answers every request, control request and tokenize / detokenize request in flight with
+        ErrorResponse(code, reason)."""
         for internal in list(self.in_flight.requests):
             req = self.in_flight.pop(internal)
             if req is not None:
                 self.clients.send(req.identity, p.ErrorResponse(req.rid, code, reason))
         for client in self.control.clear():
+            self.clients.send(client.identity, p.ErrorResponse(client.rid, code, reason))
+        for key, client in list(self.text_clients.items()):
+            del self.text_clients[key]
+            self.prompts.cancel(key)
             self.clients.send(client.identity, p.ErrorResponse(client.rid, code, reason))
 
     def on_output(self, out: p.TokenOutput) -> None:
@@ -246,13 +303,15 @@ class TokenizerServer:
             self.clients.send(client.identity, p.ErrorResponse(client.rid, p.ERR_SERVER, message))
 
     def waiting(self) -> bool:
-        """True while a request or a control request is in flight (the loop then heartbeats)."""
-        return bool(self.in_flight.requests or self.control.clients)
+        """True while a request, a control request or a tokenize / detokenize request is in flight (the loop then
+        heartbeats)."""
+        return bool(self.in_flight.requests or self.control.clients or self.text_clients)
 
     def heartbeat(self, now: float) -> None:
         """Heartbeats clients waiting on a request or a control request
         (runtime.serve.tokenizer.frontend.ClientFrontend)."""
         waiting = self.in_flight.identities() + [client.identity for client in self.control.clients.values()]
+        waiting += [client.identity for client in self.text_clients.values()]
         self.clients.heartbeat(waiting, now)
 
     def _to_scheduler(self, msg: p.SchedulerInput) -> None:
@@ -270,18 +329,21 @@ def _chunk(
         text = delta.text
         token_ids = delta.token_ids
         logprobs = delta.logprobs
+        token_texts = delta.token_texts
     else:
         if delta.finish_reason is None:
             return None
         text = completion.text
         token_ids = completion.token_ids
         logprobs = completion.logprobs
+        token_texts = completion.token_texts
     return p.StreamChunk(
         rid=req.rid,
         index=out.index,
         text=text,
         token_ids=token_ids,
         logprobs=logprobs,
+        token_texts=token_texts,
         finish_reason=delta.finish_reason,
         usage=delta.usage,
         score=out.score,

@@ -93,6 +93,33 @@ def test_heartbeats_restart_the_liveness_clock_and_route_nothing():
     assert c.finished(rid) is True  # a control request ends with its reply
 
 
+def test_tokenize_and_detokenize_are_one_frame_ended_by_their_one_reply():
+    c = core()
+    chat = c.open_tokenize(None, [{"role": "user", "content": "hi"}], True)
+    assert sent(chat.frame) == p.TokenizeRequest(rid=chat.rid, messages=[p.ChatMessage("user", "hi")])
+    text = c.open_tokenize("héllo", None, False)
+    assert sent(text.frame) == p.TokenizeRequest(rid=text.rid, prompt="héllo", add_special_tokens=False)
+    ids = c.open_detokenize(range(3))  # any iterable of integers is sent as a list
+    assert sent(ids.frame) == p.DetokenizeRequest(ids.rid, [0, 1, 2])
+    assert c.completions(chat.rid) == c.completions(ids.rid) == 1
+    assert c.receive(frame(p.DetokenizeResponse(ids.rid, "abc")), 101.0) == ids.rid
+    assert c.receive(frame(p.TokenizeResponse(chat.rid, [1, 2])), 102.0) == chat.rid
+    assert expect(c.pop(chat.rid), p.TokenizeResponse).token_ids == [1, 2]
+    assert expect(c.pop(ids.rid), p.DetokenizeResponse).text == "abc"
+    assert c.finished(chat.rid) and c.finished(ids.rid)
+    assert c.close(chat.rid) is None and c.close(ids.rid) is None  # they ended: nothing to abort
+    assert sent(c.close(text.rid)) == p.AbortRequest(text.rid)  # left unanswered: the abort is harmless
+    with pytest.raises(InvalidInputError, match="token_ids must be integers"):
+        c.open_detokenize([1, 2.5])
+    with pytest.raises(InvalidInputError, match=r"messages\[0\] must be a ChatMessage or a dict"):
+        c.open_tokenize(None, ["hi"], True)
+    with pytest.raises(InvalidInputError):
+        c.open_tokenize("\ud800", None, True)  # not UTF-8: msgpack cannot carry it
+    with pytest.raises(InvalidInputError):
+        c.open_detokenize([2**64])
+    assert c.open_rids() == []
+
+
 def test_an_error_response_raises_its_typed_error_and_ends_the_request():
     c = core()
     rid = c.open_generate("long", None, None, False, None, {}).rid

@@ -1,11 +1,15 @@
 """The HTTP app in process against a scripted ZeroMQ backend (a ROUTER thread that answers like the tokenizer
 process): readiness, the SSE shape with n > 2 and include_usage, the metrics it observes, the body limit while
-reading, and the AbortRequest a client disconnect sends, all without model or server processes (seconds)."""
+reading, the AbortRequest a client disconnect sends, and /tokenize, /detokenize and logprobs token texts answered by
+the backend, all without model or server processes (seconds)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +22,7 @@ from runtime import protocol as p
 from runtime.serve.http.app import build_app
 from runtime.serve.http.config import HttpConfig
 from runtime.serve.http.metrics import HttpMetrics
+from tests.paths import ROOT
 
 WORDS = ["Hel", "lo", "!"]
 
@@ -54,8 +59,18 @@ class FakeBackend:
             yield p.HealthResponse(msg.rid, "ok")
         elif isinstance(msg, p.StatsRequest):
             yield p.StatsResponse(msg.rid, p.ServerStats(num_blocks=9, prompt_tokens=7))
+        elif isinstance(msg, p.TokenizeRequest):  # one id per character, or per message
+            yield p.TokenizeResponse(msg.rid, list(range(len(msg.prompt or msg.messages or ()))))
+        elif isinstance(msg, p.DetokenizeRequest):
+            bad = [i for i, t in enumerate(msg.token_ids) if t >= 100]
+            if bad:
+                text = f"token_ids[{bad[0]}] = {msg.token_ids[bad[0]]} is outside the vocabulary [0, 100)"
+                yield p.ErrorResponse(msg.rid, p.ERR_INVALID, text)
+            else:
+                yield p.DetokenizeResponse(msg.rid, "".join(WORDS[t % 3] for t in msg.token_ids))
         elif isinstance(msg, p.GenerateRequest):
             words = WORDS[:1] if self.hold.is_set() else WORDS
+            logprobs = msg.sampling_params.logprobs is not None
             for i in range(msg.sampling_params.n):
                 for j, word in enumerate(words):
                     last = j == len(WORDS) - 1
@@ -64,6 +79,8 @@ class FakeBackend:
                         index=i,
                         text=word,
                         token_ids=[100 + j],
+                        logprobs=[p.TokenLogprobs(-0.5, [100 + j, 7], [-0.5, -1.5])] if logprobs else None,
+                        token_texts=[p.TokenText(word, [word, "§"])] if logprobs else None,
                         finish_reason="stop" if last else None,
                         usage=p.Usage(7, 2, 3, 0.25) if last else None,
                     )
@@ -267,3 +284,84 @@ def test_body_limit_on_content_length_and_while_reading(backend):
             assert (await run(app, ok)).json()["choices"][0]["text"] == "Hello!"
 
     asyncio.run(go())
+
+
+def test_tokenize_detokenize_and_token_texts_come_from_the_backend(backend):
+    """The HTTP process has no tokenizer: /tokenize and /detokenize are the backend's TokenizeRequest and
+    DetokenizeRequest (chat messages mapped as the chat route maps them), its refusal the 400 naming the body's
+    field, and logprobs name tokens by the texts the backend sent with them."""
+    backend.healthy.set()
+
+    async def go():
+        app, _ = served(backend)
+        async with app.router.lifespan_context(app):
+            await app.state.backend.ready.wait()
+            developer = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}]
+            c = await run(app, call(app, "POST", "/tokenize", {"messages": developer}))
+            assert (c.status, c.json()) == (200, {"count": 2, "tokens": [0, 1]})
+            c = await run(app, call(app, "POST", "/tokenize", {"prompt": "abc", "add_special_tokens": False}))
+            assert (c.status, c.json()) == (200, {"count": 3, "tokens": [0, 1, 2]})
+            c = await run(app, call(app, "POST", "/detokenize", {"tokens": [0, 1, 2]}))
+            assert (c.status, c.json()) == (200, {"prompt": "Hello!"})
+            c = await run(app, call(app, "POST", "/detokenize", {"tokens": [0, 1, 250]}))
+            assert (c.status, c.json()) == (
+                400,
+                {
+                    "error": {
+                        "message": "tokens[2] = 250 is outside the vocabulary [0, 100)",
+                        "type": "invalid_request_error",
+                        "param": "tokens[2]",
+                        "code": "invalid_value",
+                    }
+                },
+            )
+            body = {**CHAT, "logprobs": True, "top_logprobs": 1}
+            c = await run(app, call(app, "POST", "/v1/chat/completions", body))
+            [entry, *_] = c.json()["choices"][0]["logprobs"]["content"]
+            assert entry == {
+                "token": "Hel",
+                "logprob": -0.5,
+                "bytes": [72, 101, 108],
+                "top_logprobs": [
+                    {"token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108]},
+                    {"token": "§", "logprob": -1.5, "bytes": [194, 167]},
+                ],
+            }
+
+    asyncio.run(go())
+    sent = [m for m in backend.got if isinstance(m, (p.TokenizeRequest, p.DetokenizeRequest))]
+    assert [(type(m).__name__, m.rid != "") for m in sent] == [
+        ("TokenizeRequest", True),
+        ("TokenizeRequest", True),
+        ("DetokenizeRequest", True),
+        ("DetokenizeRequest", True),
+    ]
+    assert sent[0].messages == [p.ChatMessage("system", "be brief"), p.ChatMessage("user", "hi")]
+    assert (sent[1].prompt, sent[1].add_special_tokens) == ("abc", False)
+
+
+IMPORTS_AFTER_START = """
+import asyncio, sys
+from runtime.serve.http.app import build_app
+from runtime.serve.http.config import HttpConfig
+from runtime.serve.http.metrics import HttpMetrics
+
+async def main():
+    config = HttpConfig(backend="tcp://127.0.0.1:9", model="smollm2", health_timeout_s=0.1)
+    app = build_app(config, HttpMetrics("m"))
+    async with app.router.lifespan_context(app):
+        await asyncio.sleep(0.3)
+
+asyncio.run(main())
+print(sorted(m for m in ("transformers", "tokenizers", "torch", "runtime.model.loader") if m in sys.modules))
+"""
+
+
+def test_the_http_server_loads_no_tokenizer():
+    """Started (its lifespan run), the HTTP app has imported neither transformers nor tokenizers (nor torch): it
+    loads no tokenizer of its own, whatever its model argument names."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORTS_AFTER_START], env=env, capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"

@@ -24,7 +24,7 @@ from runtime.serve.http.openai_schema import (
     decode,
 )
 from runtime.serve.http.request_map import chat_request, completion_request
-from runtime.serve.http.responses import TokenText, chat_logprobs, completion_logprobs, usage_body
+from runtime.serve.http.responses import chat_logprobs, completion_logprobs, usage_body
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -288,21 +288,18 @@ def test_client_errors_become_openai_errors():
         assert set(e.body()["error"]) == {"message", "type", "param", "code"}
 
 
-class FakeTokenizer:
-    def decode(self, ids, skip_special_tokens=False):
-        return {1: "a", 2: "é", 3: "bc"}[ids[0]]
-
-
 def test_answer_bodies():
+    """Logprobs name each token and alternative by the text the backend sent with it (StreamChunk.token_texts);
+    bytes are that text as UTF-8."""
     assert usage_body(p.Usage(10, 4, 3)) == {
         "prompt_tokens": 10,
         "completion_tokens": 3,
         "total_tokens": 13,
         "prompt_tokens_details": {"cached_tokens": 4},
     }
-    text = TokenText(FakeTokenizer())
     lps = [p.TokenLogprobs(-0.5, [1, 3], [-0.5, -1.0]), None]
-    assert chat_logprobs([1, 2], lps, text) == {
+    texts = [p.TokenText("a", ["a", "bc"]), p.TokenText("é", [])]
+    assert chat_logprobs([1, 2], lps, texts) == {
         "content": [
             {
                 "token": "a",
@@ -317,10 +314,17 @@ def test_answer_bodies():
         ]
     }
     lps = [p.TokenLogprobs(float("-inf"), [3], [-2.0]), p.TokenLogprobs(-0.25, [], [])]
-    assert completion_logprobs([3, 1], lps, text, offset=5) == {
+    texts = [p.TokenText("bc", ["bc"]), p.TokenText("a", [])]
+    assert completion_logprobs([3, 1], lps, texts, offset=5) == {
         "tokens": ["bc", "a"],
         "token_logprobs": [-9999.0, -0.25],
         "top_logprobs": [{"bc": -2.0}, {}],
         "text_offset": [5, 7],
     }
-    assert TokenText(None)(7) == "token_id:7"
+    # a backend without a tokenizer sends no texts: tokens read "token_id:<id>" (vLLM's spelling)
+    assert completion_logprobs([7], [p.TokenLogprobs(-1.0, [7, 9], [-1.0, -2.0])], None) == {
+        "tokens": ["token_id:7"],
+        "token_logprobs": [-1.0],
+        "top_logprobs": [{"token_id:7": -1.0, "token_id:9": -2.0}],
+        "text_offset": [0],
+    }

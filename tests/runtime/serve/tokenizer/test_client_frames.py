@@ -8,7 +8,7 @@ import pytest
 
 from runtime import protocol as p
 
-KNOWN = "known: ['abort', 'generate', 'health', 'kv_snapshot_request', 'stats']"
+KNOWN = "known: ['abort', 'detokenize', 'generate', 'health', 'kv_snapshot_request', 'stats', 'tokenize']"
 
 
 def enc(obj) -> bytes:
@@ -84,6 +84,54 @@ CASES = {
         p.ERR_MALFORMED,
         "a message is a msgpack map with string keys: Expected `object`, got `array`",
     ),
+    "detokenize without token_ids": (
+        enc({"type": "detokenize", "rid": "r"}),
+        "r",
+        p.ERR_MALFORMED,
+        "Object missing required field `token_ids`",
+    ),
+    "detokenize ids of text": (
+        enc({"type": "detokenize", "rid": "r", "token_ids": "abc"}),
+        "r",
+        p.ERR_MALFORMED,
+        "Expected `array`, got `str` - at `$.token_ids`",
+    ),
+    "detokenize float id": (
+        enc({"type": "detokenize", "rid": "r", "token_ids": [1, 2.5]}),
+        "r",
+        p.ERR_MALFORMED,
+        "Expected `int`, got `float` - at `$.token_ids[1]`",
+    ),
+    "tokenize int prompt": (
+        enc({"type": "tokenize", "rid": "r", "prompt": 5}),
+        "r",
+        p.ERR_MALFORMED,
+        "Expected `str | null`, got `int` - at `$.prompt`",
+    ),
+    "tokenize unknown field": (
+        enc({"type": "tokenize", "rid": "r", "prompt": "x", "colour": 1}),
+        "r",
+        p.ERR_MALFORMED,
+        "Object contains unknown field `colour`",
+    ),
+    "tokenize message without content": (
+        enc({"type": "tokenize", "rid": "r", "messages": [{"role": "user"}]}),
+        "r",
+        p.ERR_MALFORMED,
+        "Object missing required field `content` - at `$.messages[0]`",
+    ),
+    "tokenize add_special_tokens of text": (
+        enc({"type": "tokenize", "rid": "r", "prompt": "x", "add_special_tokens": "yes"}),
+        "r",
+        p.ERR_MALFORMED,
+        "Expected `bool`, got `str` - at `$.add_special_tokens`",
+    ),
+    "tokenize rid over the limit": (
+        enc({"type": "tokenize", "rid": "x" * 300, "prompt": 5}),
+        "",
+        p.ERR_MALFORMED,
+        "rid of 300 characters exceeds 256",
+    ),
     "empty": (b"", "", p.ERR_MALFORMED, "a message is a msgpack map with string keys: Input data was truncated"),
     "ext": (
         b"\xd4\x01\x00",
@@ -119,6 +167,23 @@ def test_the_rid_is_recovered_from_any_map_with_a_string_rid():
         enc({"type": "stats", "rid": "a", "x": 1}),
     ]
     assert [p.decode_client_frame(f, 1 << 20).rid for f in frames] == ["a"] * 5
+
+
+def test_tokenize_and_detokenize_requests_decode_typed():
+    """Well-typed tokenize / detokenize frames decode to their messages; range and vocabulary are the server's to
+    check (TextRequests), not the reader's."""
+    frame = enc({"type": "tokenize", "rid": "t", "messages": [{"role": "user", "content": "hi"}]})
+    assert p.decode_client_frame(frame, 1 << 20) == p.TokenizeRequest(
+        rid="t", messages=[p.ChatMessage("user", "hi")], add_special_tokens=True
+    )
+    frame = enc({"type": "tokenize", "rid": "t", "prompt": "", "add_special_tokens": False})
+    assert p.decode_client_frame(frame, 1 << 20) == p.TokenizeRequest(rid="t", prompt="", add_special_tokens=False)
+    frame = enc({"type": "detokenize", "rid": "d", "token_ids": [2**64 - 1, -1, 0]})
+    assert p.decode_client_frame(frame, 1 << 20) == p.DetokenizeRequest("d", [2**64 - 1, -1, 0])
+    huge = enc({"type": "detokenize", "rid": "big", "token_ids": [1] * 2000})
+    assert p.decode_client_frame(huge, 1000) == p.ErrorResponse(
+        "big", p.ERR_TOO_LARGE, f"message of {len(huge)} bytes exceeds 1000 bytes"
+    )
 
 
 def test_tiny_temperature_decodes_and_is_greedy():

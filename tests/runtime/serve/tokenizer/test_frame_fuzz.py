@@ -1,8 +1,9 @@
 """Fuzz of the public endpoint's reader: msgpack values of every shape, maps shaped like each client message with
 random values in each field, hand-built maps with keys of any shape, and random bytes. decode_client_frame must return
 a ClientMessage or an ErrorResponse for each (never raise) and keep the rid of any map with a string "rid"; the
-tokenizer process's frame handler (TokenizerServer.on_client_frames, on stub sockets) must never raise and answer
-every bad frame with exactly one ErrorResponse."""
+tokenizer process's frame handler (TokenizerServer.on_client_frames, on stub sockets) must never raise, answer every
+bad frame with exactly one ErrorResponse, and every tokenize / detokenize request with exactly one answer (the ids or
+text, or its ERR_INVALID)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from runtime import protocol as p
 from runtime.sampling_params import InvalidSamplingParams, SamplingParams
 from runtime.serve.tokenizer.server import TokenizerServer
+from runtime.text.prompt import encode_prompt
 
 MSGPACK_INT = (-(2**63), 2**64 - 1)  # what a msgpack frame can carry; beyond it the client refuses to encode
 BOUNDARY_INTS = [
@@ -134,11 +136,21 @@ servable = st.sampled_from(sorted(_servable_inputs)).flatmap(
         optional={"sampling_params": _in_range_sampling, "stream": st.booleans(), "cache_salt": st.text(max_size=6)},
     )
 )
-_control_tags = st.sampled_from(sorted(p.CLIENT_TAGS - {"generate"}))
+_typed_tokenize = {"prompt": st.text(max_size=40), "messages": _typed_chat, "add_special_tokens": st.booleans()}
+tokenize = st.fixed_dictionaries(
+    {"type": st.just("tokenize"), "rid": st.text(max_size=6)}, optional=_typed_tokenize
+) | st.fixed_dictionaries({"type": st.just("tokenize"), "rid": rids}, optional=_shaped(_typed_tokenize, "extra"))
+_typed_ids = st.lists(st.integers(-2, 49_200) | ints, max_size=12)
+detokenize = st.fixed_dictionaries(
+    {"type": st.just("detokenize"), "rid": st.text(max_size=6), "token_ids": _typed_ids}
+) | st.fixed_dictionaries(
+    {"type": st.just("detokenize"), "rid": rids}, optional=_shaped({"token_ids": _typed_ids}, "extra")
+)
+_control_tags = st.sampled_from(sorted(p.CLIENT_TAGS - {"generate", "tokenize", "detokenize"}))
 control = st.fixed_dictionaries({"type": _control_tags, "rid": st.text(max_size=6)}) | st.fixed_dictionaries(
     {"type": _control_tags | values}, optional={"rid": rids, "extra": values}
 )
-messages = generate | control | values
+messages = generate | tokenize | detokenize | control | values
 
 
 def _map_frame(pairs: list[tuple[object, object]]) -> bytes:
@@ -233,9 +245,32 @@ _reply_decoder = msgspec.msgpack.Decoder(p.ServerMessage)
 _identities = itertools.count()
 
 
+def check_text_answer(tokenizer, req: p.TokenizeRequest | p.DetokenizeRequest, reply: p.ServerMessage) -> None:
+    """The one reply to a tokenize / detokenize request: the generate path's ids or the text of the ids, else the
+    ERR_INVALID its fault gets (the stub server's limit is 32 x 128 characters; no fuzzed text reaches it)."""
+    assert reply.rid == req.rid
+    if isinstance(req, p.DetokenizeRequest):
+        bad = [i for i, t in enumerate(req.token_ids) if not 0 <= t < 49152]
+        if bad:
+            i = bad[0]
+            message = f"token_ids[{i}] = {req.token_ids[i]} is outside the vocabulary [0, 49152)"
+            assert reply == p.ErrorResponse(req.rid, p.ERR_INVALID, message)
+        else:
+            assert reply == p.DetokenizeResponse(req.rid, tokenizer.decode(req.token_ids))
+        return
+    if (req.prompt is None) == (req.messages is None) or req.messages == []:
+        assert isinstance(reply, p.ErrorResponse) and reply.code == p.ERR_INVALID
+    elif isinstance(reply, p.TokenizeResponse):
+        special = req.add_special_tokens
+        assert reply.token_ids == encode_prompt(tokenizer, req.prompt, req.messages, add_special_tokens=special)
+    else:  # a chat template or text the tokenizer refuses
+        assert isinstance(reply, p.ErrorResponse) and reply.code == p.ERR_INVALID
+
+
 @settings(max_examples=250, deadline=None)
 @given(
-    frame=st.one_of(servable, servable, servable, generate, control).map(msgspec.msgpack.encode) | frames,
+    frame=st.one_of(servable, servable, servable, generate, tokenize, detokenize, control).map(msgspec.msgpack.encode)
+    | frames,
     extra=st.sampled_from([[]] * 6 + [[b""], [b"x", b"yz"]]),
 )  # frames after the payload: several is malformed
 def test_tokenizer_handler_survives_and_answers_each_bad_frame_once(stub_server, frame, extra):
@@ -244,6 +279,7 @@ def test_tokenizer_handler_survives_and_answers_each_bad_frame_once(stub_server,
     push.sent.clear()
     identity = f"client-{next(_identities)}".encode()  # a new client per example: no rid is in flight for it
     server.on_client_frames([identity, frame, *extra])
+    server.finish_prompts(10)  # whatever went to the PromptWorker (nothing fuzzed is that large) is answered now
     replies = [(ident, _reply_decoder.decode(data)) for ident, data in router.sent]
     event(f"replies {[getattr(m, 'code', type(m).__name__) for _, m in replies]}, {len(push.sent)} to the scheduler")
     assert all(ident == identity for ident, _ in replies)
@@ -259,5 +295,8 @@ def test_tokenizer_handler_survives_and_answers_each_bad_frame_once(stub_server,
         assert all(msg.rid == decoded.rid for _, msg in replies)
     elif isinstance(decoded, p.AbortRequest):  # nothing back; the scheduler is told if the rid was in flight
         assert replies == [] and len(push.sent) <= 1
+    elif isinstance(decoded, (p.TokenizeRequest, p.DetokenizeRequest)):  # answered here, once; never forwarded
+        assert len(replies) == 1 and push.sent == []
+        check_text_answer(server.prep.tokenizer, decoded, replies[0][1])
     else:  # control: forwarded to the scheduler, answered from there
         assert replies == [] and len(push.sent) == 1
