@@ -289,7 +289,8 @@ class Router:
         replica = self.replicas[decision.index]
         if not replica.send(req.forward):
             return False
-        req.replica, req.attempts = replica, req.attempts + 1
+        req.replica = replica
+        req.attempts = req.attempts + 1
         replica.in_flight.add(req.forward.rid)
         replica.load_tokens += req.num_tokens
         self.stats.routed[replica.position] += 1

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.http_servers import MODEL, start_http
 from tests.e2e.servers import TINY_FLAGS, Server, start_server, wait_until_idle
 
 
@@ -70,3 +71,32 @@ def launch(tmp_path: Path):
 def wait_idle():
     """wait_idle(client, timeout_s) -> ServerStats once nothing runs, waits or holds a block (or at the timeout)."""
     return wait_until_idle
+
+
+@pytest.fixture(scope="module")
+def http(tiny_server, tiny_llama_dir, tmp_path_factory):
+    """A `python -m runtime.serve.http` in front of tiny_server, serving the model name MODEL; one per module."""
+    server = start_http(
+        tiny_server.endpoint,
+        tmp_path_factory.mktemp("logs") / "http.log",
+        "--model",
+        str(tiny_llama_dir),
+        "--served-model-name",
+        MODEL,
+    )
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def oai(http):
+    """The openai SDK's client of the module's HTTP server."""
+    with http.openai() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def zmq(tiny_server):
+    """A ZeroMQ Client of tiny_server, the reference the HTTP answers are compared with."""
+    with tiny_server.client() as c:
+        yield c

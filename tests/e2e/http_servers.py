@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,3 +149,11 @@ def assert_idle(zmq, wait_idle) -> None:
     stats = wait_idle(zmq)
     assert (stats.num_running, stats.num_waiting, stats.num_used_blocks) == (0, 0, 0)
     assert stats.num_free_blocks + stats.num_evictable_blocks == stats.num_blocks - 1
+
+
+def salt() -> str:
+    return uuid.uuid4().hex
+
+
+def msgs(text: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": "You are terse."}, {"role": "user", "content": text}]

@@ -63,7 +63,9 @@ class PromptWorker:
         self._closed = False
         self._busy: dict[Hashable, int] = {}  # group -> jobs not yet collected (owner thread only)
         self.in_flight = 0
-        self.fd, self._wake_fd = os.pipe()
+        read_fd, write_fd = os.pipe()
+        self.fd = read_fd  # readable when a result is ready: the loop polls it
+        self._wake_fd = write_fd
         os.set_blocking(self.fd, False)
         os.set_blocking(self._wake_fd, False)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
