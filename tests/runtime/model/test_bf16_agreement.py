@@ -29,6 +29,7 @@ from runtime.model.models import AttentionMetadata
 from runtime.model.runner import ModelRunner
 from runtime.protocol import ForwardBatch, ScheduledSeq
 from runtime.sampling_params import SamplingParams
+from tests.runtime.model.step_logits import step_logits
 
 pytestmark = pytest.mark.slow
 
@@ -156,8 +157,9 @@ def _teacher_forced_decode(runner: ModelRunner, convs: list[tuple[list[int], lis
     """float32 logits [sum of reply lengths, vocab]: each prompt prefilled (the logits of its last token), then the
     reply's tokens fed one per step to every conversation at once, in conversation order within each step."""
     tables = _tables(convs)
-    first = runner.forward(
-        ForwardBatch(0, [ScheduledSeq(i, p, 0, tables[i], True, GREEDY, len(p)) for i, (p, _) in enumerate(convs)])
+    first = step_logits(
+        runner,
+        ForwardBatch(0, [ScheduledSeq(i, p, 0, tables[i], True, GREEDY, len(p)) for i, (p, _) in enumerate(convs)]),
     )
     rows: list[list[torch.Tensor]] = [[first.logits[i].float()] for i in range(len(convs))]
     step = 1
@@ -169,11 +171,11 @@ def _teacher_forced_decode(runner: ModelRunner, convs: list[tuple[list[int], lis
             ScheduledSeq(i, [convs[i][1][len(convs[i][0]) + step - 1]], len(convs[i][0]) + step - 1, [], True)
             for i in live
         ]
-        out = runner.forward(ForwardBatch(step, seqs))
+        out = step_logits(runner, ForwardBatch(step, seqs))
         for j, i in enumerate(live):
             rows[i].append(out.logits[j].float())
         step += 1
-    runner.forward(ForwardBatch(step, [], drop_seq_ids=list(range(len(convs)))))
+    runner.execute(ForwardBatch(step, [], drop_seq_ids=list(range(len(convs)))))
     return torch.stack([r for per_conv in rows for r in per_conv])
 
 

@@ -19,6 +19,7 @@ from runtime.model.quant_int4 import INT4_MAX_ROWS, Int4Groups, dequantize_int4,
 from runtime.model.runner import ModelRunner
 from runtime.protocol import ForwardBatch, ScheduledSeq
 from runtime.sampling_params import SamplingParams
+from tests.runtime.model.step_logits import step_logits
 
 # Real text of four kinds (a novel's opening, an explanation, a recipe, code): 461 tokens, 457 predicted positions.
 PASSAGES = [
@@ -78,7 +79,7 @@ def teacher_forced_logits(runner: ModelRunner, segments: list[list[int]]) -> lis
             )
             for i in live
         ]
-        logits = runner.forward(ForwardBatch(step_id=pos, seqs=seqs)).logits
+        logits = step_logits(runner, ForwardBatch(step_id=pos, seqs=seqs)).logits
         for row, i in enumerate(live):
             out[i].append(logits[row])
     return [torch.stack(rows) for rows in out]

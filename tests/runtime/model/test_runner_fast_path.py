@@ -8,8 +8,9 @@ import torch
 
 from runtime.config import InvalidConfig, ServerArgs
 from runtime.model.models.batch import BlockTableRows, decode_metadata, varlen_metadata
-from runtime.model.runner import THREADS_ENV, ModelRunner, cpu_threads, set_cpu_threads
+from runtime.model.runner import ModelRunner
 from runtime.model.sampler import row_argmax
+from runtime.model.threads import THREADS_ENV, cpu_threads, set_cpu_threads
 from runtime.protocol import ForwardBatch, ScheduledSeq
 from runtime.sampling_params import SamplingParams
 
@@ -103,13 +104,13 @@ def test_drops_failures_and_re_registration_free_or_replace_rows(tiny):
     row1 = runner.seqs[1].row
     runner.execute(ForwardBatch(1, [], drop_seq_ids=[1]))
     assert 1 not in runner.seqs
-    assert runner.block_tables.gather([row1], 1).tolist() == [[0]]  # a freed row is zeroed: its padding is block 0
+    assert runner.live.block_tables.gather([row1], 1).tolist() == [[0]]  # a freed row is zeroed: its padding is block 0
     runner.execute(ForwardBatch(1, [_new(3, [4], 0, [9])]))
     assert runner.seqs[3].row == row1  # and the next sequence takes it
     runner.execute(ForwardBatch(1, [], drop_seq_ids=[3]))
     runner.execute(ForwardBatch(2, [_new(2, [7, 8, 9, 10, 11], 0, [6, 8])]))  # seq 2 again in full: its new table
     assert runner.seqs[2].block_table == [6, 8]
-    assert runner.block_tables.gather([runner.seqs[2].row], 3).tolist() == [[6, 8, 0]]
+    assert runner.live.block_tables.gather([runner.seqs[2].row], 3).tolist() == [[6, 8, 0]]
     result = runner.execute(ForwardBatch(3, [_new(4, [1, 2], 0, [99])]))  # block 99 outside the pool
     assert result.failed_seq_ids == [4] and 4 not in runner.seqs
     assert len(runner.seqs) == 1
