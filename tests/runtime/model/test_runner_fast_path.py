@@ -24,7 +24,8 @@ def _new(seq_id: int, tokens: list[int], start: int, blocks: list[int], sample: 
 # ---------------------------------------------------------------------------------------------- BlockTableRows
 def test_rows_hold_each_table_padded_with_the_null_block_and_grow():
     rows = BlockTableRows(width=2)
-    a, b = rows.add([5, 6, 7]), rows.add([9])  # 3 blocks in width 2: the columns grow to max(3, 4)
+    a = rows.add([5, 6, 7])  # 3 blocks in width 2: the columns grow to max(3, 4)
+    b = rows.add([9])
     assert (a, b) == (0, 1) and rows.table.shape == (8, 4)
     rows.extend(b, [10, 11])
     rows.extend(a, [])
@@ -52,7 +53,8 @@ def test_decode_metadata_equals_the_varlen_metadata_of_the_same_decode_step():
     dec = decode_metadata(positions, [4 * 16 + 5, 9 * 16 + 8], tables, [0, 1], torch.device("cpu"))
     var = varlen_metadata(positions, [1, 1], tables, [0, 1], 16, torch.device("cpu"))
     for name in ("positions", "slot_mapping", "block_tables", "seq_lens", "query_start_loc", "logits_indices"):
-        got, want = getattr(dec, name), getattr(var, name)
+        got = getattr(dec, name)
+        want = getattr(var, name)
         assert got.dtype == want.dtype and got.tolist() == want.tolist(), name
     assert (dec.max_query_len, dec.max_seq_len) == (var.max_query_len, var.max_seq_len) == (1, 41)
     assert dec.slot_mapping.tolist() == [69, 152] and dec.seq_lens.tolist() == [22, 41]
@@ -119,7 +121,8 @@ def test_drops_failures_and_re_registration_free_or_replace_rows(tiny):
 def test_decode_steps_give_the_tokens_of_a_full_prefill(tiny):
     """Decoding through the fast path (one token per sequence, block tables from the deltas) ends where one prefill
     of the same tokens ends: the same greedy token after each."""
-    runner, ref = _runner(tiny), _runner(tiny)
+    runner = _runner(tiny)
+    ref = _runner(tiny)
     prompts = {1: [100, 101, 102], 2: [200, 201, 202, 203, 204, 205]}
     tables = {1: [1, 2, 3], 2: [4, 5, 6]}
     result = runner.execute(ForwardBatch(0, [_new(s, prompts[s], 0, tables[s][:2]) for s in (1, 2)]))
