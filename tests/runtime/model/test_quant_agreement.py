@@ -9,10 +9,11 @@ kernels multiply (tests/runtime/model/agreement.py, transformers_logits); dense 
 
 Rules: 1 and 2 of tests/runtime/model/agreement.py against the quantized reference (flips only at near-ties, where
 float32's top-2 gap is below the largest top-2 shift the reference's error produced; no more flips than the
-reference's count plus its chance spread); and 3: the largest logit difference between ours and the quantized
-reference is at most twice the largest difference between dense bfloat16 and float32. Ours and the reference compute
-the same quantized model at bfloat16 precision, each within that precision's rounding error E of it, so within 2E of
-each other (triangle inequality); E is measured by transformers' own dense bfloat16 against its float32 on this text.
+reference's count plus its chance spread); and 3: ours' largest logit difference from float32 is at most the
+reference's plus 2E, E the largest logit difference of transformers' own dense bfloat16 from its float32 on this text
+(the rounding error of bfloat16 on this machine). Ours and the reference compute the same quantized model Q, each
+within about E of it, so |ours - float32| <= |ours - Q| + |Q - reference| + |reference - float32| (triangle
+inequality). A wrong scale, zero or layout moves logits by far more.
 The figures are printed and attached to the test report (record_property).
 """
 
@@ -88,23 +89,22 @@ def _judge(
     the figures, then asserts rules 1-3 (module docstring)."""
     ours = compare(float32, mine)
     ref = compare(float32, reference)
-    between = float((mine - reference).abs().max())
     print(describe(name, ours))
     print(describe(f"{name} reference (transformers, bfloat16, the same quantized weights)", ref))
+    bound = ref.max_abs_diff + 2 * dense_error
     print(
-        f"{name}: largest logit difference to the reference {between:.3f}; transformers' dense bfloat16 vs float32 "
-        f"{dense_error:.3f} (rule 3 bound {2 * dense_error:.3f})"
+        f"{name}: transformers' dense bfloat16 vs float32: largest logit difference {dense_error:.3f}; "
+        f"rule 3 bound {bound:.3f}"
     )
     for label, c in (("ours", ours), ("reference", ref)):
         record_property(f"{name}_{label}_top1_agreement", round(c.agreement, 4))
         record_property(f"{name}_{label}_flip_gaps", [round(g, 3) for g in c.flip_gaps])
         record_property(f"{name}_{label}_max_top2_shift", round(c.max_pair_shift, 3))
         record_property(f"{name}_{label}_max_abs_logit_diff", round(c.max_abs_diff, 3))
-    record_property(f"{name}_max_abs_logit_diff_to_reference", round(between, 3))
     record_property("dense_bf16_max_abs_logit_diff", round(dense_error, 3))
     assert ours.positions == POSITIONS
     assert_within_reference(ours, ref)
-    assert between <= 2 * dense_error
+    assert ours.max_abs_diff <= bound
 
 
 def test_int8_model_agrees_with_float32_on_top1_of_real_text(
