@@ -1,8 +1,12 @@
 """What this CPU can do, read at run time, and the dtype `--dtype auto` picks from it.
 
 The development machines differ: some CPUs have AVX2 only, others AVX-512 with AVX512-BF16 or AMX-BF16, where
-oneDNN's bfloat16 matmuls run 2-3x faster than float32 (measured in benchmarks/decode_throughput.py). Nothing here is
-assumed at import or build time: the flags come from /proc/cpuinfo (Linux) when asked.
+oneDNN's bfloat16 matmuls run faster than float32 (benchmarks/decode_throughput.py measures by how much). Nothing here
+is assumed at import or build time: the flags come from /proc/cpuinfo (Linux) when asked.
+
+For tests only: $RADIXSERVE_CPU_FLAGS (CPU_FLAGS_ENV), when set, replaces the CPU's flags with its space-separated
+list (read by cpu_flags alone, at each call, and inherited by the server's processes), so that both decisions of
+`--dtype auto` run end to end on any host. It changes no kernel torch picks: only what this module reports.
 """
 
 from __future__ import annotations
@@ -15,12 +19,21 @@ import torch
 
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # native bfloat16 dot products (AMX tiles, or AVX-512 VDPBF16PS)
 REPORTED_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+CPU_FLAGS_ENV = "RADIXSERVE_CPU_FLAGS"  # tests only: the flags cpu_flags() reports instead of the CPU's
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-@functools.cache
 def cpu_flags() -> frozenset[str]:
-    """The CPU feature flags of /proc/cpuinfo's first processor (empty where the file is missing: not Linux)."""
+    """The CPU feature flags of /proc/cpuinfo's first processor (empty where the file is missing: not Linux), or the
+    space-separated flags of $RADIXSERVE_CPU_FLAGS when it is set (tests only; see the module docstring)."""
+    override = os.environ.get(CPU_FLAGS_ENV)
+    if override is not None:
+        return frozenset(override.split())
+    return _proc_cpu_flags()
+
+
+@functools.cache
+def _proc_cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:

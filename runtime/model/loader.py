@@ -187,7 +187,8 @@ def _convert_gguf_into(gguf_path: Path, out: Path) -> None:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder, name = str(gguf_path.parent), gguf_path.name
+    folder = str(gguf_path.parent)
+    name = gguf_path.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         hf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)

@@ -7,20 +7,17 @@ scale[n] = max_k |W[n, k]| / 127 and q[n, k] = round(W[n, k] / scale[n]) clamped
 W ~= q * scale[:, None]. Activations stay in floating point; torch's `aten._weight_int8pack_mm(x, q, scale)` computes
 (x @ q.T) * scale, reading 1 byte per weight instead of 2 (bfloat16) or 4 (float32).
 
-Where it pays (measured with benchmarks on cold weights: 30 layers of distinct SmolLM2-135M-shaped projections and the
-49152 x 576 head, so no cache holds them; AMD EPYC with AVX-512 + AVX512-BF16, 1 and 2 threads):
-- bfloat16 activations: the int8 kernel takes 0.57x the time of bfloat16 F.linear at 1 row, 0.72-0.77x at 2-4 rows,
-  1.02x at 5-6 rows and 1.14-1.4x at 7-12 rows (the kernel works in blocks of 4 rows); at 16-64 rows 1.5-2.4x.
-  Hence INT8_MAX_ROWS[bfloat16] = 4.
-- float32 activations: passed to the kernel as they are, it runs a scalar loop (slow); converted to bfloat16 around
-  it (one copy of the activations each way) it takes 0.3-0.45x of float32 F.linear at 1-4 rows, 0.58x at 8,
-  0.75-0.86x at 12-16 and 1.05x at 32; with torch and oneDNN held to AVX2 (ATEN_CPU_CAPABILITY=avx2,
-  ONEDNN_MAX_CPU_ISA=AVX2) 0.49x at 1 row, 0.77x at 8 and 1.0x at 16. Hence INT8_MAX_ROWS[float32] = 8: float32
-  models convert around the kernel rather than refusing int8, and their outputs keep the model dtype.
-- The dense weight is kept beside the int8 copy: above the row limit F.linear on it is 1.4-2.4x faster than the int8
-  kernel at 12-64 rows, and dequantizing per call instead costs ~100-150 ms per forward (+13% at a 512-row prefill).
-  Cost for SmolLM2-135M in bfloat16: the 30 layers' projections are 106.2 M weights (212 MB dense, +106 MB int8) and
-  the tied head 28.3 M (its dense table is the embedding, +28 MB int8): 404 MB resident instead of 269 MB.
+Where it pays: on cold weights (each layer's projections read once per forward, so no cache holds them) the kernel
+beats the dense matmul at few rows and loses at more; INT8_MAX_ROWS holds the crossing per activation dtype, measured
+on cold SmolLM2-135M-shaped layers (the figures: README, "CPU speed"; the end-to-end effect:
+benchmarks/decode_throughput.py).
+- bfloat16 activations: the kernel works in blocks of 4 rows, and past one block it loses to bfloat16 F.linear.
+- float32 activations: passed to the kernel as they are, it runs a scalar loop (slow), so float32 models convert
+  them to bfloat16 around it (one copy each way) rather than refusing int8; their outputs keep the model dtype. The
+  conversion moves the crossing to more rows than bfloat16's, on AVX-512 and AVX2 alike.
+- The dense weight is kept beside the int8 copy: above the row limit F.linear on it beats the kernel, and
+  dequantizing per call instead would cost a large share of each prefill. The cost is memory: the int8 copy adds one
+  byte per weight (a bfloat16 model's linears take 1.5x their dense bytes).
 """
 
 from __future__ import annotations
@@ -34,8 +31,9 @@ from runtime.model.quant_int4 import INT4_MAX_ROWS, Int4Weight, int4_fits, int4_
 
 QUANTIZATIONS: tuple[str, ...] = ("none", "int8", "int4")
 INT8_QMAX = 127
-# The most rows (tokens) of a step that take the int8 kernel, per model (activation) dtype; measured as the module
-# docstring says. float16 is not measured: it goes through bfloat16 as float32 does, and is given bfloat16's limit.
+# The most rows (tokens) of a step that take the int8 kernel, per model (activation) dtype: where the kernel stopped
+# beating F.linear when measured (the module docstring). float16 is not measured: it goes through bfloat16 as float32
+# does, and is given bfloat16's limit.
 INT8_MAX_ROWS: dict[torch.dtype, int] = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 # The kernel's x86 code (aten/src/ATen/native/cpu/int8mm_kernel.cpp, torch 2.x) has a vector path for bfloat16 only
 # (float16 and float32 run a scalar loop there), steps through K 16 values at a time with no tail (AVX-512; 8 on
@@ -143,7 +141,12 @@ class Linear(torch.nn.Module):
         self.scheme = "none" if qweight is None else quantization
         self.register_buffer("qweight", qweight, persistent=False)
         self.register_buffer("scales", scales, persistent=False)
-        self.max_rows = 0 if qweight is None else limits.get(weight.dtype, 0) if max_rows is None else max_rows
+        if qweight is None:
+            self.max_rows = 0
+        elif max_rows is None:
+            self.max_rows = limits.get(weight.dtype, 0)
+        else:
+            self.max_rows = max_rows
 
     @property
     def int8(self) -> Int8Weight | None:
@@ -159,26 +162,19 @@ class Linear(torch.nn.Module):
             return None
         return Int4Weight(self.qweight, self.scales, self.weight.shape[-1] // self.scales.shape[0])
 
-    @property
-    def out_features(self) -> int:
-        """N, the output width."""
-        return int(self.weight.shape[0])
-
-    def uses_int8(self, rows: int) -> bool:
-        """True when an input of `rows` rows (tokens) runs the int8 kernel."""
-        return self.scheme == "int8" and rows <= self.max_rows
-
     def uses_quantized(self, rows: int) -> bool:
         """True when an input of `rows` rows (tokens) runs the int8 or int4 kernel."""
         return self.qweight is not None and rows <= self.max_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N] in x.dtype; the quantized kernel when uses_quantized(rows of x), else F.linear."""
-        if self.qweight is not None and self.scales is not None and x.numel() <= self.max_rows * x.shape[-1]:
-            if self.scheme == "int4":
-                w4 = Int4Weight(self.qweight, self.scales, x.shape[-1] // self.scales.shape[0])
+        if self.uses_quantized(x.numel() // x.shape[-1]):
+            w4 = self.int4
+            if w4 is not None:
                 return int4_linear(x, w4, self.bias)
-            return int8_linear(x, Int8Weight(self.qweight, self.scales), self.bias)
+            w8 = self.int8
+            if w8 is not None:
+                return int8_linear(x, w8, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
@@ -186,12 +182,3 @@ class Linear(torch.nn.Module):
         n, k = self.weight.shape
         q = f", {self.scheme} up to {self.max_rows} rows" if self.qweight is not None else ""
         return f"in_features={k}, out_features={n}, bias={self.bias is not None}{q}"
-
-
-def quantized_bytes(module: torch.nn.Module) -> int:
-    """Bytes of the quantized copies (qweight + scales, int8 or int4) held by the Linear modules under module."""
-    total = 0
-    for m in module.modules():
-        if isinstance(m, Linear) and m.qweight is not None and m.scales is not None:
-            total += m.qweight.nbytes + m.scales.nbytes
-    return total

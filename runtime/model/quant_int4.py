@@ -16,21 +16,14 @@ scalar), so packed weights stay in the process that packed them; it needs N % 16
 innerKTiles, is unused on CPU). `aten._weight_int4pack_mm_for_cpu(x [M, K], packed, g, scales_and_zeros [K / g, N, 2])`
 needs x contiguous (any alignment), g in {32, 64, 128, 256}, K % g == 0 and scales_and_zeros in x's dtype; it returns
 x @ W.T [M, N] in x's dtype, accumulated in float32 in blocks of 4 rows x 64 columns (AVX-512). Only bfloat16 has a
-vector path there: float32 x runs a scalar loop (~20x slower than bfloat16 at one row, measured), so float32 models
-convert around the kernel, as they do for int8.
+vector path there: float32 x runs a scalar loop, so float32 models convert around the kernel, as they do for int8.
 
-Where it pays (cold weights: 30 distinct SmolLM2-135M-shaped layers, so no cache holds them; AMD EPYC with AVX-512 +
-AVX512-BF16, 1 thread, while other processes loaded the machine): against bfloat16 F.linear the int4 kernel takes
-0.26-0.32x the time at 1-4 rows, 0.5-0.6x at 6-12, 0.8-1.0x at 16 and 1.4-2.1x at 24-48 rows, hence
-INT4_MAX_ROWS[bfloat16] = 12; against float32 F.linear (activations converted to bfloat16 and back) 0.15-0.24x at 1-4
-rows, 0.4-0.55x at 8-32 and 0.76x at 48; with torch and oneDNN held to AVX2 (ATEN_CPU_CAPABILITY=avx2,
-ONEDNN_MAX_CPU_ISA=AVX2; float32 is the default dtype on such CPUs) 0.41x at 1 row, 0.56x at 8, 0.89x at 16 and 1.18x
-at 32, hence INT4_MAX_ROWS[float32] = 16. Above the limit the dense weight, kept
-beside the int4 copy, serves F.linear. Cost for SmolLM2-135M: the 30 layers' 106.2 M projection weights take 53.1 MB
-packed + 13.3 MB of scales and zeros beside their dense copy. Through the ModelRunner (decode at a context of 512,
-side by side in one run, other processes on the machine): batch 1, 1 thread 2.16x the tok/s of bfloat16 (int8: 1.55x),
-2 threads 1.94x (int8: 1.62x); batch 8 1.20x and 1.18x (int8: 0.97x, 1.05x); float32 models with int4 2.07x / 1.84x
-of bfloat16 at batch 1.
+Where it pays: as for int8 (runtime/model/quant.py), on cold weights the kernel beats the dense matmul at few rows
+and loses at more; INT4_MAX_ROWS holds the crossing per activation dtype, measured on cold SmolLM2-135M-shaped layers
+against bfloat16 F.linear and, for float32 models (activations converted to bfloat16 and back), against float32
+F.linear with torch and oneDNN held to AVX2 (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2), as float32 is the
+default dtype of such CPUs (the figures: README, "CPU speed"). Above the limit the dense weight, kept beside the int4
+copy, serves F.linear. The int4 copy adds half a byte per weight plus a bfloat16 scale and zero per group of 32.
 """
 
 from __future__ import annotations
@@ -43,8 +36,9 @@ INT4_GROUP = 32  # values of K per scale / zero (Q4_1's block)
 INT4_N_MULTIPLE = 16  # the packing works on blocks of 16 output rows
 INT4_QMAX = 15
 INT4_CENTER = 8  # the kernel dequantizes q as (q - 8) * scale + zero
-# The most rows (tokens) of a step that take the int4 kernel, per model (activation) dtype; measured as the module
-# docstring says. float16 is not measured: it goes through bfloat16 as float32 does, and is given bfloat16's limit.
+# The most rows (tokens) of a step that take the int4 kernel, per model (activation) dtype: where the kernel stopped
+# beating F.linear when measured (the module docstring). float16 is not measured: it goes through bfloat16 as float32
+# does, and is given bfloat16's limit.
 INT4_MAX_ROWS: dict[torch.dtype, int] = {torch.bfloat16: 12, torch.float16: 12, torch.float32: 16}
 KERNEL_DTYPE = torch.bfloat16
 
@@ -90,10 +84,12 @@ def quantize_int4(
         )
     n, k = weight.shape
     w = weight.float().reshape(n, k // group_size, group_size)
-    lo, hi = w.amin(dim=-1), w.amax(dim=-1)
+    lo = w.amin(dim=-1)
+    hi = w.amax(dim=-1)
     scales = ((hi - lo) / INT4_QMAX).to(scale_dtype)
     zeros = (lo + INT4_CENTER * scales.float()).to(scale_dtype)
-    s, z = scales.float()[..., None], zeros.float()[..., None]
+    s = scales.float()[..., None]
+    z = zeros.float()[..., None]
     steps = torch.round((w - z) / torch.where(s > 0, s, torch.ones_like(s)))
     q = torch.where(s > 0, steps + INT4_CENTER, torch.full_like(steps, INT4_CENTER)).clamp_(0, INT4_QMAX)
     return Int4Groups(q.to(torch.int32).reshape(n, k), scales, zeros)

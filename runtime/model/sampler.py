@@ -27,7 +27,7 @@ from runtime.sampling_params import SamplingParams
 
 _TWO_POW_53 = float(2**53)
 CHUNK = 256  # row_argmax's chunk: amax runs over V / CHUNK chunks, argmax over V / CHUNK + CHUNK values
-ARGMAX_MIN_ROWS = 4  # fewer rows take torch's argmax (measured after a forward: 0.12 ms vs 0.27 ms at one row)
+ARGMAX_MIN_ROWS = 4  # fewer rows take torch's argmax: there the chunked ops' dispatch costs more than the scan
 
 
 class SampleRequest(NamedTuple):
@@ -56,13 +56,12 @@ def row_argmax(scores: torch.Tensor) -> torch.Tensor:
     """int64 [N]: the argmax of each row of scores float32 [N, V], equal to scores.argmax(dim=-1) (the first index
     of the maximum; a NaN counts as the maximum) but faster on CPU for N >= ARGMAX_MIN_ROWS.
 
-    torch's CPU argmax along a row is not vectorized: for [32, 49152] it takes 1.4 ms on one AVX-512 core, amax
-    0.07 ms (benchmarks/step_breakdown.py's machine, torch 2.13). So on CPU, with V a multiple of 64: the maxima of
-    chunks of CHUNK (or 128, 64) columns (amax), the first chunk holding the row's maximum (argmax over V / CHUNK
-    values), and the first maximum inside it (argmax over CHUNK): 0.21 ms. The first chunk holding the maximum holds
-    its first occurrence, so ties resolve as argmax's. Its six ops cost ~30 us each right after a forward (cold
-    dispatch), more than argmax's scan of fewer than ARGMAX_MIN_ROWS rows of 49152; those, other devices and other
-    widths take argmax itself.
+    torch's CPU argmax along a row is not vectorized, while amax is (benchmarks/step_breakdown.py times the sampling
+    this is part of). So on CPU, with V a multiple of 64: the maxima of chunks of CHUNK (or 128, 64) columns (amax),
+    the first chunk holding the row's maximum (argmax over V / CHUNK values), and the first maximum inside it (argmax
+    over CHUNK). The first chunk holding the maximum holds its first occurrence, so ties resolve as argmax's. Its six
+    ops each pay a dispatch right after a forward, more than argmax's scan of fewer than ARGMAX_MIN_ROWS rows; those,
+    other devices and other widths take argmax itself.
     """
     n, width = scores.shape
     chunk = next((c for c in (CHUNK, 128, 64) if width % c == 0), 0)
@@ -168,11 +167,15 @@ def _logprobs(
         p = rows[i].params
         if p.use_beam_search and p.ignore_eos and eos:
             lp[j, eos] = float("-inf")
-        n = min(beam_candidates(p.n, len(eos)) if p.use_beam_search else p.logprobs or 0, lp.shape[-1])
-        top = torch.topk(lp[j], n) if n else None
-        out[i] = TokenLogprobs(
-            logprob=float(lp[j, ids[i]]),
-            top_token_ids=top.indices.tolist() if top is not None else [],
-            top_logprobs=top.values.tolist() if top is not None else [],
-        )
+        wanted = p.logprobs or 0
+        if p.use_beam_search:
+            wanted = beam_candidates(p.n, len(eos))
+        n = min(wanted, lp.shape[-1])
+        top_ids: list[int] = []
+        top_lps: list[float] = []
+        if n:
+            top = torch.topk(lp[j], n)
+            top_ids = top.indices.tolist()
+            top_lps = top.values.tolist()
+        out[i] = TokenLogprobs(logprob=float(lp[j, ids[i]]), top_token_ids=top_ids, top_logprobs=top_lps)
     return out

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from runtime.engine import Engine
-from runtime.model.runner import kv_block_bytes
+from runtime.model.kv_cache import kv_block_bytes
 from runtime.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2)

@@ -2,9 +2,7 @@
 
 BlockTableRows keeps the worker's block tables as rows of one int32 tensor, updated from each step's appended block
 ids, so a step's block_tables tensor is one gather (O(batch) Python) instead of padded Python lists (O(batch x blocks)
-Python per step). step_metadata takes a fast path for steps of one token per sequence (every decode step). Measured
-side by side (the ModelRunner's input preparation before and after, batch 32, one thread): 0.46 -> 0.31 ms per step
-at a context of 512 tokens, 0.92 -> 0.37 ms at 4096, where the padded lists grew with the context.
+Python per step). step_metadata takes a fast path for steps of one token per sequence (every decode step).
 """
 
 from __future__ import annotations
@@ -69,7 +67,8 @@ class BlockTableRows:
         """Append block_ids to row (a live row). O(len(block_ids)); nothing when empty."""
         if not block_ids:
             return
-        start, end = self._lens[row], self._lens[row] + len(block_ids)
+        start = self._lens[row]
+        end = start + len(block_ids)
         if end > self.table.shape[1]:
             self._grow_columns(end)
         self.table[row, start:end] = torch.tensor(block_ids, dtype=torch.int32)

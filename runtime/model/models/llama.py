@@ -69,7 +69,8 @@ class Attention(torch.nn.Module):
         quantization: str = "none",
     ) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -116,7 +117,8 @@ class MLP(torch.nn.Module):
 
     def __init__(self, src: WeightSource, prefix: str, quantization: str = "none") -> None:
         super().__init__()
-        gate, up = src.take(f"{prefix}.gate_proj.weight"), src.take(f"{prefix}.up_proj.weight")
+        gate = src.take(f"{prefix}.gate_proj.weight")
+        up = src.take(f"{prefix}.up_proj.weight")
         self.inter = gate.shape[0]
         self.gate_up_proj = Linear(torch.cat([gate, up]), None, quantization)
         self.down_proj = Linear(src.take(f"{prefix}.down_proj.weight"), None, quantization)

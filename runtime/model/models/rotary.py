@@ -29,7 +29,8 @@ def inv_frequencies(head_dim: int, theta: float, rope_type: str, scaling: dict[s
     if rope_type != "llama3":
         raise ValueError(f"unsupported rope type {rope_type!r}")
     factor = float(scaling["factor"])
-    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    low = float(scaling["low_freq_factor"])
+    high = float(scaling["high_freq_factor"])
     old_len = float(scaling["original_max_position_embeddings"])
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
@@ -73,5 +74,6 @@ class RotaryEmbedding(torch.nn.Module):
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x[..., : self.half_dim], x[..., self.half_dim :]
+        x1 = x[..., : self.half_dim]
+        x2 = x[..., self.half_dim :]
         return x * cos + torch.cat((-x2, x1), dim=-1) * sin

@@ -1,12 +1,11 @@
 """bfloat16 against float32 on the embedded SmolLM2-135M (issue 14): teacher-forced top-1 agreement on a few hundred
-positions of readable chat text, and the largest absolute logit difference, reported.
+positions of readable chat text, judged against transformers' own bfloat16 forward of the same text on this machine
+(tests/runtime/model/agreement.py states the rules), never against a constant tuned on one CPU.
 
-The issue asked for >= 99%. Measured here (877 prefill positions): our bfloat16 model agrees 96.9%, transformers' own
-bfloat16 forward on the same text 97.2%; a study that kept parts of the forward in float32 reached 98.75% with a
-float32 residual stream and lm_head, 98.97% with attention and KV in float32 too, and 99.3% only with every matmul
-in float32 (bfloat16 weights, float32 compute), which gives up what bfloat16 is for. Every flip is at a float32
-near-tie (top-2 gap < 0.15). So the tests hold our bfloat16 to transformers' bfloat16 on the same positions (no
-worse than it by more than MAX_BEHIND_HF), to a floor MIN_AGREEMENT, and to flipping only near-ties.
+Our bfloat16 may flip float32's argmax only at near-ties (rule 1: where float32's top-2 gap is below the largest
+top-2 shift transformers' bfloat16 shows on this text) and no more often than transformers' bfloat16 plus chance
+(rule 2). bfloat16 cannot reach float32's argmax everywhere: only keeping every matmul in float32 would, which gives
+up what bfloat16 is for (the README's accuracy paragraph has the figures).
 
 Both runners read the same text, so each position's argmax is compared on the same context (teacher forcing: no
 divergence carries over). Two paths are measured, as the server runs them: prefill (every position of each whole
@@ -16,8 +15,6 @@ attached to the test report (record_property: junit XML and `-rA`).
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import pytest
 import torch
@@ -29,15 +26,18 @@ from runtime.model.models import AttentionMetadata
 from runtime.model.runner import ModelRunner
 from runtime.protocol import ForwardBatch, ScheduledSeq
 from runtime.sampling_params import SamplingParams
+from tests.runtime.model.agreement import (
+    Agreement,
+    assert_flip_count,
+    assert_flips_at_near_ties,
+    compare,
+    describe,
+    transformers_logits,
+)
+from tests.runtime.model.step_logits import step_logits
 
 pytestmark = pytest.mark.slow
 
-MIN_AGREEMENT = 0.96
-MAX_BEHIND_HF = 0.01  # agreement points our bfloat16 may trail transformers' bfloat16 by (about 1 position in 100)
-# A disagreement is bfloat16 rounding only where float32's top two logits are this close: a bfloat16 logit near 20-30
-# is rounded to steps of 0.125, and the rounding of the activations moves the top logits by a few such steps. A wider
-# gap flipping means a wrong result (a kernel reading the wrong slot or dtype), not rounding.
-NEAR_TIE = 0.5
 BLOCK_SIZE = 16
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -88,27 +88,6 @@ CONVERSATIONS = [
 ]
 
 
-class Comparison(NamedTuple):
-    """bfloat16 against float32 on one path: positions compared, the share where the argmax agree, the largest
-    |logit difference| over every position and vocabulary entry, and float32's top-1 minus top-2 logit at each
-    position where the argmax differ."""
-
-    positions: int
-    agreement: float
-    max_abs_diff: float
-    fp32_gaps: list[float]
-
-
-def _compare(ref: torch.Tensor, low: torch.Tensor) -> Comparison:
-    """Comparison of float32 logits ref and bfloat16 logits low (both float32 [positions, vocab])."""
-    differ = ref.argmax(-1) != low.argmax(-1)
-    top2 = ref.topk(2, dim=-1).values
-    gaps = (top2[:, 0] - top2[:, 1])[differ]
-    return Comparison(
-        int(ref.shape[0]), 1.0 - float(differ.float().mean()), float((ref - low).abs().max()), sorted(gaps.tolist())
-    )
-
-
 def _token_ids(tokenizer) -> list[tuple[list[int], list[int]]]:
     """(prompt ids up to the assistant's turn, whole conversation ids) of each conversation (SmolLM2 template)."""
     out = []
@@ -126,7 +105,8 @@ def _token_ids(tokenizer) -> list[tuple[list[int], list[int]]]:
 
 def _tables(convs: list[tuple[list[int], list[int]]]) -> list[list[int]]:
     """Contiguous block tables (from block 1) holding each whole conversation."""
-    tables, first = [], 1
+    tables: list[list[int]] = []
+    first = 1
     for _, whole in convs:
         n = cdiv(len(whole), BLOCK_SIZE)
         tables.append(list(range(first, first + n)))
@@ -156,8 +136,9 @@ def _teacher_forced_decode(runner: ModelRunner, convs: list[tuple[list[int], lis
     """float32 logits [sum of reply lengths, vocab]: each prompt prefilled (the logits of its last token), then the
     reply's tokens fed one per step to every conversation at once, in conversation order within each step."""
     tables = _tables(convs)
-    first = runner.forward(
-        ForwardBatch(0, [ScheduledSeq(i, p, 0, tables[i], True, GREEDY, len(p)) for i, (p, _) in enumerate(convs)])
+    first = step_logits(
+        runner,
+        ForwardBatch(0, [ScheduledSeq(i, p, 0, tables[i], True, GREEDY, len(p)) for i, (p, _) in enumerate(convs)]),
     )
     rows: list[list[torch.Tensor]] = [[first.logits[i].float()] for i in range(len(convs))]
     step = 1
@@ -169,17 +150,18 @@ def _teacher_forced_decode(runner: ModelRunner, convs: list[tuple[list[int], lis
             ScheduledSeq(i, [convs[i][1][len(convs[i][0]) + step - 1]], len(convs[i][0]) + step - 1, [], True)
             for i in live
         ]
-        out = runner.forward(ForwardBatch(step, seqs))
+        out = step_logits(runner, ForwardBatch(step, seqs))
         for j, i in enumerate(live):
             rows[i].append(out.logits[j].float())
         step += 1
-    runner.forward(ForwardBatch(step, [], drop_seq_ids=list(range(len(convs)))))
+    runner.execute(ForwardBatch(step, [], drop_seq_ids=list(range(len(convs)))))
     return torch.stack([r for per_conv in rows for r in per_conv])
 
 
 def _reply_rows(convs: list[tuple[list[int], list[int]]]) -> list[int]:
     """Rows of the prefill path's logits that the decode path computes too (each reply's positions, in order)."""
-    rows, offset = [], 0
+    rows: list[int] = []
+    offset = 0
     for prompt, whole in convs:
         rows.extend(range(offset + len(prompt) - 1, offset + len(whole) - 1))
         offset += len(whole)
@@ -187,9 +169,10 @@ def _reply_rows(convs: list[tuple[list[int], list[int]]]) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def measured(smollm2_tokenizer) -> dict[str, Comparison]:
-    """ "prefill" / "decode": bfloat16 against float32 on that path; "float32 decode vs prefill": the float32 decode
-    path against the float32 prefill path's rows of the same positions (the guard of the teacher forcing)."""
+def measured(smollm2_tokenizer) -> dict[str, Agreement]:
+    """ "prefill" / "decode": our bfloat16 against float32 on that path; "hf prefill" / "hf decode": transformers'
+    bfloat16 against our float32 on the same rows; "float32 decode vs prefill": the float32 decode path against the
+    float32 prefill path's rows of the same positions (the guard of the teacher forcing)."""
     convs = _token_ids(smollm2_tokenizer)
     tables = _tables(convs)
     logits: dict[str, dict[str, torch.Tensor]] = {}
@@ -198,45 +181,29 @@ def measured(smollm2_tokenizer) -> dict[str, Comparison]:
             ServerArgs(model="smollm2", dtype=dtype, block_size=BLOCK_SIZE, num_blocks=1 + sum(len(t) for t in tables))
         )
         assert runner.k_cache.dtype == getattr(torch, dtype)
-        logits[dtype] = {
-            "prefill": torch.cat(
-                [_prefill_every_position(runner, w, t) for (_, w), t in zip(convs, tables, strict=True)]
-            ),
-            "decode": _teacher_forced_decode(runner, convs),
-        }
+        prefill = [_prefill_every_position(runner, w, t) for (_, w), t in zip(convs, tables, strict=True)]
+        logits[dtype] = {"prefill": torch.cat(prefill), "decode": _teacher_forced_decode(runner, convs)}
         del runner
-    ref, low = logits["float32"], logits["bfloat16"]
-    hf = _hf_bf16_logits([w for _, w in convs])
+    ref = logits["float32"]
+    low = logits["bfloat16"]
+    hf = torch.cat(transformers_logits([w for _, w in convs], torch.bfloat16))
     return {
-        "prefill": _compare(ref["prefill"], low["prefill"]),
-        "decode": _compare(ref["decode"], low["decode"]),
-        "hf prefill": _compare(ref["prefill"], hf),
-        "hf decode": _compare(ref["decode"], hf[_reply_rows(convs)]),
-        "float32 decode vs prefill": _compare(ref["prefill"][_reply_rows(convs)], ref["decode"]),
+        "prefill": compare(ref["prefill"], low["prefill"]),
+        "decode": compare(ref["decode"], low["decode"]),
+        "hf prefill": compare(ref["prefill"], hf),
+        "hf decode": compare(ref["decode"], hf[_reply_rows(convs)]),
+        "float32 decode vs prefill": compare(ref["prefill"][_reply_rows(convs)], ref["decode"]),
     }
 
 
-@torch.inference_mode()
-def _hf_bf16_logits(conversations: list[list[int]]) -> torch.Tensor:
-    """transformers' bfloat16 forward of each whole conversation: float32 logits [sum of lengths, vocab]."""
-    from transformers import AutoModelForCausalLM
-
-    from runtime.model.loader import resolve_model
-
-    model = AutoModelForCausalLM.from_pretrained(str(resolve_model("smollm2")), dtype=torch.bfloat16).eval()
-    return torch.cat([model(torch.tensor([ids])).logits[0].float() for ids in conversations])
-
-
-def _report(path: str, c: Comparison, record_property) -> None:
+def _report(path: str, c: Agreement, record_property) -> None:
     """Prints the comparison of one path and attaches it to the test report."""
     record_property(f"bf16_{path}_positions", c.positions)
     record_property(f"bf16_{path}_top1_agreement", round(c.agreement, 4))
     record_property(f"bf16_{path}_max_abs_logit_diff", round(c.max_abs_diff, 4))
-    record_property(f"bf16_{path}_fp32_top2_gaps_where_argmax_differ", [round(g, 3) for g in c.fp32_gaps])
-    print(
-        f"bf16 vs fp32 {path}: top-1 agreement {c.agreement:.4f} on {c.positions} positions, max |logit diff| "
-        f"{c.max_abs_diff:.4f}, fp32 top-2 gaps where the argmax differ {[round(g, 3) for g in c.fp32_gaps]}"
-    )
+    record_property(f"bf16_{path}_max_top2_shift", round(c.max_pair_shift, 4))
+    record_property(f"bf16_{path}_fp32_top2_gaps_where_argmax_differ", [round(g, 3) for g in c.flip_gaps])
+    print(describe(f"bf16 vs fp32 {path}", c))
 
 
 @pytest.mark.parametrize("path", ["prefill", "decode"])
@@ -246,18 +213,17 @@ def test_bf16_top1_agrees_with_float32(measured, path, record_property):
     hf = measured[f"hf {path}"]
     _report(f"hf_{path}", hf, record_property)
     assert c.positions >= (800 if path == "prefill" else 200)
-    assert c.agreement >= MIN_AGREEMENT
-    assert c.agreement >= hf.agreement - MAX_BEHIND_HF, (c.agreement, hf.agreement)
+    assert_flip_count(c, hf)
 
 
 @pytest.mark.parametrize("path", ["prefill", "decode"])
 def test_bf16_flips_only_float32_near_ties(measured, path):
-    assert all(g < NEAR_TIE for g in measured[path].fp32_gaps), measured[path].fp32_gaps
+    assert_flips_at_near_ties(measured[path], measured[f"hf {path}"])
 
 
 def test_decode_rows_are_the_prefill_rows_of_the_replies_in_float32(measured):
     # Guards the teacher forcing: row j of the decode path is the prefill path's row of the same position, so in
     # float32 the two paths give the same argmax there, and logits equal to kernel rounding.
     c = measured["float32 decode vs prefill"]
-    assert (c.positions, c.agreement) == (measured["decode"].positions, 1.0)
+    assert (c.positions, c.flips) == (measured["decode"].positions, 0)
     assert c.max_abs_diff <= 1e-3

@@ -13,7 +13,7 @@ from runtime.model.loader import resolve_model
 from runtime.model.runner import ModelRunner
 from runtime.protocol import ForwardBatch, ScheduledSeq
 from runtime.sampling_params import SamplingParams
-from tests.runtime.forward_counts import forward_tokens_by_seq, record_batches
+from tests.runtime.model.step_logits import StepLogits, step_logits
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -28,18 +28,19 @@ def smol_hf():
     return AutoModelForCausalLM.from_pretrained(str(resolve_model("smollm2")), dtype=torch.float32).eval()
 
 
-def _prefill_logits(runner: ModelRunner, seq_id: int, tokens: list[int], blocks: list[int], start_pos: int = 0):
+def _prefill(runner: ModelRunner, seq_id: int, tokens: list[int], blocks: list[int], start_pos: int = 0) -> StepLogits:
+    """One step of a new sequence running tokens from start_pos: its last token's logits (row 0) and the tokens run."""
     batch = ForwardBatch(
         step_id=0, seqs=[ScheduledSeq(seq_id, tokens, start_pos, blocks, True, GREEDY, start_pos + len(tokens))]
     )
-    return runner.forward(batch).logits[0]
+    return step_logits(runner, batch)
 
 
 @pytest.mark.slow
 def test_smollm2_logits_match_transformers(smol_runner, smol_hf, chat_prompt_ids):
     prompt = chat_prompt_ids[0]
     blocks = list(range(1, 1 + cdiv(len(prompt), smol_runner.block_size)))
-    mine = _prefill_logits(smol_runner, 100, prompt, blocks)
+    mine = _prefill(smol_runner, 100, prompt, blocks).logits[0]
     with torch.no_grad():
         ref = smol_hf(torch.tensor([prompt])).logits[0, -1].float()
     assert mine.shape == (smol_runner.config.vocab_size,)
@@ -75,7 +76,7 @@ def test_tiny_logits_match_transformers_past_rope_scaling_context(tiny_llama_dir
     hf = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32).eval()
     runner = ModelRunner(ServerArgs(model=str(tiny_llama_dir), num_blocks=64, dtype="float32"))
     tokens = torch.randint(3, 49152, (200,), generator=torch.Generator().manual_seed(0)).tolist()
-    mine = _prefill_logits(runner, 1, tokens, list(range(1, 14)))
+    mine = _prefill(runner, 1, tokens, list(range(1, 14))).logits[0]
     with torch.no_grad():
         ref = hf(torch.tensor([tokens])).logits[0, -1].float()
     assert float((mine - ref).abs().max()) <= 1e-3
@@ -83,12 +84,13 @@ def test_tiny_logits_match_transformers_past_rope_scaling_context(tiny_llama_dir
 
 def test_extend_over_shared_blocks_equals_full_prefill(tiny_qwen2_dir):
     runner = ModelRunner(ServerArgs(model=str(tiny_qwen2_dir), num_blocks=16, block_size=16, dtype="float32"))
-    batches = record_batches(runner)
     tokens = torch.randint(3, 49152, (40,), generator=torch.Generator().manual_seed(1)).tolist()
-    full = _prefill_logits(runner, 1, tokens, [7, 3, 9])
+    first = _prefill(runner, 1, tokens, [7, 3, 9])
     # Seq 2 shares seq 1's first two (full) blocks, so it computes only its last 8 tokens into its own block 5.
-    extend = _prefill_logits(runner, 2, tokens[32:], [7, 3, 5], start_pos=32)
-    assert forward_tokens_by_seq(batches) == {1: 40, 2: 8}
+    second = _prefill(runner, 2, tokens[32:], [7, 3, 5], start_pos=32)
+    assert (first.num_tokens, second.num_tokens) == (40, 8)
+    full = first.logits[0]
+    extend = second.logits[0]
     torch.testing.assert_close(extend, full, atol=1e-4, rtol=0)
     assert int(extend.argmax()) == int(full.argmax())
     torch.testing.assert_close(runner.k_cache[:, 5, :8], runner.k_cache[:, 9, :8], atol=1e-5, rtol=0)

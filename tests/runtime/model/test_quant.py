@@ -1,87 +1,20 @@
 """Weight-only int8 and int4 linears (runtime/model/quant.py, quant_int4.py): quantize / dequantize, the kernels
-against the dequantized product, the row dispatch, and the quantized models' teacher-forced top-1 agreement with the
-float32 model on real text."""
+against the dequantized product, the row dispatch, and that a quantized model reads its quantized copies. The
+quantized models' agreement with float32 on real text: test_quant_agreement.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM
 
-from radix.blocks import cdiv
 from runtime.config import InvalidConfig, ServerArgs
-from runtime.model import quant
 from runtime.model.loader import load_config, resolve_model
 from runtime.model.models import build_model
 from runtime.model.quant import INT8_MAX_ROWS, Linear, dequantize_int8, int8_linear, quantize_int8
 from runtime.model.quant_int4 import INT4_MAX_ROWS, Int4Groups, dequantize_int4, int4_linear, pack_int4, quantize_int4
 from runtime.model.runner import ModelRunner
-from runtime.protocol import ForwardBatch, ScheduledSeq
-from runtime.sampling_params import SamplingParams
-
-# Real text of four kinds (a novel's opening, an explanation, a recipe, code): 461 tokens, 457 predicted positions.
-PASSAGES = [
-    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a "
-    "wife. However little known the feelings or views of such a man may be on his first entering a neighbourhood, this "
-    "truth is so well fixed in the minds of the surrounding families, that he is considered the rightful property of "
-    'some one or other of their daughters. "My dear Mr. Bennet," said his lady to him one day, "have you heard that '
-    'Netherfield Park is let at last?" Mr. Bennet replied that he had not. "But it is," returned she; "for Mrs. '
-    'Long has just been here, and she told me all about it."',
-    "A bicycle stays upright mostly because the rider steers it. When the bike starts to lean to one side, the rider "
-    "turns the front wheel slightly in the same direction, which moves the wheels back under the centre of mass. The "
-    "shape of the front fork also helps: because the wheel touches the ground behind the line of the steering axis, a "
-    "leaning bike tends to turn into the lean by itself. At higher speeds these corrections happen faster and need "
-    "smaller movements, which is why riding slowly feels harder than riding quickly.",
-    "To make a simple loaf of bread, mix five hundred grams of flour with ten grams of salt and seven grams of dried "
-    "yeast. Add about three hundred and fifty millilitres of warm water and stir until a rough dough forms. Knead it "
-    "on a floured table for ten minutes, until it feels smooth and springs back when pressed. Leave it in a covered "
-    "bowl in a warm place for an hour, then shape it, let it rise again, and bake it at two hundred and twenty degrees "
-    "for about thirty minutes.",
-    'def merge_sorted(a, b):\n    """Merge two sorted lists into one sorted list."""\n    out = []\n'
-    "    i = j = 0\n    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n            out.append(a[i])\n"
-    "            i += 1\n        else:\n            out.append(b[j])\n            j += 1\n    out.extend(a[i:])\n"
-    "    out.extend(b[j:])\n"
-    "    return out\n",
-]
-GREEDY = SamplingParams(temperature=0.0)
-# Measured on an AMD EPYC (AVX-512 + AVX512-BF16), 4 rows a step, against float32: int8 with bfloat16 activations
-# agrees on top-1 at 442 of 457 positions (0.967; bfloat16 without int8: 443, 0.969), every disagreement where the
-# float32 top-1 and top-2 logits lie within 0.20 of each other (on this text 24% of positions lie within 0.5), and its
-# largest logit difference is 2.84 (bfloat16 without int8: 2.42). The bounds leave a small margin over those figures.
-AGREEMENT_FLOOR = 0.95
-NEAR_TIE = 0.5
-MAX_LOGIT_DIFF = 4.0
-
-
-def teacher_forced_logits(runner: ModelRunner, segments: list[list[int]]) -> list[torch.Tensor]:
-    """Feed every segment one token per step, all segments in one batch (len(segments) rows a step, the regime of
-    single-stream decode), and return per segment the float32 logits [len - 1, vocab] after each token but the last."""
-    bs = runner.block_size
-    tables, next_block = [], 1
-    for seg in segments:
-        need = cdiv(len(seg), bs)
-        tables.append(list(range(next_block, next_block + need)))
-        next_block += need
-    out: list[list[torch.Tensor]] = [[] for _ in segments]
-    for pos in range(max(len(s) for s in segments) - 1):
-        live = [i for i, s in enumerate(segments) if pos < len(s) - 1]
-        seqs = [
-            ScheduledSeq(
-                i,
-                [segments[i][pos]],
-                pos,
-                tables[i] if pos == 0 else [],
-                True,
-                GREEDY if pos == 0 else None,
-                len(segments[i]),
-            )
-            for i in live
-        ]
-        logits = runner.forward(ForwardBatch(step_id=pos, seqs=seqs)).logits
-        for row, i in enumerate(live):
-            out[i].append(logits[row])
-    return [torch.stack(rows) for rows in out]
+from tests.runtime.model.step_logits import teacher_forced_logits
 
 
 def test_quantize_round_trips_representable_weights_exactly():
@@ -113,7 +46,7 @@ def test_quantize_scales_are_row_absmax_over_127_and_errors_half_a_step():
     got = quantize_int8(weight)
     absmax = weight.abs().amax(dim=1)
     expect = torch.where(absmax > 0, absmax / 127, torch.ones_like(absmax)).to(torch.bfloat16)
-    assert torch.equal(got.scales, expect)
+    assert torch.equal(got.scales, expect)  # the same float32 ops, then one rounding: bit for bit
     assert got.scales[5] == 1.0 and int(got.qweight[5].abs().max()) == 0
     assert int(got.qweight.abs().amax(dim=1)[absmax > 0].min()) >= 126  # the bfloat16 scale moves the top by <= 1
     err = (weight - dequantize_int8(got.qweight, got.scales)).abs()
@@ -126,7 +59,8 @@ def test_quantize_scales_are_row_absmax_over_127_and_errors_half_a_step():
 def test_int8_linear_equals_the_dense_product_of_the_dequantized_weight(dtype):
     torch.manual_seed(2)
     w = quantize_int8(torch.randn(48, 32) * 0.1)
-    x, bias = torch.randn(3, 32).to(dtype), torch.randn(48).to(dtype)
+    x = torch.randn(3, 32).to(dtype)
+    bias = torch.randn(48).to(dtype)
     got = int8_linear(x, w, bias)
     assert got.dtype == dtype and got.shape == (3, 48)
     ref = F.linear(x.to(torch.bfloat16).double(), dequantize_int8(w.qweight, w.scales, torch.float64)) + bias.double()
@@ -145,20 +79,26 @@ def test_linear_sends_up_to_max_rows_to_the_int8_copy_and_more_to_the_dense_weig
     torch.manual_seed(3)
     for dtype, limit in ((torch.bfloat16, 4), (torch.float32, 8)):
         lin = Linear(torch.randn(16, 32).to(dtype), quantization="int8")
-        assert lin.max_rows == limit and lin.scales is not None and lin.scales.dtype == torch.bfloat16
+        assert (
+            lin.scheme == "int8"
+            and lin.max_rows == limit
+            and lin.scales is not None
+            and lin.scales.dtype == torch.bfloat16
+        )
         lin.weight.data.zero_()  # the dense copy now gives zeros: a nonzero output came from the int8 copy
         for rows in range(1, limit + 3):
             y = lin(torch.ones(rows, 32, dtype=dtype))
             assert y.dtype == dtype and y.shape == (rows, 16)
-            assert lin.uses_int8(rows) == (rows <= limit) == bool(y.abs().sum() > 0), (dtype, rows)
+            assert lin.uses_quantized(rows) == (rows <= limit) == bool(y.abs().sum() > 0), (dtype, rows)
     dense = Linear(torch.randn(16, 24), torch.randn(16))
-    assert dense.qweight is None and not dense.uses_int8(1) and quant.quantized_bytes(dense) == 0
+    assert dense.qweight is None and dense.scales is None and dense.scheme == "none" and not dense.uses_quantized(1)
     assert torch.equal(dense(torch.ones(2, 24)), F.linear(torch.ones(2, 24), dense.weight, dense.bias))
-    assert quant.quantized_bytes(Linear(torch.randn(16, 32), quantization="int8")) == 16 * 32 + 16 * 2
+    int8_copy = Linear(torch.randn(16, 32), quantization="int8").int8
+    assert int8_copy is not None and int8_copy.qweight.nbytes + int8_copy.scales.nbytes == 16 * 32 + 16 * 2
     odd = Linear(torch.randn(16, 24), quantization="int8")  # K not a multiple of 16: the kernel cannot take it
     assert (
         odd.qweight is None
-        and not odd.uses_int8(1)
+        and not odd.uses_quantized(1)
         and torch.equal(odd(torch.ones(1, 24)), F.linear(torch.ones(1, 24), odd.weight))
     )
     with pytest.raises(ValueError, match=r"quantization 'int2'; supported: \['none', 'int8', 'int4'\]"):
@@ -213,48 +153,14 @@ def test_steps_of_few_rows_never_read_the_dense_weights(tiny_llama_dir, quantiza
     assert float(before[0].abs().max()) > 1.0
 
 
-@pytest.fixture(scope="module")
-def passage_ids(smollm2_tokenizer) -> list[list[int]]:
-    return [list(smollm2_tokenizer(p)["input_ids"]) for p in PASSAGES]
-
-
-@pytest.fixture(scope="module")
-def float32_logits(passage_ids) -> list[torch.Tensor]:
-    """transformers' float32 SmolLM2 (which the runner's float32 model matches within 1e-3, test_model.py), one
-    forward per passage: logits [len - 1, vocab] after each token but the last."""
-    hf = AutoModelForCausalLM.from_pretrained(str(resolve_model("smollm2")), dtype=torch.float32).eval()
-    with torch.no_grad():
-        return [hf(torch.tensor([ids])).logits[0, :-1].float() for ids in passage_ids]
-
-
-@pytest.mark.slow
-def test_int8_model_agrees_with_float32_on_top1_of_real_text(passage_ids, float32_logits):
-    runner = ModelRunner(ServerArgs(model="smollm2", num_blocks=64, dtype="bfloat16", quantization="int8"))
-    assert runner.model.lm_head.uses_int8(len(passage_ids))  # 4 rows a step: every projection reads int8
-    mine = teacher_forced_logits(runner, passage_ids)
-    ref = torch.cat(float32_logits)
-    got = torch.cat(mine)
-    positions = got.shape[0]
-    same = got.argmax(-1) == ref.argmax(-1)
-    agree = float(same.float().mean())
-    top2 = ref.topk(2, dim=-1).values
-    gaps = (top2[:, 0] - top2[:, 1])[~same]
-    max_diff = float((got - ref).abs().max())
-    print(
-        f"int8 (bfloat16 activations) vs float32: top-1 agreement {agree:.4f} over {positions} positions, "
-        f"largest float32 top-2 gap at a disagreement {float(gaps.max()) if len(gaps) else 0.0:.3f}, "
-        f"largest logit difference {max_diff:.3f}"
-    )
-    assert positions == sum(len(p) - 1 for p in passage_ids) == 457
-    assert agree >= AGREEMENT_FLOOR
-    assert bool((gaps < NEAR_TIE).all()), f"disagreements away from near-ties: float32 top-2 gaps {gaps.tolist()}"
-    assert max_diff <= MAX_LOGIT_DIFF
-
-
 def test_int4_quantize_round_trips_representable_weights_exactly():
     torch.manual_seed(4)
     q = torch.randint(0, 16, (16, 64), dtype=torch.int32)
-    q[:, 3], q[:, 4], q[:, 40], q[:, 50] = 0, 15, 15, 0  # each group of 32 reaches both ends
+    # each group of 32 reaches both ends
+    q[:, 3] = 0
+    q[:, 4] = 15
+    q[:, 40] = 15
+    q[:, 50] = 0
     s = 2.0 ** -torch.randint(2, 12, (16, 2)).float()
     z = torch.randint(-20, 21, (16, 2)).float() * s  # every value an integer multiple of s below 2^8: exact in bf16
     weight = ((q.float().view(16, 2, 32) - 8) * s[..., None] + z[..., None]).view(16, 64)
@@ -278,11 +184,13 @@ def test_int4_quantize_errors_stay_within_half_a_step_of_the_group():
     weight = torch.randn(32, 96) * torch.logspace(-3, 1, 32)[:, None] + 0.05
     got = quantize_int4(weight)
     wg = weight.view(32, 3, 32)
-    lo, hi = wg.amin(-1), wg.amax(-1)
+    lo = wg.amin(-1)
+    hi = wg.amax(-1)
     exact_s = (hi - lo) / 15
-    assert torch.equal(got.scales, exact_s.to(torch.bfloat16))
+    assert torch.equal(got.scales, exact_s.to(torch.bfloat16))  # the same float32 ops, then one rounding
     assert int(got.q.min()) == 0 and int(got.q.max()) == 15
-    s, z = got.scales.float(), got.zeros.float()
+    s = got.scales.float()
+    z = got.zeros.float()
     bound = s / 2 + 8 * (s - exact_s).abs() + (z - (lo + 8 * exact_s)).abs()
     err = (wg - dequantize_int4(got).view(32, 3, 32)).abs()
     assert bool((err <= bound[..., None] * (1 + 1e-5) + 1e-9).all())
@@ -299,16 +207,17 @@ def test_int4_linear_equals_the_dense_product_of_the_dequantized_weight(dtype):
     groups = quantize_int4(torch.randn(80, 128) * 0.1)  # N = 80: one full block of 64 columns and a block of 16
     w = pack_int4(groups)
     assert w.qweight.shape == (80, 64) and w.scales_and_zeros.shape == (4, 80, 2) and w.group_size == 32
-    x, bias = torch.randn(5, 128).to(dtype), torch.randn(80).to(dtype)  # 5 rows: a block of 4 and a block of 1
+    x = torch.randn(5, 128).to(dtype)  # 5 rows: a block of 4 and a block of 1
+    bias = torch.randn(80).to(dtype)
     got = int4_linear(x, w, bias)
     assert got.dtype == dtype and got.shape == (5, 80)
     product = int4_linear(x, w)
-    assert torch.equal(got, product + bias)
+    assert torch.equal(got, product + bias)  # int4_linear adds the bias after the kernel: the same two ops
     ref = F.linear(x.to(torch.bfloat16).double(), dequantize_int4(groups, torch.float64))
     # float32 accumulation rounded once to bfloat16: within 2^-8 relative (2^-9 per rounding, and float32 sums)
     assert bool(((product.double() - ref).abs() <= 2.0**-8 * ref.abs() + 1e-4).all())
     assert float((product.double() - ref).abs().max()) > 0  # rounded: a wrong layout would be off by whole values
-    assert torch.equal(int4_linear(x.view(5, 1, 128), w, bias), got.view(5, 1, 80))
+    assert torch.equal(int4_linear(x.view(5, 1, 128), w, bias), got.view(5, 1, 80))  # the same kernel, same values
     flat = torch.zeros(1 + 5 * 128, dtype=dtype)  # a view 2 or 4 bytes into its storage: the kernel loads unaligned
     flat[1:] = x.flatten()
     assert torch.equal(int4_linear(flat[1:].view(5, 128), w, bias), got)
@@ -328,8 +237,9 @@ def test_int4_linear_sends_up_to_max_rows_to_the_int4_copy_and_keeps_unfit_shape
             y = lin(torch.ones(rows, 64, dtype=dtype))
             assert y.dtype == dtype and y.shape == (rows, 32)
             assert lin.uses_quantized(rows) == (rows <= limit) == bool(y.abs().sum() > 0), (dtype, rows)
-            assert not lin.uses_int8(rows)
-    assert quant.quantized_bytes(Linear(torch.randn(32, 64), quantization="int4")) == 32 * 32 + 2 * 32 * 2 * 2
+    int4_copy = Linear(torch.randn(32, 64), quantization="int4").int4
+    assert int4_copy is not None
+    assert int4_copy.qweight.nbytes + int4_copy.scales_and_zeros.nbytes == 32 * 32 + 2 * 32 * 2 * 2
     for shape in ((24, 64), (32, 48)):  # N not a multiple of 16, K not of 32: the kernel cannot take them
         odd = Linear(torch.randn(*shape), quantization="int4")
         assert odd.qweight is None and odd.scheme == "none" and not odd.uses_quantized(1)
@@ -343,37 +253,3 @@ def test_int4_groups_unpack_the_kernel_layout():
     back = int4_linear(eye, pack_int4(groups)).t()
     assert torch.equal(back, dequantize_int4(groups, torch.bfloat16))
     assert isinstance(groups, Int4Groups)
-
-
-# Measured on an AMD EPYC (AVX-512 + AVX512-BF16), 4 rows a step, against float32 (int4 layers in groups of 32, int8
-# head): the bfloat16 model agrees on top-1 at 445 of 457 positions (0.974), the float32 model (activations through
-# bfloat16 around the kernels) at 444 (0.972), every disagreement where the float32 top-2 logits lie within 0.33; the
-# largest logit differences are 2.06 and 1.42 (mean 0.16 and 0.14). Better than int8 (0.969, 2.84): the checkpoint's
-# layer weights were dequantized from Q4_1 groups of 32, which int4 reproduces. The bounds leave a small margin.
-INT4_AGREEMENT_FLOOR = 0.96
-INT4_MAX_LOGIT_DIFF = 3.0
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_int4_model_agrees_with_float32_on_top1_of_real_text(passage_ids, float32_logits, dtype):
-    runner = ModelRunner(ServerArgs(model="smollm2", num_blocks=64, dtype=dtype, quantization="int4"))
-    layer = runner.model.layers[0]
-    assert layer.mlp.down_proj.int4 is not None and runner.model.lm_head.int8 is not None
-    assert layer.mlp.down_proj.uses_quantized(len(passage_ids)) and runner.model.lm_head.uses_int8(len(passage_ids))
-    got = torch.cat(teacher_forced_logits(runner, passage_ids))
-    ref = torch.cat(float32_logits)
-    same = got.argmax(-1) == ref.argmax(-1)
-    agree = float(same.float().mean())
-    top2 = ref.topk(2, dim=-1).values
-    gaps = (top2[:, 0] - top2[:, 1])[~same]
-    max_diff = float((got - ref).abs().max())
-    print(
-        f"int4 ({dtype} model) vs float32: top-1 agreement {agree:.4f} ({int(same.sum())}/{same.numel()}), "
-        f"largest float32 top-2 gap at a disagreement {float(gaps.max()) if len(gaps) else 0.0:.3f}, "
-        f"largest logit difference {max_diff:.3f}, mean {float((got - ref).abs().mean()):.3f}"
-    )
-    assert got.shape[0] == 457
-    assert agree >= INT4_AGREEMENT_FLOOR
-    assert bool((gaps < NEAR_TIE).all()), f"disagreements away from near-ties: float32 top-2 gaps {gaps.tolist()}"
-    assert max_diff <= INT4_MAX_LOGIT_DIFF

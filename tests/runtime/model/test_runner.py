@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from runtime.config import InvalidConfig, ServerArgs
-from runtime.model.runner import ModelRunner, WorkerError, kv_block_bytes
+from runtime.model.kv_cache import kv_block_bytes
+from runtime.model.runner import ModelRunner
 from runtime.protocol import ForwardBatch, ScheduledSeq
 from runtime.sampling_params import SamplingParams
 from tests.runtime.forward_counts import forward_tokens_by_seq, record_batches
+from tests.runtime.model.step_logits import step_logits
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -87,24 +89,27 @@ def test_c10_scattered_blocks_write_exactly_their_slots(tiny):
     runner = _f32(tiny, num_blocks=12, block_size=bs)
     batches = record_batches(runner)
     free = [5, 2, 9, 7, 11, 3, 1, 10, 4, 8, 6]  # a shuffled free list
-    a_blocks, b_blocks = free[:2], free[:2] + free[2:4]
+    a_blocks = free[:2]
+    b_blocks = free[:2] + free[2:4]
     _step(runner, _new(1, range(1, 9), a_blocks))  # A = [1..8] in b5, b2
     # B = [1..14] shares A's two full blocks: an extend step of 6 tokens, then two decode steps.
     tokens = list(range(1, 15))
     result = _step(runner, _new(2, tokens[8:], b_blocks, start_pos=8), step_id=1)
     tokens.append(result.token_ids[0])
     result = _step(runner, _delta(2, tokens[-1:], 14), step_id=2)
-    last_logits = runner.forward(ForwardBatch(3, [_delta(2, [result.token_ids[0]], 15)])).logits[0]
+    last = step_logits(runner, ForwardBatch(3, [_delta(2, [result.token_ids[0]], 15)]))
     tokens.append(result.token_ids[0])
-    assert forward_tokens_by_seq(batches) == {1: 8, 2: 8}
+    assert forward_tokens_by_seq(batches) == {1: 8, 2: 7} and last.num_tokens == 1  # B ran 6 + 1 + 1 tokens
+    last_logits = last.logits[0]
 
     contiguous = _f32(tiny, num_blocks=12, block_size=bs)
-    ref_logits = contiguous.forward(ForwardBatch(0, [_new(1, tokens, [1, 2, 3, 4])])).logits[0]
+    ref_logits = step_logits(contiguous, ForwardBatch(0, [_new(1, tokens, [1, 2, 3, 4])])).logits[0]
     torch.testing.assert_close(last_logits, ref_logits, atol=1e-4, rtol=0)
     for p in range(16):  # the contiguous runner holds position p in slot bs + p (blocks 1..4)
         slot = b_blocks[p // bs] * bs + p % bs
         for mine, ref in ((runner.k_cache, contiguous.k_cache), (runner.v_cache, contiguous.v_cache)):
-            flat_mine, flat_ref = mine.flatten(1, 2), ref.flatten(1, 2)
+            flat_mine = mine.flatten(1, 2)
+            flat_ref = ref.flatten(1, 2)
             torch.testing.assert_close(flat_mine[:, slot], flat_ref[:, bs + p], atol=1e-5, rtol=0)
     untouched = sorted(set(range(12)) - set(b_blocks))
     assert not runner.k_cache[:, untouched].any() and not runner.v_cache[:, untouched].any()
@@ -142,8 +147,6 @@ def test_delta_steps_append_blocks_and_drop_forgets(tiny):
     unknown = runner.execute(ForwardBatch(3, [_delta(1, [5], 5)]))
     assert (unknown.seq_ids, unknown.failed_seq_ids, unknown.error) == ([], [1], None)
     assert unknown.failed_errors == ["WorkerError: seq 1 is not known to the worker and carries no sampling_params"]
-    with pytest.raises(WorkerError, match="seq 1 is not known"):
-        runner.forward(ForwardBatch(3, [_delta(1, [5], 5)]))
     resumed = _step(runner, _new(1, list(range(20, 24)) + result.token_ids, [6, 2]), step_id=4)
     assert resumed.seq_ids == [1] and resumed.num_forward_tokens == 5
 
@@ -187,8 +190,7 @@ def test_seeded_sampling_is_independent_of_batch_composition(tiny):
             ]
         return out
 
-    alone, mixed = run(False), run(True)
-    assert alone == mixed
+    assert run(False) == run(True)
 
 
 def test_logprobs_are_returned_where_asked(tiny):
@@ -203,10 +205,13 @@ def test_logprobs_are_returned_where_asked(tiny):
 
 def test_errors_for_short_tables_and_long_contexts(tiny):
     runner = ModelRunner(ServerArgs(model=tiny, num_blocks=10, block_size=4, max_model_len=8))
-    with pytest.raises(WorkerError, match="cannot hold 6 tokens"):
-        runner.forward(ForwardBatch(0, [_new(1, range(6), [1])]))
-    with pytest.raises(WorkerError, match="exceeds max_model_len 8"):
-        runner.forward(ForwardBatch(1, [_new(2, range(9), [1, 2, 3])]))
+    short = runner.execute(ForwardBatch(0, [_new(1, range(6), [1])]))
+    assert (short.seq_ids, short.failed_seq_ids, short.error) == ([], [1], None)
+    assert short.failed_errors == ["WorkerError: seq 1: 1 blocks of 4 cannot hold 6 tokens"]
+    long = runner.execute(ForwardBatch(1, [_new(2, range(9), [1, 2, 3])]))
+    assert (long.seq_ids, long.failed_seq_ids, long.error) == ([], [2], None)
+    assert long.failed_errors == ["WorkerError: seq 2: context 9 exceeds max_model_len 8"]
+    assert runner.seqs == {}  # a failed sequence leaves nothing behind
 
 
 def test_a_sequence_with_bad_penalty_tokens_fails_alone(tiny):

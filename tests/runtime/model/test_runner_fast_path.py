@@ -8,8 +8,9 @@ import torch
 
 from runtime.config import InvalidConfig, ServerArgs
 from runtime.model.models.batch import BlockTableRows, decode_metadata, varlen_metadata
-from runtime.model.runner import THREADS_ENV, ModelRunner, cpu_threads, set_cpu_threads
+from runtime.model.runner import ModelRunner
 from runtime.model.sampler import row_argmax
+from runtime.model.threads import THREADS_ENV, cpu_threads, set_cpu_threads
 from runtime.protocol import ForwardBatch, ScheduledSeq
 from runtime.sampling_params import SamplingParams
 
@@ -23,7 +24,8 @@ def _new(seq_id: int, tokens: list[int], start: int, blocks: list[int], sample: 
 # ---------------------------------------------------------------------------------------------- BlockTableRows
 def test_rows_hold_each_table_padded_with_the_null_block_and_grow():
     rows = BlockTableRows(width=2)
-    a, b = rows.add([5, 6, 7]), rows.add([9])  # 3 blocks in width 2: the columns grow to max(3, 4)
+    a = rows.add([5, 6, 7])  # 3 blocks in width 2: the columns grow to max(3, 4)
+    b = rows.add([9])
     assert (a, b) == (0, 1) and rows.table.shape == (8, 4)
     rows.extend(b, [10, 11])
     rows.extend(a, [])
@@ -51,7 +53,8 @@ def test_decode_metadata_equals_the_varlen_metadata_of_the_same_decode_step():
     dec = decode_metadata(positions, [4 * 16 + 5, 9 * 16 + 8], tables, [0, 1], torch.device("cpu"))
     var = varlen_metadata(positions, [1, 1], tables, [0, 1], 16, torch.device("cpu"))
     for name in ("positions", "slot_mapping", "block_tables", "seq_lens", "query_start_loc", "logits_indices"):
-        got, want = getattr(dec, name), getattr(var, name)
+        got = getattr(dec, name)
+        want = getattr(var, name)
         assert got.dtype == want.dtype and got.tolist() == want.tolist(), name
     assert (dec.max_query_len, dec.max_seq_len) == (var.max_query_len, var.max_seq_len) == (1, 41)
     assert dec.slot_mapping.tolist() == [69, 152] and dec.seq_lens.tolist() == [22, 41]
@@ -103,13 +106,13 @@ def test_drops_failures_and_re_registration_free_or_replace_rows(tiny):
     row1 = runner.seqs[1].row
     runner.execute(ForwardBatch(1, [], drop_seq_ids=[1]))
     assert 1 not in runner.seqs
-    assert runner.block_tables.gather([row1], 1).tolist() == [[0]]  # a freed row is zeroed: its padding is block 0
+    assert runner.live.block_tables.gather([row1], 1).tolist() == [[0]]  # a freed row is zeroed: its padding is block 0
     runner.execute(ForwardBatch(1, [_new(3, [4], 0, [9])]))
     assert runner.seqs[3].row == row1  # and the next sequence takes it
     runner.execute(ForwardBatch(1, [], drop_seq_ids=[3]))
     runner.execute(ForwardBatch(2, [_new(2, [7, 8, 9, 10, 11], 0, [6, 8])]))  # seq 2 again in full: its new table
     assert runner.seqs[2].block_table == [6, 8]
-    assert runner.block_tables.gather([runner.seqs[2].row], 3).tolist() == [[6, 8, 0]]
+    assert runner.live.block_tables.gather([runner.seqs[2].row], 3).tolist() == [[6, 8, 0]]
     result = runner.execute(ForwardBatch(3, [_new(4, [1, 2], 0, [99])]))  # block 99 outside the pool
     assert result.failed_seq_ids == [4] and 4 not in runner.seqs
     assert len(runner.seqs) == 1
@@ -118,7 +121,8 @@ def test_drops_failures_and_re_registration_free_or_replace_rows(tiny):
 def test_decode_steps_give_the_tokens_of_a_full_prefill(tiny):
     """Decoding through the fast path (one token per sequence, block tables from the deltas) ends where one prefill
     of the same tokens ends: the same greedy token after each."""
-    runner, ref = _runner(tiny), _runner(tiny)
+    runner = _runner(tiny)
+    ref = _runner(tiny)
     prompts = {1: [100, 101, 102], 2: [200, 201, 202, 203, 204, 205]}
     tables = {1: [1, 2, 3], 2: [4, 5, 6]}
     result = runner.execute(ForwardBatch(0, [_new(s, prompts[s], 0, tables[s][:2]) for s in (1, 2)]))

@@ -1,0 +1,159 @@
+"""The worker's copy of each live sequence (ARCHITECTURE.md, "Processes and sockets"): its block table, kept from
+each ForwardBatch's deltas, its sampling state, and the model inputs a step gathers from them.
+
+A new sequence (or one resumed after preemption by recompute) arrives with its whole block table and SamplingParams;
+each later step brings only the block ids appended since. The tables are also rows of one int32 tensor
+(runtime.model.models.batch.BlockTableRows), so a step's block_tables tensor is one gather.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from radix.blocks import cdiv
+from runtime.model.models import AttentionMetadata
+from runtime.model.models.batch import BlockTableRows, step_metadata
+from runtime.model.penalties import PenaltyState
+from runtime.protocol import ScheduledSeq
+from runtime.sampling_params import SamplingParams
+
+
+@dataclass
+class WorkerSeq:
+    """The worker's copy of one live sequence: its block table (also row `row` of WorkerSeqs.block_tables) and its
+    sampling state (params, prompt_len, sample_index)."""
+
+    block_table: list[int]
+    params: SamplingParams
+    prompt_len: int
+    sample_index: int
+    row: int
+
+
+class StepInputs(NamedTuple):
+    """A step's model inputs (WorkerSeqs.prepare): input_ids int64 [num_tokens], their AttentionMetadata, and the
+    sequences that sample (batch order: row i of the logits is sample_seqs[i]'s)."""
+
+    input_ids: torch.Tensor
+    meta: AttentionMetadata
+    sample_seqs: list[ScheduledSeq]
+
+
+class WorkerSeqs:
+    """seq_id -> WorkerSeq of the live sequences, their block-table rows and their penalty state.
+
+    Args:
+        num_blocks: blocks of the device pool; a block id outside [1, num_blocks) is refused.
+        block_size: tokens per block.
+        max_model_len: the longest context (tokens) a sequence may reach.
+        penalties: the PenaltyState of the runner; register starts a sequence's entry there, forget removes it (the
+            runner's sampling reads and counts it).
+        device: where the step's inputs go.
+
+    Public state: seqs (live sequences only: an entry leaves with forget), block_tables (BlockTableRows; a row is
+    valid while its sequence is in seqs).
+    """
+
+    def __init__(
+        self, num_blocks: int, block_size: int, max_model_len: int, penalties: PenaltyState, device: torch.device
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.penalties = penalties
+        self.device = device
+        self.seqs: dict[int, WorkerSeq] = {}
+        self.block_tables = BlockTableRows(cdiv(max_model_len, block_size) + 1)
+
+    def fork(self, parent_id: int, child_id: int, shared: int) -> None:
+        """Start child_id (replacing any entry it had) with the first `shared` blocks of parent_id's table and the
+        parent's sampling state; nothing when parent_id is not live. The child has no penalty state. O(shared)."""
+        parent = self.seqs.get(parent_id)
+        if parent is None:
+            return
+        self.forget(child_id)
+        table = parent.block_table[:shared]
+        row = self.block_tables.add(table)
+        self.seqs[child_id] = WorkerSeq(table, parent.params, parent.prompt_len, parent.sample_index, row)
+
+    def forget(self, seq_id: int) -> None:
+        """Drop seq_id's entry in seqs, its block-table row and its penalty state (each a no-op when absent)."""
+        state = self.seqs.pop(seq_id, None)
+        if state is not None:
+            self.block_tables.free(state.row)
+        self.penalties.remove(seq_id)
+
+    def register(self, s: ScheduledSeq) -> str | None:
+        """Record s's new block ids in its table (a sequence carrying sampling_params starts over with them as its
+        whole table, and its penalty state from its penalty_token_ids). Returns the problem, if any: a block id
+        outside [1, num_blocks), a sequence unknown here without sampling_params, or penalty_token_ids missing or
+        outside the vocabulary. O(len(new_block_ids) + len(penalty_token_ids))."""
+        bad = [b for b in s.new_block_ids if not 0 < b < self.num_blocks]
+        if bad:
+            return f"seq {s.seq_id}: block ids {bad[:4]} outside the pool [1, {self.num_blocks})"
+        if s.sampling_params is not None:
+            self.forget(s.seq_id)
+            row = self.block_tables.add(s.new_block_ids)
+            table = list(s.new_block_ids)
+            self.seqs[s.seq_id] = WorkerSeq(table, s.sampling_params, s.prompt_len, s.sample_index, row)
+            return self._register_penalties(s, s.sampling_params)
+        state = self.seqs.get(s.seq_id)
+        if state is None:
+            return f"seq {s.seq_id} is not known to the worker and carries no sampling_params"
+        if s.new_block_ids:
+            state.block_table.extend(s.new_block_ids)
+            self.block_tables.extend(state.row, s.new_block_ids)
+        return None
+
+    def _register_penalties(self, s: ScheduledSeq, params: SamplingParams) -> str | None:
+        """(Re)start s's penalty state from its penalty_token_ids (prompt + output with repetition_penalty on, else
+        the output), or nothing when its params have no penalties; the problem, if any. O(len(penalty_token_ids))."""
+        if not params.has_penalties:
+            return None
+        ids = s.penalty_token_ids
+        if ids is None:
+            return f"seq {s.seq_id} has penalties but carries no penalty_token_ids"
+        vocab = self.penalties.vocab_size
+        if ids and not (0 <= min(ids) and max(ids) < vocab):
+            return f"seq {s.seq_id}: penalty_token_ids outside the vocabulary [0, {vocab})"
+        split = 0
+        if params.repetition_penalty != 1.0:
+            split = s.prompt_len
+        self.penalties.add(s.seq_id, params, ids[:split], ids[split:])
+        return None
+
+    def check(self, s: ScheduledSeq) -> str | None:
+        """The problem of running s's tokens (s registered), if any: a context beyond max_model_len, or a block
+        table too short for it. O(1)."""
+        end = s.start_pos + len(s.token_ids)
+        if end > self.max_model_len:
+            return f"seq {s.seq_id}: context {end} exceeds max_model_len {self.max_model_len}"
+        table = self.seqs[s.seq_id].block_table
+        if len(table) * self.block_size < end:
+            return f"seq {s.seq_id}: {len(table)} blocks of {self.block_size} cannot hold {end} tokens"
+        return None
+
+    def prepare(self, seqs: list[ScheduledSeq]) -> StepInputs:
+        """Flatten seqs (each registered and checked, none empty) into the model's inputs.
+
+        The block tables are one gather from block_tables, the metadata step_metadata's (a fast path for decode
+        steps). The model returns logits for the last token of each sequence that samples. Reads state only, so a
+        re-run builds the same inputs. O(len(seqs) + tokens) Python."""
+        states = [self.seqs[s.seq_id] for s in seqs]
+        width = max(len(st.block_table) for st in states)
+        tables = self.block_tables.gather([st.row for st in states], width)
+        meta = step_metadata(
+            [s.start_pos for s in seqs],
+            [len(s.token_ids) for s in seqs],
+            [s.sample for s in seqs],
+            [st.block_table for st in states],
+            tables,
+            self.block_size,
+            self.device,
+        )
+        tokens = [t for s in seqs for t in s.token_ids]
+        sample_seqs = [s for s in seqs if s.sample]
+        return StepInputs(torch.tensor(tokens, dtype=torch.int64, device=self.device), meta, sample_seqs)
