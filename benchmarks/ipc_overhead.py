@@ -6,7 +6,7 @@ runtime.serve.worker_process.serve_worker around a NoOpRunner (it keeps each seq
 blocks and computes positions and slot_mapping like the real worker, but runs no model), and receives and decodes the
 ForwardResult. The sequences are registered once
 (their whole block tables, not timed); each timed step carries one token per sequence and a block id every
-block_size steps, so bytes_per_step must not grow with the context (the delta format of ARCHITECTURE.md).
+block_size steps, so bytes_per_step must not grow with the context (the delta format of docs/ARCHITECTURE.md).
 
 Reported per (batch, context): us_per_step (median round trip, microseconds) and bytes_per_step (mean ForwardBatch
 bytes). The target compares us_per_step with a decode step of the embedded model at the same batch

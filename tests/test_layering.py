@@ -1,4 +1,4 @@
-"""The layering rules of ARCHITECTURE.md and the source rules of STYLE.md, checked on the source: no import circle,
+"""The layering rules of docs/ARCHITECTURE.md and the source rules of STYLE.md, checked on the source: no import circle,
 torch only in runtime/model/ (and kernels/); in the product, benchmarks/ and tests/: no file over 400 lines, no
 `# fmt: skip` (ruff format is the formatter), no inline `-(-x // b)` (a named cdiv), no packed assignment to
 attributes (`self.a, self.b = ...`). Each failure names the files and lines to fix."""

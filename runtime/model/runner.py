@@ -1,6 +1,6 @@
 """ModelRunner: the worker's model, its KV cache, its copy of the live sequences, and the sampler.
 
-It executes ForwardBatch messages (runtime/protocol/worker.py, the delta format of ARCHITECTURE.md): forks, drops,
+It executes ForwardBatch messages (runtime/protocol/worker.py, the delta format of docs/ARCHITECTURE.md): forks, drops,
 swaps, copies, then one forward over every scheduled sequence's tokens as a flat varlen batch, then one sampled token
 per sequence with sample=True. A sequence that cannot run fails alone (runtime/model/isolation.py); the other
 sequences of its step get their results. Its parts: runtime/model/kv_cache.py (the KV tensors and block copies),

@@ -1,4 +1,4 @@
-"""The worker's copy of each live sequence (ARCHITECTURE.md, "Processes and sockets"): its block table, kept from
+"""The worker's copy of each live sequence (docs/ARCHITECTURE.md, "Processes and sockets"): its block table, kept from
 each ForwardBatch's deltas, its sampling state, and the model inputs a step gathers from them.
 
 A new sequence (or one resumed after preemption by recompute) arrives with its whole block table and SamplingParams;

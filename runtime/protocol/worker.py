@@ -1,4 +1,4 @@
-"""Scheduler <-> worker messages, in the delta format of ARCHITECTURE.md.
+"""Scheduler <-> worker messages, in the delta format of docs/ARCHITECTURE.md.
 
 A new sequence is sent once in full (its whole block table and SamplingParams); afterwards each step carries only that
 step's input token ids, its start position and the block ids appended since the previous step, so a step's message

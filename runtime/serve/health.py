@@ -1,4 +1,4 @@
-"""WorkerHealth: the scheduler's half of a health check that reaches the worker (ARCHITECTURE.md, "Processes and
+"""WorkerHealth: the scheduler's half of a health check that reaches the worker (docs/ARCHITECTURE.md, "Processes and
 sockets").
 
 A HealthRequest from the tokenizer sends a WorkerProbe down the worker's link (one probe at a time: requests that

@@ -15,7 +15,7 @@ bind events_port tcp://127.0.0.1:5599: Address already in use": each child repor
 (ProcessFailed), and a child that exits without a word is named with its exit status.
 
 Internal links are ipc:// sockets under runtime.serve.process.new_ipc_base: abstract names on Linux, so nothing is
-left on disk even after `kill -9` of the launcher (ARCHITECTURE.md, "Processes and sockets").
+left on disk even after `kill -9` of the launcher (docs/ARCHITECTURE.md, "Processes and sockets").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The scheduler process loop: the Scheduler between the tokenizer and the worker (ARCHITECTURE.md).
+"""The scheduler process loop: the Scheduler between the tokenizer and the worker (docs/ARCHITECTURE.md).
 
 Start-up: wait for the worker's Ready, size the KVCacheManager from it, tell the tokenizer (SchedulerReady) and the
 launcher (ProcessReady); a start-up failure (a socket that cannot bind, such as a busy --events-port, or a KV pool the

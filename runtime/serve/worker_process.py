@@ -1,4 +1,4 @@
-"""The worker process loop: the ModelRunner behind two ipc sockets (ARCHITECTURE.md, "Processes and sockets").
+"""The worker process loop: the ModelRunner behind two ipc sockets (docs/ARCHITECTURE.md, "Processes and sockets").
 
 Start-up: load the model and allocate the KV cache (ModelRunner), then send the runner's Ready to the scheduler and
 ProcessReady to the launcher; any start-up failure (the model, the KV pool, a socket) is reported as ProcessFailed with

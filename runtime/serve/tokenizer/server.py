@@ -1,4 +1,5 @@
-"""TokenizerServer: the tokenizer process's handlers, between the public ROUTER and the scheduler (ARCHITECTURE.md).
+"""TokenizerServer: the tokenizer process's handlers, between the public ROUTER and the scheduler
+(docs/ARCHITECTURE.md).
 
 Per client frame: decode strictly (runtime.protocol.decode_client_frame: what crosses the public socket is validated
 there, SamplingParams included, and nowhere again in this process), bound the text's size (PromptPrep.precheck), then
