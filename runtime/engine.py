@@ -20,7 +20,7 @@ import msgspec
 
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
-from runtime.prompt_check import check_prompt, prompt_char_limit
+from runtime.prompt_check import prompt_char_limit
 from runtime.protocol import (
     ERR_INVALID,
     ForwardResult,
@@ -346,25 +346,20 @@ class Engine:
             self._encode(**{kind: x, **{k: None for k in ("prompt", "input_ids", "messages") if k != kind}})
             for x in items
         ]
-        self._check_admissible(encoded)
-        return [
-            self.add_request(input_ids=ids, sampling_params=p or SamplingParams(), cache_salt=s)
-            for ids, p, s in zip(encoded, params, salts, strict=True)
-        ]
+        rids: list[str] = []
+        for i, (ids, p, s) in enumerate(zip(encoded, params, salts, strict=True)):
+            try:
+                rids.append(self.add_request(input_ids=ids, sampling_params=p or SamplingParams(), cache_salt=s))
+            except RequestRejected as exc:
+                self._withdraw(rids)
+                raise RequestRejected(exc.code, f"prompt {i}: {exc}") from None
+        return rids
 
-    def _check_admissible(self, encoded: list[list[int]]) -> None:
-        """Reject the whole call before queueing anything when one prompt can never run (RequestRejected with the
-        code and message of runtime.prompt_check.check_prompt, prefixed with the prompt's index)."""
-        for i, ids in enumerate(encoded):
-            problem = check_prompt(
-                ids,
-                self.scheduler.max_model_len,
-                self.scheduler.vocab_size,
-                self.manager.block_size,
-                self.manager.num_blocks,
-            )
-            if problem is not None:
-                raise RequestRejected(problem.code, f"prompt {i}: {problem.message}")
+    def _withdraw(self, rids: list[str]) -> None:
+        """Take back requests of a call that another prompt of it made fail: they were queued, never scheduled, so
+        nothing of them remains (no block, no output)."""
+        for rid in rids:
+            self.abort(rid)
 
 
 def _per_item(value: Any, n: int, single: type) -> list[Any]:

@@ -195,6 +195,18 @@ def test_token_ids_outside_the_vocabulary_are_rejected_and_the_engine_keeps_serv
     assert engine.generate(input_ids=[[5, 6, 7]], sampling_params=greedy(3))[0].token_ids == cold([5, 6, 7], 3)
 
 
+def test_a_call_with_one_prompt_that_can_never_run_queues_none_of_its_prompts(make_engine, cold):
+    engine = make_engine(num_blocks=10, max_model_len=64)  # 9 usable blocks of 4 tokens: 36 slots
+    with pytest.raises(RequestRejected) as info:
+        engine.generate(input_ids=[[1, 2, 3], [4, 5, 6], list(range(100, 140))], sampling_params=greedy(2))
+    assert info.value.code == "context_length_exceeded"
+    assert str(info.value) == "prompt 2: prompt of 40 tokens needs 10 KV blocks; the pool has 9"
+    assert not engine.scheduler.requests and not engine.scheduler.has_unfinished()
+    assert engine.step() == []  # the withdrawn prompts left no output behind
+    assert_idle(engine)
+    assert engine.generate(input_ids=[[4, 5, 6]], sampling_params=greedy(2))[0].token_ids == cold([4, 5, 6], 2)
+
+
 def test_a_failed_forward_step_aborts_its_requests_and_returns_their_blocks(make_engine, cold):
     from runtime.engine import EngineError
 
