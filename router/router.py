@@ -93,7 +93,8 @@ class Router:
         sock.setsockopt(zmq.SNDHWM, 100_000)
         sock.setsockopt(zmq.LINGER, 1000)
         sock.bind(f"tcp://{self.args.host}:{self.args.port}")
-        self.frontend = self.clients.socket = sock
+        self.frontend = sock
+        self.clients.socket = sock
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.endpoint
 

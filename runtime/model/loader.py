@@ -119,7 +119,7 @@ def file_sha256(path: Path, chunk_bytes: int = 8 * 2**20) -> str:
 def _hash_file(path: Path, chunk_bytes: int) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(chunk_bytes):
+        for chunk in iter(lambda: f.read(chunk_bytes), b""):
             digest.update(chunk)
     return digest.hexdigest()
 

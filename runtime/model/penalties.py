@@ -134,7 +134,8 @@ class PenaltyState:
         self.remove(seq_id)
         if not self._free:
             self._grow()
-        row = self._rows[seq_id] = self._free.pop()
+        row = self._free.pop()
+        self._rows[seq_id] = row
         self._kinds[seq_id] = (
             params.repetition_penalty != 1.0,
             params.frequency_penalty != 0.0,
