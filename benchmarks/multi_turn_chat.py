@@ -56,7 +56,7 @@ from benchmarks.chat.openai_client import run_openai
 from benchmarks.chat.report import plot, print_table
 from benchmarks.chat.targets import run_engine, run_radixserve, run_transformers
 from benchmarks.chat.trace import Record, summarize, targets_met
-from benchmarks.chat.workload import ChatWorkload, build_workload
+from benchmarks.chat.workload import ChatWorkload
 from benchmarks.cli import apply_preset, output_path
 from radix.blocks import cdiv
 from runtime.text.prompt import apply_chat_template
@@ -250,27 +250,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from runtime.model.loader import load_tokenizer
 
-    cfg = Config(
-        ns.model,
-        ns.conversations,
-        ns.turns,
-        ns.system_prompt_tokens,
-        ns.user_tokens,
-        ns.max_tokens,
-        ns.concurrency,
-        ns.seed,
-        ns.block_size,
-        0,
+    cfg = Config.from_args(
+        ns,
         parse_targets(ns.target),
-        max(1, ns.repeats),
-        ns.dtype,
-        ns.quantization,
-        ns.http_client,
+        ns.block_size,
+        repeats=max(1, ns.repeats),
+        dtype=ns.dtype,
+        quantization=ns.quantization,
+        http_client=ns.http_client,
     )
     cfg.num_blocks = ns.num_blocks or default_num_blocks(cfg)
     tokenizer = load_tokenizer(cfg.model)
-    lo, hi = cfg.user_range
-    wl = build_workload(tokenizer, cfg.conversations, cfg.turns, cfg.system_prompt_tokens, lo, hi, cfg.seed)
+    wl = cfg.workload(tokenizer)
     result = run(cfg, wl, tokenizer)
     print_table(result["targets"])
     print(json.dumps(result["targets_met"], indent=1))

@@ -28,7 +28,7 @@ from typing import Any
 from benchmarks.chat.config import Config
 from benchmarks.chat.drive import drive_async
 from benchmarks.chat.trace import Record, Reply, summarize
-from benchmarks.chat.workload import ChatWorkload, build_workload
+from benchmarks.chat.workload import ChatWorkload
 from benchmarks.cli import apply_preset, output_path
 from benchmarks.multi_turn_chat import SMOKE, default_num_blocks, parse_router_target
 from runtime.text.prompt import apply_chat_template
@@ -184,24 +184,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     names = [v.strip() for value in (ns.target or [",".join(DEFAULT_TARGETS)]) for v in value.split(",") if v.strip()]
     for name in names:
         parse_target(name)
-    cfg = Config(
-        ns.model,
-        ns.conversations,
-        ns.turns,
-        ns.system_prompt_tokens,
-        ns.user_tokens,
-        ns.max_tokens,
-        ns.concurrency,
-        ns.seed,
-        ns.block_size,
-        0,
-        names,
-    )
+    cfg = Config.from_args(ns, names, ns.block_size)
     cfg.num_blocks = ns.num_blocks or default_num_blocks(cfg)
     backends = [b.strip() for b in ns.backends.split(",") if b.strip()]
     tokenizer = load_tokenizer(cfg.model)
-    lo, hi = cfg.user_range
-    wl = build_workload(tokenizer, cfg.conversations, cfg.turns, cfg.system_prompt_tokens, lo, hi, cfg.seed)
+    wl = cfg.workload(tokenizer)
     targets: dict[str, dict[str, Any]] = {}
     for name in names:
         t0 = time.perf_counter()

@@ -47,7 +47,7 @@ from benchmarks.chat.config import BenchmarkError, Config
 from benchmarks.chat.openai_client import run_openai
 from benchmarks.chat.targets import launch_radixserve
 from benchmarks.chat.trace import summarize
-from benchmarks.chat.workload import ChatWorkload, build_workload
+from benchmarks.chat.workload import ChatWorkload
 from benchmarks.cli import output_path
 from runtime.text.prompt import apply_chat_template
 
@@ -208,27 +208,10 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     from runtime.model.loader import load_tokenizer
 
     threads = ns.threads or usable_cores()
-    cfg = Config(
-        ns.model,
-        ns.conversations,
-        ns.turns,
-        ns.system_prompt_tokens,
-        ns.user_tokens,
-        ns.max_tokens,
-        ns.concurrency,
-        ns.seed,
-        16,
-        0,
-        list(ENGINES),
-        1,
-        ns.dtype,
-        ns.quantization,
-        "stdlib",
-    )
+    cfg = Config.from_args(ns, list(ENGINES), 16, dtype=ns.dtype, quantization=ns.quantization, http_client="stdlib")
     cfg.num_blocks = mtc.default_num_blocks(cfg)
     tokenizer = load_tokenizer(cfg.model)
-    lo, hi = cfg.user_range
-    wl = build_workload(tokenizer, cfg.conversations, cfg.turns, cfg.system_prompt_tokens, lo, hi, cfg.seed)
+    wl = cfg.workload(tokenizer)
     gguf = resolve_gguf(ns.model, ns.gguf) if not ns.smoke else Path(ns.gguf or "stub.gguf")
     port = ls.free_port()
     t_build = time.perf_counter()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from typing import Any, cast
+
+from benchmarks.chat.workload import ChatWorkload, build_workload
 
 
 class BenchmarkError(RuntimeError):
@@ -29,6 +32,31 @@ class Config:
     dtype: str = "auto"
     quantization: str = "none"
     http_client: str = "openai"
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace, targets: list[str], block_size: int, **settings: Any) -> Config:
+        """The workload's fields from the chat benchmarks' shared flags (ns.model, conversations, turns,
+        system_prompt_tokens, user_tokens, max_tokens, concurrency, seed); num_blocks 0 (the caller sizes it);
+        settings: the other fields (repeats, dtype, quantization, http_client)."""
+        return cls(
+            model=ns.model,
+            conversations=ns.conversations,
+            turns=ns.turns,
+            system_prompt_tokens=ns.system_prompt_tokens,
+            user_tokens=ns.user_tokens,
+            max_tokens=ns.max_tokens,
+            concurrency=ns.concurrency,
+            seed=ns.seed,
+            block_size=block_size,
+            num_blocks=0,
+            targets=targets,
+            **settings,
+        )
+
+    def workload(self, tokenizer: Any) -> ChatWorkload:
+        """The seeded conversations these settings describe (build_workload)."""
+        lo, hi = self.user_range
+        return build_workload(tokenizer, self.conversations, self.turns, self.system_prompt_tokens, lo, hi, self.seed)
 
     def server_args(self, caching: bool = True, http: bool = False) -> Any:
         """The ServerArgs of our server targets (port 0, the HTTP server on a free port when http)."""

@@ -18,6 +18,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 
 import msgspec
 import zmq
@@ -110,9 +111,21 @@ def keep_running(spec: ChildSpec) -> bool:
     return not _stop_signals and parent_alive(spec)
 
 
+PDEATH_GRACE_S = 0.25  # how long a SIGTERM waits to be told apart from the launcher's death (stop_message)
+
+
 def stop_message(spec: ChildSpec) -> p.Shutdown:
     """Why keep_running() turned False, as the Shutdown the tokenizer answers clients with: ERR_SERVER "the launcher
-    died", or ERR_SHUTDOWN when only this process was stopped."""
+    died", or ERR_SHUTDOWN when only this process was stopped.
+
+    A SIGTERM can be PR_SET_PDEATHSIG's: Linux sends it when the launcher's thread that started this child exits,
+    which under `kill -9` can come before the launcher's last thread is gone (getppid still names it). So after a
+    signal, a parent that is still there is given up to PDEATH_GRACE_S seconds to go before the stop counts as this
+    process's own."""
+    if _stop_signals:
+        deadline = time.monotonic() + PDEATH_GRACE_S
+        while parent_alive(spec) and time.monotonic() < deadline:
+            time.sleep(0.01)
     if not parent_alive(spec):
         return p.Shutdown("the launcher died", p.ERR_SERVER)
     return p.Shutdown(f"the {spec.role} process was stopped ({', '.join(_stop_signals) or 'no signal'})")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.http_servers import MODEL, start_http
+from tests.e2e.http_servers import start_tiny_http
 from tests.e2e.servers import TINY_FLAGS, Server, start_server, wait_until_idle
 
 
@@ -76,14 +76,7 @@ def wait_idle():
 @pytest.fixture(scope="module")
 def http(tiny_server, tiny_llama_dir, tmp_path_factory):
     """A `python -m runtime.serve.http` in front of tiny_server, serving the model name MODEL; one per module."""
-    server = start_http(
-        tiny_server.endpoint,
-        tmp_path_factory.mktemp("logs") / "http.log",
-        "--model",
-        str(tiny_llama_dir),
-        "--served-model-name",
-        MODEL,
-    )
+    server = start_tiny_http(tiny_server, tiny_llama_dir, tmp_path_factory.mktemp("logs"))
     yield server
     assert server.stop() == 0
 

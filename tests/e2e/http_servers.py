@@ -143,6 +143,15 @@ def start_http(backend: str, log: Path, *flags: str, env: dict | None = None, ti
     raise RuntimeError(f"http server did not start; log:\n{log.read_text()[-4000:]}")
 
 
+def start_tiny_http(
+    tiny_server, tiny_llama_dir: Path, log_dir: Path, *flags: str, env: dict | None = None
+) -> HttpProcess:
+    """start_http in front of the e2e tiny_server, serving the tiny model folder under the name MODEL; log in
+    log_dir/http.log; flags and env as start_http's."""
+    cmd_flags = ("--model", str(tiny_llama_dir), "--served-model-name", MODEL, *flags)
+    return start_http(tiny_server.endpoint, log_dir / "http.log", *cmd_flags, env=env)
+
+
 def assert_idle(zmq, wait_idle) -> None:
     """The server behind the ZeroMQ client zmq runs and waits for nothing and holds no block (wait_idle: the
     e2e fixture)."""

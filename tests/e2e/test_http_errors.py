@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.e2e.frozen import frozen, wait_stats, worker_pid
-from tests.e2e.http_servers import MODEL, assert_idle, scrape, start_http
+from tests.e2e.http_servers import MODEL, assert_idle, scrape, start_tiny_http
 from tests.e2e.servers import TINY_FLAGS
 from tests.paths import ROOT
 
@@ -30,25 +30,13 @@ LONG = {"ignore_eos": True, "temperature": 0.0, "max_tokens": 1000}
 
 @pytest.fixture(scope="module")
 def http(tiny_server, tiny_llama_dir, tmp_path_factory):
-    server = start_http(
-        tiny_server.endpoint,
-        tmp_path_factory.mktemp("logs") / "http.log",
-        "--model",
-        str(tiny_llama_dir),
-        "--served-model-name",
-        MODEL,
-        "--max-body-bytes",
-        str(LIMIT),
-        env={"RADIXSERVE_API_KEY": KEY},
+    """The module's HTTP server (the conftest's, with a body limit and an API key)."""
+    logs = tmp_path_factory.mktemp("logs")
+    server = start_tiny_http(
+        tiny_server, tiny_llama_dir, logs, "--max-body-bytes", str(LIMIT), env={"RADIXSERVE_API_KEY": KEY}
     )
     yield server
     assert server.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def zmq(tiny_server):
-    with tiny_server.client() as c:
-        yield c
 
 
 def connect(url: str) -> HTTPConnection:

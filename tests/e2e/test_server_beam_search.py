@@ -9,7 +9,7 @@ import pytest
 
 from runtime.engine import Engine
 from runtime.sampling_params import SamplingParams
-from tests.e2e.http_servers import MODEL, start_http
+from tests.e2e.http_servers import MODEL, start_tiny_http
 
 BEAM = {
     "use_beam_search": True,
@@ -56,9 +56,7 @@ def test_beam_search_over_zeromq_equals_the_engine(tiny_server, tiny_llama_dir, 
 
 def test_http_use_beam_search_equals_the_zeromq_client(tiny_server, tiny_llama_dir, tmp_path):
     prompt = list(range(500, 521))
-    server = start_http(
-        tiny_server.endpoint, tmp_path / "http.log", "--model", str(tiny_llama_dir), "--served-model-name", MODEL
-    )
+    server = start_tiny_http(tiny_server, tiny_llama_dir, tmp_path)
     try:
         with server.openai() as oai:
             r = oai.completions.create(

@@ -12,23 +12,11 @@ from pathlib import Path
 import pytest
 
 from runtime.client import Client, ServerFailedError
+from tests.e2e.processes import children as direct_children
 from tests.router.router_cases import prompt_tokens, start_replica, start_router
 
 PROMPT = "Count slowly from one to a thousand, one number per line."
 LONG = {"max_tokens": 120, "temperature": 0.0, "ignore_eos": True}
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
 
 
 def _wait_gone(pids: list[int], timeout_s: float = 20.0) -> None:
@@ -59,7 +47,7 @@ def test_killed_replica(tiny_llama_dir, tmp_path):
             first = next(stream)
             rids = [batch.submit(prompt=PROMPT, **LONG) for _ in range(4)]  # survivor, victim, survivor, victim
             _wait_running(victim, 3)
-            children = _children(victim.proc.pid)
+            children = direct_children(victim.proc.pid)
             os.kill(victim.proc.pid, signal.SIGKILL)  # the launcher; its children follow (parent-death signal)
             with pytest.raises(ServerFailedError):
                 for _chunk in stream:
