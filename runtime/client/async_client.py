@@ -17,11 +17,11 @@ import zmq
 import zmq.asyncio
 
 from runtime import protocol as p
-from runtime.client.core import LIVENESS_S, ClientCore, ControlRequest, Outgoing, Reply, expect
+from runtime.client.core import LIVENESS_S, ClientCore, ControlRequest, CoreSettings, Outgoing, Reply, expect
 from runtime.results import Completion, CompletionFold
 
 
-class AsyncClient:
+class AsyncClient(CoreSettings):
     """asyncio client: many coroutines may use one AsyncClient; a reader task routes replies by rid.
 
     Use `async with AsyncClient(endpoint) as ac:`. timeout: seconds per call (None: wait forever). liveness_s: as
@@ -30,35 +30,13 @@ class AsyncClient:
     """
 
     def __init__(self, endpoint: str, timeout: float | None = 120.0, liveness_s: float | None = LIVENESS_S) -> None:
-        self._core = ClientCore(endpoint, timeout, liveness_s, time.monotonic())
+        super().__init__(ClientCore(endpoint, timeout, liveness_s, time.monotonic()))
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(endpoint)
         self._arrived: dict[str, asyncio.Event] = {}  # rid -> set when a reply to it is routed
         self._reader: asyncio.Task[None] | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return self._core.endpoint
-
-    @property
-    def timeout(self) -> float | None:
-        """Seconds a call may wait (None: forever); settable, read when a call starts."""
-        return self._core.timeout
-
-    @timeout.setter
-    def timeout(self, seconds: float | None) -> None:
-        self._core.timeout = seconds
-
-    @property
-    def liveness_s(self) -> float | None:
-        """Seconds of server silence that mean it is gone (None: never); settable."""
-        return self._core.liveness_s
-
-    @liveness_s.setter
-    def liveness_s(self, seconds: float | None) -> None:
-        self._core.liveness_s = seconds
 
     async def __aenter__(self) -> AsyncClient:
         self._reader = asyncio.get_running_loop().create_task(self._read())

@@ -17,11 +17,11 @@ from typing import Any
 import zmq
 
 from runtime import protocol as p
-from runtime.client.core import LIVENESS_S, ClientCore, ControlRequest, Outgoing, Reply, expect
+from runtime.client.core import LIVENESS_S, ClientCore, ControlRequest, CoreSettings, Outgoing, Reply, expect
 from runtime.results import Completion, CompletionFold
 
 
-class Client:
+class Client(CoreSettings):
     """Synchronous client; one thread at a time (a ZeroMQ socket is not thread-safe).
 
     endpoint: the server's public endpoint, e.g. "tcp://127.0.0.1:5557". timeout: seconds a call may take before
@@ -32,33 +32,11 @@ class Client:
     """
 
     def __init__(self, endpoint: str, timeout: float | None = 120.0, liveness_s: float | None = LIVENESS_S) -> None:
-        self._core = ClientCore(endpoint, timeout, liveness_s, time.monotonic())
+        super().__init__(ClientCore(endpoint, timeout, liveness_s, time.monotonic()))
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(endpoint)
-
-    @property
-    def endpoint(self) -> str:
-        return self._core.endpoint
-
-    @property
-    def timeout(self) -> float | None:
-        """Seconds a call may wait (None: forever); settable, read when a call starts."""
-        return self._core.timeout
-
-    @timeout.setter
-    def timeout(self, seconds: float | None) -> None:
-        self._core.timeout = seconds
-
-    @property
-    def liveness_s(self) -> float | None:
-        """Seconds of server silence that mean it is gone (None: never); settable."""
-        return self._core.liveness_s
-
-    @liveness_s.setter
-    def liveness_s(self, seconds: float | None) -> None:
-        self._core.liveness_s = seconds
 
     def __enter__(self) -> Client:
         return self

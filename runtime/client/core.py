@@ -241,3 +241,33 @@ class ClientCore:
                 )
             due = min(due, self.last_heard + liveness)
         return max(0.0, due - now)
+
+
+class CoreSettings:
+    """What both faces (Client, AsyncClient) expose of the ClientCore they are given: its endpoint, and its timeout
+    and liveness_s, settable."""
+
+    def __init__(self, core: ClientCore) -> None:
+        self._core = core
+
+    @property
+    def endpoint(self) -> str:
+        return self._core.endpoint
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds a call may wait (None: forever); settable, read when a call starts."""
+        return self._core.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float | None) -> None:
+        self._core.timeout = seconds
+
+    @property
+    def liveness_s(self) -> float | None:
+        """Seconds of server silence that mean it is gone (None: never); settable."""
+        return self._core.liveness_s
+
+    @liveness_s.setter
+    def liveness_s(self, seconds: float | None) -> None:
+        self._core.liveness_s = seconds
