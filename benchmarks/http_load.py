@@ -48,7 +48,7 @@ from benchmarks.cli import apply_preset, output_path
 from benchmarks.load import outcome
 from benchmarks.load.idle_ttft import idle_ttft
 from benchmarks.load.outcome import check_output, pct, token_range
-from benchmarks.load.probes import machine_facts, wait_idle
+from benchmarks.load.probes import wait_idle
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +292,7 @@ def run(cfg: Config) -> dict[str, Any]:
         "final_stats": final_stats,
         "metrics_request_success": success,
         "config": asdict(cfg),
-        "machine": {**machine_facts(), "load_avg_start": load[0], "load_avg_end": load[1]},
+        "machine": {**_machine_facts(), "load_avg_start": load[0], "load_avg_end": load[1]},
     }
     result["targets"] = evaluate(result)
     return result
@@ -352,3 +352,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 if __name__ == "__main__":
     main()
+
+
+def _machine_facts() -> dict:
+    """runtime.model.cpu_features.machine_facts (imported here: only the benchmark process loads torch)."""
+    from runtime.model.cpu_features import machine_facts
+
+    return machine_facts()

@@ -22,7 +22,6 @@ import argparse
 import http.client
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -113,27 +112,6 @@ def summary(values_s: list[float]) -> dict[str, float]:
     }
 
 
-def machine() -> dict[str, Any]:
-    """CPU model, torch's CPU capability, cores, load average (torch is imported here only)."""
-    import torch
-
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    return {
-        "cpu_model": model,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
-
-
 def measure(endpoint: str, url: str, model: str, rounds: int, warmup: int) -> dict[str, list[float]]:
     """rounds of (zmq, http, openai) TTFTs in seconds, alternating, after warmup rounds of each."""
     import openai
@@ -195,7 +173,7 @@ def run(model: str, rounds: int, warmup: int, logs: Path) -> dict[str, Any]:
         "ttft": stats,
         "overhead_ms": {"http": overhead, "openai": stats["openai"]["p50_ms"] - stats["zmq"]["p50_ms"]},
         "target": {"http_p50_le_zmq_p50_plus_ms": TARGET_MS, "met": overhead <= TARGET_MS},
-        "machine": {**machine(), "load_before": list(load_before), "load_after": list(os.getloadavg())},
+        "machine": {**_machine_facts(), "load_before": list(load_before), "load_after": list(os.getloadavg())},
         "command": " ".join(["python -m benchmarks.http_overhead", *sys.argv[1:]]),
     }
 
@@ -225,3 +203,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _machine_facts() -> dict:
+    """runtime.model.cpu_features.machine_facts (imported here: only the benchmark process loads torch)."""
+    from runtime.model.cpu_features import machine_facts
+
+    return machine_facts()

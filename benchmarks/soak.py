@@ -40,7 +40,7 @@ from typing import Any, Literal
 from benchmarks.chat.workload import ChatWorkload, build_workload
 from benchmarks.cli import apply_preset, output_path
 from benchmarks.load.outcome import Tally, check_output, token_range
-from benchmarks.load.probes import machine_facts, read_rss_kb, sample, wait_idle
+from benchmarks.load.probes import read_rss_kb, sample, wait_idle
 
 logger = logging.getLogger(__name__)
 
@@ -247,7 +247,7 @@ def run(cfg: Config) -> dict[str, Any]:
         "final_stats": final_stats,
         "stats_samples": stats,
         "config": asdict(cfg),
-        "machine": {**machine_facts(), "load_avg_start": load[0], "load_avg_end": load[1]},
+        "machine": {**_machine_facts(), "load_avg_start": load[0], "load_avg_end": load[1]},
     }
     result["targets"] = evaluate(result, cfg.minutes * 60)
     return result
@@ -312,3 +312,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 if __name__ == "__main__":
     main()
+
+
+def _machine_facts() -> dict:
+    """runtime.model.cpu_features.machine_facts (imported here: only the benchmark process loads torch)."""
+    from runtime.model.cpu_features import machine_facts
+
+    return machine_facts()

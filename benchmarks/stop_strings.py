@@ -13,7 +13,7 @@ divided by its tokens; build_us is the time to build the automaton of a set once
 Reported (benchmarks/results/stop_strings.json): us_per_token[impl][num_stops], build_us[num_stops], speedup_64
 (before / after at 64 stop strings), growth_after (after at 64 / after at 1; target <= 1.5: independent of the
 number of stop strings), and the machine: cpu_model, cpu_capability (torch.backends.cpu.get_cpu_capability()),
-cores, load_average_1m.
+cores, load_average (runtime.model.cpu_features.machine_facts).
 
     .venv/bin/python -m benchmarks.stop_strings           # 2,000 tokens x 5 repeats -> results/stop_strings.json
     .venv/bin/python -m benchmarks.stop_strings --smoke   # a second; writes nothing unless --out is given
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import random
 import statistics
 import time
@@ -110,26 +109,6 @@ def time_completion(make_checker, stops: list[str], texts: list[str]) -> float:
     return elapsed
 
 
-def machine() -> dict:
-    """CPU model, torch's CPU capability, cores, 1-minute load average."""
-    import torch  # only here: the measured code imports no torch
-
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu_model": model,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cores": os.cpu_count(),
-        "load_average_1m": round(os.getloadavg()[0], 2),
-    }
-
-
 def run(tokens: int, repeats: int, stop_len: int, counts: Sequence[int], seed: int) -> dict:
     texts = completion(tokens, seed)
     impls = {"before": ScanStopChecker, "after": StopChecker}
@@ -152,7 +131,7 @@ def run(tokens: int, repeats: int, stop_len: int, counts: Sequence[int], seed: i
         "build_us": build,
         f"speedup_{hi}": round(us["before"][hi] / max(us["after"][hi], 1e-9), 1),
         "growth_after": round(us["after"][hi] / max(us["after"][lo], 1e-9), 2),
-        **machine(),
+        **_machine_facts(),
     }
 
 
@@ -179,3 +158,10 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     main()
+
+
+def _machine_facts() -> dict:
+    """runtime.model.cpu_features.machine_facts (imported here: the measured code imports no torch)."""
+    from runtime.model.cpu_features import machine_facts
+
+    return machine_facts()

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import platform
 import time
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -61,24 +58,3 @@ async def wait_idle(endpoint: str, timeout_s: float = 60.0) -> dict[str, Any]:
             if (stats.num_running, stats.num_waiting, stats.num_swapped) == (0, 0, 0) or time.monotonic() > end:
                 return msgspec.structs.asdict(stats)
             await asyncio.sleep(0.2)
-
-
-def machine_facts() -> dict[str, Any]:
-    """CPU model, torch's CPU capability, cores, Python, platform (torch is imported here, in the benchmark only)."""
-    import torch
-
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    return {
-        "cpu": model,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cores": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }

@@ -63,4 +63,4 @@ def test_smoke_run_keeps_every_invariant(tiny_llama_dir, tmp_path):
     assert result["idle"]["requests_each"] == 4 and result["idle"]["http_ttft_p50_s"] > 0
     assert result["idle"]["raw_http_ttft_p50_s"] > 0
     assert result["ttft_p99_s"] >= result["ttft_p50_s"] > 0
-    assert {"cpu", "cpu_capability", "cores", "load_avg_start", "load_avg_end"} <= set(result["machine"])
+    assert {"cpu_model", "cpu_capability", "cores", "load_avg_start", "load_avg_end"} <= set(result["machine"])

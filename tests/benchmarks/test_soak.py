@@ -107,5 +107,5 @@ def test_smoke_run_keeps_every_invariant(tmp_path):
     assert set(result["final_stats"]) == set(msgspec.structs.asdict(p.ServerStats()))
     assert set(result["rss_kb"]) == {"worker", "scheduler", "tokenizer"}
     assert all(len(s) >= 3 and all(kb > 0 for _t, kb in s) for s in result["rss_kb"].values())
-    assert {"cpu", "cpu_capability", "cores", "load_avg_start", "load_avg_end"} <= set(result["machine"])
+    assert {"cpu_model", "cpu_capability", "cores", "load_avg_start", "load_avg_end"} <= set(result["machine"])
     assert all(t["met"] for name, t in result["targets"].items() if "RSS" not in name)
