@@ -74,3 +74,14 @@ def test_smoke_writes_rows_for_every_backend(tmp_path: Path) -> None:
         (dtype, ["batch", "context", "dtype", "gather+sdpa_over_fused"]) for dtype in ("float32", "bfloat16")
     ]
     assert data["legacy_commit"] is None and isinstance(data["openmp_runtimes"], list)
+    # Sliding-window rows: context 256 = 16 blocks of 16; window 32 reads keys 224..255, i.e. 2 blocks per sequence.
+    window = data["window_rows"]
+    assert [(r["backend"], r["dtype"], r["window"], r["blocks_read"]) for r in window] == [
+        (backend, dtype, w, blocks)
+        for dtype in ("float32", "bfloat16")
+        for w, blocks in ((None, 32), (32, 4))
+        for backend in ("fused", "gather+sdpa")
+    ]
+    assert {(r["batch"], r["context"], r["blocks_in_context"]) for r in window} == {(2, 256, 32)}
+    assert all(r["seconds"] > 0 for r in window)
+    assert [r["vs_full"] for r in window if r["window"] is None] == [1.0] * 4
