@@ -11,8 +11,6 @@ CPU (benchmarks/attention_kernel_cpu.py): the fused decode operator (kernels/cpu
 gather + SDPA path, the retired OpenMP C kernel (float32) and SDPA over contiguous K/V, SmolLM2 heads, float32 and
 bfloat16, batch {1, 8, 32} x context {512, 2048}; and a decode step of F.linear calls plus the attention, legacy C
 kernel vs the operator (do two thread pools fight?). Default 2 torch threads. Machine facts in "device".
-"window_rows" (benchmarks/attention_window.py): a sliding-window decode over a long context against the full one,
-blocks read and time.
 
     .venv/bin/python -m benchmarks.attention_kernel            # -> benchmarks/results/attention_kernel.json
     .venv/bin/python -m benchmarks.attention_kernel --quick    # CPU: about a minute
@@ -96,11 +94,10 @@ def _row(backend, batch, context, heads, phase, seconds, nbytes, copy_gbps, base
 
 def run_cpu(mode: str) -> tuple[dict, dict]:
     """CPU rows (benchmarks/attention_kernel_cpu.py) and the machine they ran on."""
-    from benchmarks import attention_kernel_cpu, attention_window
+    from benchmarks import attention_kernel_cpu
     from runtime.model.cpu_features import machine_facts
 
     extra = attention_kernel_cpu.run(mode)
-    extra["window_rows"] = attention_window.window_rows(mode)
     device = {"type": "cpu", **machine_facts(), "copy_gbps": extra.pop("copy_gbps"), "dtype": "float32+bfloat16"}
     return device, extra
 
@@ -266,19 +263,6 @@ if __name__ == "__main__":
             r["context"],
             r["seconds"] * 1e3,
             r["vs_fused"],
-        )
-    for r in res.get("window_rows", []):
-        logger.info(
-            "%-12s %-9s batch %4d ctx %6d window %5s  %6d of %6d blocks  %10.3f ms  %5.3fx full",
-            r["backend"],
-            r["dtype"],
-            r["batch"],
-            r["context"],
-            r["window"],
-            r["blocks_read"],
-            r["blocks_in_context"],
-            r["seconds"] * 1e3,
-            r["vs_full"],
         )
     for r in res.get("summary", []):
         logger.info("%s", r)
