@@ -20,7 +20,8 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# window: one compiled kernel for every window (Triton would make the value 1 a constant of its own build).
+@triton.jit(do_not_specialize=["window"])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,

@@ -18,7 +18,8 @@ import triton.language as tl
 from kernels.triton_decode import LOG2E
 
 
-@triton.jit
+# window: one compiled kernel for every window (Triton would make the value 1 a constant of its own build).
+@triton.jit(do_not_specialize=["window"])
 def _extend_kernel(
     q_ptr,
     k_cache_ptr,
