@@ -13,7 +13,8 @@ the build runs in a private folder and its library is renamed into place, so a r
 build or load failure logs one warning and ``load_op`` returns None: the torch path stays in use.
 
 ``python -m kernels.cpu_decode`` builds it (if needed) and prints where and how long. Set ``RADIXSERVE_CPU_DECODE=0``
-(read once, at import) or ``ENABLED = False`` to turn the kernel off.
+(read once, at import) or ``ENABLED = False`` to turn the kernel off. ``RADIXSERVE_CPU_DECODE_CFLAGS`` (read at import)
+adds compiler flags, e.g. ``-mno-avx512f`` to build and test the AVX2 variant on an AVX-512 machine.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ HEADER = Path(__file__).with_name("cpu_decode.h")  # included by SOURCE: part of
 NAME = "radixserve_cpu_decode"
 # -fopenmp turns on at::parallel_for's OpenMP backend (inline in ATen's headers; without it the loop runs serially).
 # The link adds no -lgomp: GOMP_* resolve to the runtime libtorch_cpu already loaded, so there is one thread pool.
-CFLAGS = ("-O3", "-march=native", "-fopenmp")
+CFLAGS = ("-O3", "-march=native", "-fopenmp", *os.environ.get("RADIXSERVE_CPU_DECODE_CFLAGS", "").split())
 ENABLED = os.environ.get("RADIXSERVE_CPU_DECODE", "1") != "0"
 DTYPES = (torch.float32, torch.bfloat16)
 MAX_HEAD_DIM = 256  # the kernel holds a row in at most MAX_NC vectors (cpu_decode.h): head_dim <= 256
@@ -187,6 +188,7 @@ def paged_decode(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor | None:
     """Decode attention, one query token per sequence, read in place from the paged cache.
 
@@ -196,6 +198,8 @@ def paged_decode(
         block_tables: int32 or int64 [num_seqs, >= blocks needed]; entry j of row i is sequence i's j-th block.
         seq_lens: int32 or int64 [num_seqs], tokens of each sequence, the new token included (0 gives zeros).
         scale: softmax scale (usually head_dim ** -0.5).
+        sliding_window: W tokens, or None / 0 for full attention: the query at position L - 1 sees the keys at
+            L - W .. L - 1 only (kernels.paged_attention's rule), and the blocks before them are never read.
 
     Returns:
         [num_seqs, num_heads, head_dim], dtype of q, a new contiguous tensor (scores, softmax and accumulation in
@@ -210,7 +214,7 @@ def paged_decode(
     if op is None:
         return None
     try:
-        return op(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        return op(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window or 0)
     except ValueError as exc:  # c10::ValueError from the operator's input checks
         raise KernelInputError(str(exc).split("\n", 1)[0]) from exc
 
