@@ -119,7 +119,15 @@ CASES = {
         "messages[0].content",
     ),
     "missing messages": (CHAT, {"model": MODEL}, {}, 400, INVALID, "missing_required_parameter", "messages"),
-    "unknown field": (CHAT, chat(max_token=5), {}, 400, INVALID, "unknown_parameter", "max_token"),
+    "unimplemented known field": (
+        CHAT,
+        chat(prediction={"type": "content", "content": "x"}),
+        {},
+        400,
+        INVALID,
+        "unsupported_parameter",
+        "prediction",
+    ),
     "unsupported field": (
         CHAT,
         chat(tools=[{"type": "function", "function": {"name": "f"}}]),

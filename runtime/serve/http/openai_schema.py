@@ -8,8 +8,9 @@ Which fields are accepted (the rule, documented in the README):
     - Known OpenAI (or vLLM) fields this server does not implement are a 400 unsupported_parameter naming the field
       when they are set to anything but their neutral value (tools: [] or null, response_format: {"type": "text"},
       logit_bias: {} or null, best_of: 1, echo: false, ...): see UNSUPPORTED.
-    - Any other field is a 400 unknown_parameter naming it, as the OpenAI API itself answers ("Unrecognized request
-      argument"): a misspelt max_tokens or temperature is never silently ignored.
+    - Any other field (at the top level, in a message, in a text content part, in stream_options) is ignored with a
+      warning logged once per name, as vLLM does (runtime.serve.http.extra_fields): clients send other servers'
+      extras and newer OpenAI fields.
 Nulls are accepted everywhere a field is optional and mean "not given".
 """
 
@@ -21,6 +22,7 @@ import msgspec
 
 from runtime import protocol as p
 from runtime.serve.http.errors import OpenAIError, bad_request, from_decode_error
+from runtime.serve.http.extra_fields import drop_unknown_in_body
 
 
 class StreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -170,19 +172,22 @@ UNSUPPORTED: dict[str, Any] = {
 _MESSAGE_UNSUPPORTED = ("tool_calls", "tool_call_id", "function_call", "audio")
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
-_decoders = {
-    cls: msgspec.json.Decoder(cls)
-    for cls in (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
-}
+_json_decoder = msgspec.json.Decoder()
+_MESSAGE_FIELDS = ChatMessageIn.__struct_fields__
+_STREAM_OPTIONS_FIELDS = StreamOptions.__struct_fields__
 
 
 def decode(body: bytes, cls: type[Any]) -> Any:
-    """body decoded as cls (one of the request Structs), its unsupported fields checked. O(len(body)).
+    """body decoded as cls (one of the request Structs), its undeclared fields dropped (extra_fields: each name
+    logged once), its unsupported fields checked. O(len(body)).
 
-    Raises OpenAIError (400): invalid_json, invalid_type, missing_required_parameter, unknown_parameter,
-    unsupported_parameter (each naming the field)."""
+    Raises OpenAIError (400): invalid_json, invalid_type, missing_required_parameter, unsupported_parameter (each
+    naming the field)."""
     try:
-        req = _decoders[cls].decode(body)
+        obj = _json_decoder.decode(body)
+        if isinstance(obj, dict):
+            drop_unknown_in_body(obj, cls.__struct_fields__, _MESSAGE_FIELDS, _STREAM_OPTIONS_FIELDS)
+        req = msgspec.convert(obj, cls)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise from_decode_error(exc) from None
     for name in req.__struct_fields__:
@@ -228,7 +233,7 @@ def _text_parts(at: str, parts: list[dict[str, Any]]) -> str:
         text = part.get("text")
         if part.get("type") != "text":
             raise _unsupported(f"{at}.content[{j}].type")
-        if not isinstance(text, str) or set(part) - {"type", "text"}:
+        if not isinstance(text, str):
             raise bad_request(
                 f"{at}.content[{j}] must be {{'type': 'text', 'text': <string>}}", f"{at}.content[{j}]", "invalid_type"
             )

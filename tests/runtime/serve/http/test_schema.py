@@ -15,6 +15,7 @@ from runtime.client.errors import (
     ServerGoneError,
 )
 from runtime.sampling_params import INT32_MAX, InvalidSamplingParams, SamplingParams
+from runtime.serve.http import extra_fields
 from runtime.serve.http.errors import OpenAIError, from_exception
 from runtime.serve.http.openai_schema import (
     ChatCompletionRequest,
@@ -50,18 +51,14 @@ def error_of(body: bytes, cls=ChatCompletionRequest) -> tuple[int, str, str | No
         (b'{"messages": [], "max_tokens": "10"}', "invalid_type", "max_tokens"),
         (b'{"messages": [], "n": true}', "invalid_type", "n"),
         (b'{"messages": [{"role": "user", "content": 5}]}', "invalid_type", "messages[0].content"),
-        (b'{"messages": [], "temprature": 0.5}', "unknown_parameter", "temprature"),
-        (
-            b'{"messages": [], "stream_options": {"include_usage": true, "x": 1}}',
-            "unknown_parameter",
-            "stream_options.x",
-        ),
-        (b'{"messages": [{"role": "user", "content": "a", "foo": 1}]}', "unknown_parameter", "messages[0].foo"),
         (b'{"max_tokens": 3}', "missing_required_parameter", "messages"),
         (b'{"messages": [], "tools": [{"type": "function"}]}', "unsupported_parameter", "tools"),
         (b'{"messages": [], "response_format": {"type": "json_object"}}', "unsupported_parameter", "response_format"),
         (b'{"messages": [], "logit_bias": {"5": 10}}', "unsupported_parameter", "logit_bias"),
         (b'{"messages": [], "audio": {"voice": "x"}}', "unsupported_parameter", "audio"),
+        (b'{"messages": [], "modalities": ["text", "audio"]}', "unsupported_parameter", "modalities"),
+        (b'{"messages": [], "prediction": {"type": "content", "content": "x"}}', "unsupported_parameter", "prediction"),
+        (b'{"messages": [], "web_search_options": {}}', "unsupported_parameter", "web_search_options"),
     ],
 )
 def test_bad_chat_bodies_are_400_naming_the_field(body, code, param):
@@ -79,6 +76,37 @@ def test_bad_chat_bodies_are_400_naming_the_field(body, code, param):
 )
 def test_bad_completion_bodies_are_400_naming_the_field(body, code, param):
     assert error_of(body, CompletionRequest) == (400, "invalid_request_error", code, param)
+
+
+def test_unknown_fields_are_dropped_and_each_name_logged_once(caplog, monkeypatch):
+    monkeypatch.setattr(extra_fields, "_logged", set())  # names logged by earlier tests of this process
+    body = {
+        "messages": [
+            {"role": "assistant", "content": "a", "reasoning_content": "r"},
+            {"role": "user", "content": [{"type": "text", "text": "b", "cache_control": {"type": "ephemeral"}}]},
+        ],
+        "temprature": 0.5,
+        "stream": True,
+        "stream_options": {"include_usage": True, "x_later_option": 1},
+    }
+    with caplog.at_level("WARNING", logger="runtime.serve.http.extra_fields"):
+        for _ in range(3):
+            req = decode(orjson.dumps(body), ChatCompletionRequest)
+    assert req.temperature is None and req.stream_options.include_usage is True
+    assert chat_messages(req.messages) == [p.ChatMessage("assistant", "a"), p.ChatMessage("user", "b")]
+    logged = sorted(r.getMessage() for r in caplog.records)
+    assert logged == [
+        f"ignoring the unknown field {name!r} in {where} (logged once per name)"
+        for name, where in sorted(
+            [
+                ("cache_control", "messages[].content[]"),
+                ("reasoning_content", "messages[]"),
+                ("temprature", "request"),
+                ("x_later_option", "stream_options"),
+            ],
+            key=lambda nw: f"ignoring the unknown field {nw[0]!r} in {nw[1]} (logged once per name)",
+        )
+    ]
 
 
 def test_neutral_values_of_unsupported_fields_and_harmless_fields_are_accepted():
