@@ -226,10 +226,12 @@ def test_the_openai_sdk_raises_the_matching_errors(http):
     assert auth.value.code == "invalid_api_key"
 
 
-def test_health_needs_no_key_and_everything_else_does(http):
+def test_v1_needs_the_key_and_health_and_metrics_do_not(http):
     assert send(http.url, "GET", "/health", key=None) == (200, {"status": "ok"})
-    for path in ("/v1/models", "/metrics", "/nope"):
+    for path in ("/v1/models", "/v1/nope"):
         assert send(http.url, "GET", path, key=None)[0] == 401
+    assert send(http.url, "GET", "/nope", key=None)[0] == 404
+    assert scrape(http.url)  # /metrics: no key needed, as in vLLM
 
 
 def successes(url: str) -> float:

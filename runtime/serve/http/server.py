@@ -21,7 +21,7 @@ import uvicorn
 import uvloop
 
 from runtime.serve.http.app import build_app
-from runtime.serve.http.config import MAX_BODY_BYTES, HttpConfig
+from runtime.serve.http.config import MAX_BODY_BYTES, HttpConfig, parse_origins
 from runtime.serve.http.metrics import HttpMetrics
 
 __all__ = ["HttpConfig", "build_parser", "main", "serve"]
@@ -96,7 +96,8 @@ def serve(config: HttpConfig) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI: --backend, --host, --port, --api-key, --model, --served-model-name, --max-body-bytes,
-    --health-timeout-s, --log-level."""
+    --health-timeout-s, --max-model-len, --allowed-origins, --max-queued-requests, --max-running-requests,
+    --shutdown-timeout, --log-level."""
     parser = argparse.ArgumentParser(
         prog="python -m runtime.serve.http",
         description="OpenAI-compatible HTTP server in front of a radixserve endpoint.",
@@ -119,6 +120,27 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds a health probe of the backend may take before /health answers 503",
     )
+    parser.add_argument(
+        "--max-model-len", type=int, default=None, help="the backend's context limit, shown on the model cards"
+    )
+    parser.add_argument(
+        "--allowed-origins", default=None, help="CORS: comma-separated origins allowed, '*' for any (default: no CORS)"
+    )
+    parser.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=None,
+        help="requests that may wait beyond --max-running-requests; one more is a 429 (default: no limit)",
+    )
+    parser.add_argument(
+        "--max-running-requests", type=int, default=64, help="the backend's running slots (for --max-queued-requests)"
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a SIGTERM gives the requests in flight to finish (new ones get 503) before the server stops",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -136,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         served_model_name=ns.served_model_name,
         max_body_bytes=ns.max_body_bytes,
         health_timeout_s=ns.health_timeout_s,
+        max_model_len=ns.max_model_len,
+        allowed_origins=parse_origins(ns.allowed_origins),
+        max_queued_requests=ns.max_queued_requests,
+        max_running_requests=ns.max_running_requests,
+        shutdown_timeout_s=ns.shutdown_timeout,
     )
     try:
         serve(config)
