@@ -198,3 +198,40 @@ def test_no_empty_delta_mid_stream(oai, zmq):
     assert events[0].choices[0].delta.role == "assistant"
     assert all(e.choices[0].delta.content or e.choices[0].finish_reason for e in events[1:])
     assert "".join(e.choices[0].delta.content or "" for e in events) == "".join(c.text for c in ref)
+
+
+def test_a_list_of_prompts_gives_one_choice_per_prompt_and_sample(oai, zmq):
+    prompts = ["list prompts one", [500, 501, 502], "list prompts three"]
+    sampled = {"temperature": 1.0, "seed": 11, "n": 2, "max_tokens": 5}
+    refs = []
+    for prompt in prompts:
+        form = {"prompt": prompt} if isinstance(prompt, str) else {"input_ids": prompt}
+        refs.append(zmq.generate(cache_salt=salt(), **form, **sampled))
+    r = oai.completions.create(model=MODEL, prompt=prompts, extra_body={"cache_salt": salt()}, **sampled)
+    assert [c.index for c in r.choices] == list(range(6))
+    assert [c.text for c in r.choices] == [c.text for ref in refs for c in ref.choices]
+    assert r.usage.prompt_tokens == sum(ref.usage.prompt_tokens for ref in refs)
+    assert r.usage.completion_tokens == sum(ref.usage.completion_tokens for ref in refs) == 30
+    stream = oai.completions.create(
+        model=MODEL,
+        prompt=prompts,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"cache_salt": salt()},
+        **sampled,
+    )
+    texts = [""] * 6
+    finished = []
+    for chunk in stream:
+        if not chunk.choices:
+            assert (chunk.usage.prompt_tokens, chunk.usage.completion_tokens) == (
+                r.usage.prompt_tokens,
+                r.usage.completion_tokens,
+            )
+            continue
+        choice = chunk.choices[0]
+        texts[choice.index] += choice.text
+        if choice.finish_reason is not None:
+            finished.append(choice.index)
+    assert texts == [c.text for c in r.choices]
+    assert sorted(finished) == list(range(6))

@@ -175,7 +175,7 @@ CASES = {
         "messages[0].role",
     ),
     "empty prompt": (TEXT, text(prompt=""), {}, 400, INVALID, "invalid_request", "prompt"),
-    "several prompts": (TEXT, text(prompt=["a", "b"]), {}, 400, INVALID, "invalid_value", "prompt"),
+    "a bad prompt in a list": (TEXT, text(prompt=["a", [5, 60000]]), {}, 400, INVALID, "invalid_request", "prompt"),
     "token id outside the vocabulary": (TEXT, text(prompt=[5, 60000]), {}, 400, INVALID, "invalid_request", "prompt"),
     "prompt beyond the context": (TEXT, text(prompt=[7] * 1100), {}, 400, INVALID, "context_length_exceeded", "prompt"),
     "huge body": (CHAT, BIG, {}, 413, INVALID, "request_too_large", None),

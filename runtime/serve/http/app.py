@@ -36,9 +36,10 @@ from runtime.serve.http.backend import Backend
 from runtime.serve.http.config import HttpConfig
 from runtime.serve.http.errors import INVALID, OpenAIError, from_exception, not_found, too_large, unavailable
 from runtime.serve.http.generation import ClientDisconnected, Generation, race_disconnect
+from runtime.serve.http.generation_group import AnyGeneration, GenerationGroup
 from runtime.serve.http.metrics import CONTENT_TYPE, HttpMetrics
 from runtime.serve.http.request_id import RequestIdMiddleware, backend_rid, log_rejected, request_id_of
-from runtime.serve.http.request_map import BackendRequest, chat_request, completion_request
+from runtime.serve.http.request_map import BackendRequest, chat_request, completion_requests
 from runtime.serve.http.responses import chat_response, completion_response
 from runtime.serve.http.streaming import EventStream, StreamContext, chat_events, completion_events
 
@@ -99,10 +100,13 @@ class Routes:
         chat = cls is schema.ChatCompletionRequest
         rid = request_id_of(request.scope)  # the answer's id
         if chat:
-            backend_req = chat_request(req, backend_rid(request.scope))
+            backend_reqs = [chat_request(req, backend_rid(request.scope))]
         else:
-            backend_req = completion_request(req, backend_rid(request.scope))
-        gen = Generation(client, backend_req, self.metrics, arrival)
+            backend_reqs = completion_requests(req, backend_rid(request.scope))
+        backend_req = backend_reqs[0]
+        gen: AnyGeneration = Generation(client, backend_req, self.metrics, arrival)
+        if len(backend_reqs) > 1:
+            gen = GenerationGroup([Generation(client, b, self.metrics, arrival) for b in backend_reqs])
         created = int(time.time())
         model = self.config.model_name
         try:
@@ -126,7 +130,7 @@ class Routes:
         rid: str,
         created: int,
         backend_req: BackendRequest,
-        gen: Generation,
+        gen: AnyGeneration,
         first: p.StreamChunk,
         request: Request,
     ) -> EventStream:

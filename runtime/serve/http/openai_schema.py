@@ -111,8 +111,9 @@ class ChatCompletionRequest(_Common, kw_only=True, forbid_unknown_fields=True):
 
 
 class CompletionRequest(_Common, kw_only=True, forbid_unknown_fields=True):
-    """POST /v1/completions. prompt: a string or a list of token ids (one prompt; a list of several prompts is a
-    400). logprobs (int, 0..20): the sampled token's logprob and that many alternatives."""
+    """POST /v1/completions. prompt: a string, a list of token ids, or a list of several such prompts (one choice
+    per prompt and sample: completion_prompts). logprobs (int, 0..20): the sampled token's logprob and that many
+    alternatives."""
 
     prompt: str | list[Any]
     logprobs: int | None = None
@@ -248,19 +249,35 @@ class CompletionPrompt(NamedTuple):
     input_ids: list[int] | None
 
 
-def completion_prompt(prompt: str | list[Any]) -> CompletionPrompt:
-    """The prompt of a completions request: a string, a list of token ids, or a list holding one string or one list
-    of token ids. Raises OpenAIError (400) for several prompts or a mixed list."""
+MAX_PROMPTS = 1024  # prompts in one completions request (each is a backend request of its own)
+
+
+def completion_prompts(prompt: str | list[Any]) -> list[CompletionPrompt]:
+    """The prompts of a completions request, in order: a string, a list of token ids, or a list of strings and
+    lists of token ids (one prompt each; OpenAI's batch form). Raises OpenAIError (400, param "prompt") for an empty
+    list, a list mixing ids with prompts, a prompt that is neither, or more than MAX_PROMPTS prompts."""
     if isinstance(prompt, str):
-        return CompletionPrompt(prompt, None)
-    if len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        return completion_prompt(prompt[0])
-    if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return CompletionPrompt(None, list(prompt))
-    if len(prompt) > 1 and all(isinstance(t, (str, list)) for t in prompt):
-        raise bad_request("a list of several prompts is not supported: send one prompt per request", "prompt")
+        return [CompletionPrompt(prompt, None)]
     if not prompt:
         raise bad_request("prompt must not be empty", "prompt")
-    raise bad_request(
-        "prompt must be a string, a list of token ids, or a list holding one of them", "prompt", "invalid_type"
-    )
+    if _token_ids(prompt):
+        return [CompletionPrompt(None, list(prompt))]
+    if len(prompt) > MAX_PROMPTS:
+        raise bad_request(f"a request may hold at most {MAX_PROMPTS} prompts, got {len(prompt)}", "prompt")
+    out = []
+    for one in prompt:
+        if isinstance(one, str):
+            out.append(CompletionPrompt(one, None))
+        elif isinstance(one, list) and one and _token_ids(one):
+            out.append(CompletionPrompt(None, list(one)))
+        else:
+            raise bad_request(
+                "prompt must be a string, a list of token ids, or a list of strings and lists of token ids",
+                "prompt",
+                "invalid_type",
+            )
+    return out
+
+
+def _token_ids(values: list[Any]) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in values)

@@ -20,7 +20,8 @@ from starlette.types import Receive, Scope, Send
 from runtime import protocol as p
 from runtime.client.errors import ClientError
 from runtime.serve.http.errors import OpenAIError, from_exception
-from runtime.serve.http.generation import Generation, wait_disconnect
+from runtime.serve.http.generation import wait_disconnect
+from runtime.serve.http.generation_group import AnyGeneration
 from runtime.serve.http.request_id import log_rejected
 from runtime.serve.http.responses import chat_logprobs, completion_logprobs, usage_body
 
@@ -97,7 +98,7 @@ def _says_nothing(chunk: p.StreamChunk, logprobs: bool) -> bool:
     return not chunk.text and chunk.finish_reason is None and not (logprobs and chunk.token_ids)
 
 
-def chat_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext) -> AsyncGenerator[bytes, None]:
+def chat_events(gen: AnyGeneration, first: p.StreamChunk, ctx: StreamContext) -> AsyncGenerator[bytes, None]:
     """The events of a streamed chat completion (first: its first backend chunk, already received)."""
     started: set[int] = set()
 
@@ -118,7 +119,7 @@ def chat_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext) -> As
     return _events(gen, first, ctx, choice)
 
 
-def completion_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext) -> AsyncGenerator[bytes, None]:
+def completion_events(gen: AnyGeneration, first: p.StreamChunk, ctx: StreamContext) -> AsyncGenerator[bytes, None]:
     """The events of a streamed text completion (first: its first backend chunk, already received)."""
 
     def choice(chunk: p.StreamChunk) -> dict[str, Any] | None:
@@ -136,7 +137,7 @@ def completion_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext)
 
 
 async def _events(
-    gen: Generation, first: p.StreamChunk, ctx: StreamContext, choice: Any
+    gen: AnyGeneration, first: p.StreamChunk, ctx: StreamContext, choice: Any
 ) -> AsyncGenerator[bytes, None]:
     chunks = gen.chunks(first)
     try:

@@ -21,10 +21,10 @@ from runtime.serve.http.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
     chat_messages,
-    completion_prompt,
+    completion_prompts,
     decode,
 )
-from runtime.serve.http.request_map import chat_request, completion_request
+from runtime.serve.http.request_map import chat_request, completion_requests
 from runtime.serve.http.responses import chat_logprobs, completion_logprobs, usage_body
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -182,7 +182,7 @@ def test_chat_fields_map_onto_sampling_params():
 
 def test_completion_fields_map_onto_sampling_params():
     req = decode(b'{"prompt": [5, 6, 7], "logprobs": 2, "stop": ["a", "b"]}', CompletionRequest)
-    backend = completion_request(req, "r")
+    (backend,) = completion_requests(req, "r")
     assert (backend.request.prompt, backend.request.input_ids) == (None, [5, 6, 7])
     assert backend.sampling_params == SamplingParams(max_tokens=16, logprobs=2, stop=["a", "b"])
 
@@ -190,30 +190,43 @@ def test_completion_fields_map_onto_sampling_params():
 @pytest.mark.parametrize(
     ("prompt", "expected"),
     [
-        ("text", ("text", None)),
-        ([1, 2], (None, [1, 2])),
-        (["text"], ("text", None)),
-        ([[3, 4]], (None, [3, 4])),
+        ("text", [("text", None)]),
+        ([1, 2], [(None, [1, 2])]),
+        (["text"], [("text", None)]),
+        ([[3, 4]], [(None, [3, 4])]),
+        (["a", [5], "b"], [("a", None), (None, [5]), ("b", None)]),
+        ([[1], [2]], [(None, [1]), (None, [2])]),
     ],
 )
 def test_completion_prompt_forms(prompt, expected):
-    assert completion_prompt(prompt) == expected
+    assert completion_prompts(prompt) == expected
 
 
 @pytest.mark.parametrize(
     ("prompt", "code"),
     [
-        (["a", "b"], "invalid_value"),
-        ([[1], [2]], "invalid_value"),
         ([], "invalid_value"),
+        (["a"] * 1025, "invalid_value"),
         ([1, "a"], "invalid_type"),
         ([True], "invalid_type"),
+        (["a", []], "invalid_type"),
+        ([[1, "x"]], "invalid_type"),
     ],
 )
 def test_bad_completion_prompts(prompt, code):
     with pytest.raises(OpenAIError) as info:
-        completion_prompt(prompt)
+        completion_prompts(prompt)
     assert (info.value.status, info.value.code, info.value.param) == (400, code, "prompt")
+
+
+def test_a_list_of_prompts_is_one_backend_request_each():
+    req = decode(b'{"prompt": ["a", [7, 8]], "n": 2, "max_tokens": 3}', CompletionRequest)
+    backend = completion_requests(req, "r")
+    assert [(b.request.rid, b.request.prompt, b.request.input_ids) for b in backend] == [
+        ("r-0", "a", None),
+        ("r-1", None, [7, 8]),
+    ]
+    assert [b.sampling_params for b in backend] == [SamplingParams(max_tokens=3, n=2)] * 2
 
 
 def test_chat_messages_roles_and_parts():
@@ -282,7 +295,7 @@ def test_an_out_of_range_value_is_a_400_naming_its_request_field():
         e = info.value
         assert (e.status, e.code, e.param, e.message) == (400, "invalid_value", param, f"{param} {message}")
     with pytest.raises(OpenAIError) as info:
-        completion_request(decode(b'{"prompt": "a", "n": 0}', CompletionRequest), "r")
+        completion_requests(decode(b'{"prompt": "a", "n": 0}', CompletionRequest), "r")
     assert (info.value.param, info.value.message) == ("n", "n must be in [1, 64], got 0")
 
 
