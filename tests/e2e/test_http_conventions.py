@@ -235,3 +235,34 @@ def test_a_list_of_prompts_gives_one_choice_per_prompt_and_sample(oai, zmq):
             finished.append(choice.index)
     assert texts == [c.text for c in r.choices]
     assert sorted(finished) == list(range(6))
+
+
+def test_continuous_usage_stats_put_the_usage_on_every_chunk(oai):
+    """With logprobs each chunk names its tokens, so the usage of every chunk is checked exactly: prompt tokens as
+    the final usage says, completion tokens the tokens sent so far."""
+    stream = oai.chat.completions.create(
+        model=MODEL,
+        messages=msgs("continuous usage"),
+        max_tokens=12,
+        temperature=0.0,
+        logprobs=True,
+        stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+        extra_body={"ignore_eos": True, "cache_salt": salt()},
+    )
+    *chunks, last = list(stream)
+    assert last.choices == [] and last.usage.completion_tokens == 12
+    sent = 0
+    for chunk in chunks:
+        sent += len(chunk.choices[0].logprobs.content) if chunk.choices[0].logprobs else 0
+        assert (chunk.usage.prompt_tokens, chunk.usage.completion_tokens) == (last.usage.prompt_tokens, sent)
+        assert chunk.usage.total_tokens == last.usage.prompt_tokens + sent
+    assert sent == 12
+    plain = oai.completions.create(
+        model=MODEL,
+        prompt="continuous usage",
+        max_tokens=3,
+        stream=True,
+        stream_options={"continuous_usage_stats": True},  # without include_usage: nothing (vLLM's rule)
+    )
+    assert all(chunk.usage is None for chunk in plain)

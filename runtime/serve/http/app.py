@@ -141,9 +141,11 @@ class Routes:
         if chat:
             ctx = StreamContext(f"chatcmpl-{rid}", "chat.completion.chunk", created, model, logprobs, usage)
             ctx.scope = request.scope
+            ctx.continuous_usage = backend_req.continuous_usage
             return EventStream(chat_events(gen, first, ctx))
         ctx = StreamContext(f"cmpl-{rid}", "text_completion", created, model, logprobs, usage)
         ctx.scope = request.scope
+        ctx.continuous_usage = backend_req.continuous_usage
         return EventStream(completion_events(gen, first, ctx))
 
     def card(self) -> dict[str, Any]:

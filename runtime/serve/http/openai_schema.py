@@ -26,9 +26,11 @@ from runtime.serve.http.extra_fields import drop_unknown_in_body
 
 
 class StreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """stream_options: include_usage adds a last chunk with the usage and empty choices."""
+    """stream_options: include_usage adds a last chunk with the usage and empty choices; with it, vLLM's
+    continuous_usage_stats puts the choice's usage so far on every chunk too."""
 
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
     include_obfuscation: bool | None = None  # accepted, ignored: nothing is obfuscated
 
 

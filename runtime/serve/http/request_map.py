@@ -14,6 +14,7 @@ Mapping (a field left out or null keeps SamplingParams' default):
         temperature 0 (beam search is deterministic; vLLM ignores temperature there).
     chat: logprobs (bool) + top_logprobs -> logprobs = top_logprobs (0 when not given) when logprobs is true;
         top_logprobs without logprobs is a 400. completions: logprobs (int) -> logprobs.
+    stream_options.include_usage (+ continuous_usage_stats) -> BackendRequest.include_usage (continuous_usage).
     cache_salt -> the request's cache_salt (requests with different salts share no cached block). user: ignored.
     completions prompt: a list of prompts -> one GenerateRequest per prompt (openai_schema.completion_prompts).
 """
@@ -52,13 +53,15 @@ class BackendRequest(NamedTuple):
         measured for every request), its SamplingParams validated.
     param_names: SamplingParams field -> the request field it came from, where the names differ (for errors the
         backend raises later).
-    prompt_param: the request field holding the prompt ("messages" or "prompt"). include_usage: stream_options'.
+    prompt_param: the request field holding the prompt ("messages" or "prompt"). include_usage: stream_options';
+    continuous_usage: include_usage and stream_options.continuous_usage_stats (vLLM's rule).
     """
 
     request: p.GenerateRequest
     param_names: dict[str, str]
     prompt_param: str
     include_usage: bool
+    continuous_usage: bool = False
 
     @property
     def sampling_params(self) -> SamplingParams:
@@ -85,6 +88,10 @@ def _include_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream: true", "stream_options")
     return bool(req.stream_options is not None and req.stream_options.include_usage)
+
+
+def _continuous_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:
+    return bool(_include_usage(req) and req.stream_options and req.stream_options.continuous_usage_stats)
 
 
 def _sampling_params(fields: dict[str, Any], param_names: dict[str, str], prompt_param: str) -> SamplingParams:
@@ -122,7 +129,7 @@ def chat_request(req: ChatCompletionRequest, rid: str) -> BackendRequest:
         stream=True,
         cache_salt=req.cache_salt,
     )
-    return BackendRequest(request, names, "messages", include_usage)
+    return BackendRequest(request, names, "messages", include_usage, _continuous_usage(req))
 
 
 def completion_requests(req: CompletionRequest, rid: str) -> list[BackendRequest]:
@@ -149,5 +156,5 @@ def completion_requests(req: CompletionRequest, rid: str) -> list[BackendRequest
             stream=True,
             cache_salt=req.cache_salt,
         )
-        out.append(BackendRequest(request, {}, "prompt", include_usage))
+        out.append(BackendRequest(request, {}, "prompt", include_usage, _continuous_usage(req)))
     return out

@@ -3,7 +3,9 @@
 Each backend StreamChunk becomes one chat.completion.chunk (or text_completion chunk) of its choice; the first
 chunk of each choice carries delta.role. A chunk that would say nothing (no text, no logprobs, no finish_reason: the
 tokens of a stop string held back, an EOS) sends no event, so no `delta: {}` comes mid-stream. With
-stream_options.include_usage every chunk has "usage": null and a last chunk with empty choices carries the usage.
+stream_options.include_usage every chunk has "usage": null and a last chunk with empty choices carries the usage;
+with continuous_usage_stats as well, every chunk carries its choice's usage so far (prompt tokens, and the choice's
+completion tokens up to this chunk), as vLLM sends it.
 An error after the answer started is sent as an `{"error": ...}` event (the openai SDK raises it), then [DONE].
 """
 
@@ -85,11 +87,16 @@ class StreamContext:
         self.header = {"id": rid, "object": object_name, "created": created, "model": model}
         self.logprobs = logprobs
         self.include_usage = include_usage
+        self.continuous_usage = False  # vLLM's continuous_usage_stats: each chunk's "usage" is its choice's so far
         self.scope: Scope = {}  # the HTTP request's, for the log line of an error in the stream
 
-    def event(self, choice: dict[str, Any]) -> bytes:
+    def event(self, choice: dict[str, Any], usage: p.Usage | None = None) -> bytes:
+        """The event of one choice's chunk; usage: the choice's usage so far (StreamChunk.usage), sent when
+        continuous_usage is on ("usage": null otherwise, with include_usage)."""
         body = {**self.header, "choices": [choice]}
-        if self.include_usage:
+        if self.continuous_usage and usage is not None:
+            body["usage"] = usage_body(usage)
+        elif self.include_usage:
             body["usage"] = None
         return sse(body)
 
@@ -144,7 +151,7 @@ async def _events(
         async for chunk in chunks:
             event = choice(chunk)
             if event is not None:
-                yield ctx.event(event)
+                yield ctx.event(event, chunk.usage)
         if ctx.include_usage:
             yield sse({**ctx.header, "choices": [], "usage": usage_body(gen.usage())})
     except (ClientError, OpenAIError) as exc:
