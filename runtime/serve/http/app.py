@@ -31,9 +31,11 @@ from runtime import protocol as p
 from runtime.client import ClientError
 from runtime.serve.http import openai_schema as schema
 from runtime.serve.http import tokenization
+from runtime.serve.http.admission import AdmissionMiddleware
 from runtime.serve.http.auth import ApiKeyMiddleware
 from runtime.serve.http.backend import Backend
 from runtime.serve.http.config import HttpConfig
+from runtime.serve.http.drain import Drain, DrainMiddleware
 from runtime.serve.http.errors import INVALID, OpenAIError, from_exception, not_found, too_large, unavailable
 from runtime.serve.http.generation import ClientDisconnected, Generation, race_disconnect
 from runtime.serve.http.generation_group import AnyGeneration, GenerationGroup
@@ -223,7 +225,8 @@ async def _disconnected(request: Request, exc: Exception) -> Response:
 def build_app(config: HttpConfig, metrics: HttpMetrics) -> FastAPI:
     """The app serving config.backend; metrics: the process's HttpMetrics (observe() per finished completion,
     render() at /metrics). The backend link opens when the app starts (lifespan) and closes when it stops;
-    app.state.backend is the Backend (its ready event is set once the backend answered a health probe)."""
+    app.state.backend is the Backend (its ready event is set once the backend answered a health probe),
+    app.state.drain the Drain a SIGTERM starts (server.py)."""
     backend = Backend(config.backend, config.health_timeout_s)
 
     @contextlib.asynccontextmanager
@@ -236,6 +239,7 @@ def build_app(config: HttpConfig, metrics: HttpMetrics) -> FastAPI:
 
     app = FastAPI(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.backend = backend
+    app.state.drain = Drain(config.shutdown_timeout_s)
     routes = Routes(config, metrics, backend)
     app.add_api_route("/v1/chat/completions", routes.chat, methods=["POST"])
     app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
@@ -248,9 +252,13 @@ def build_app(config: HttpConfig, metrics: HttpMetrics) -> FastAPI:
     app.add_exception_handler(OpenAIError, _openai_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(ClientDisconnect, _disconnected)
-    # add_middleware puts each one outside the ones before it: the request id, then CORS, then the key
+    # add_middleware puts each one outside the ones before it: the request id, CORS, drain, the key, admission
+    if config.max_queued_requests is not None:
+        limit = config.max_running_requests + config.max_queued_requests
+        app.add_middleware(AdmissionMiddleware, limit=limit)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(DrainMiddleware, drain=app.state.drain)
     if config.allowed_origins:
         app.add_middleware(
             CORSMiddleware,
