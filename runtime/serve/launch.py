@@ -155,6 +155,7 @@ class Launcher:
         self.procs: dict[str, subprocess.Popen] = {}
         self.endpoint = ""
         self.http_url = ""
+        self.max_model_len: int | None = None  # the scheduler's ProcessReady says it (the model's, or the flag's)
         self._decoder = msgspec.msgpack.Decoder(p.LauncherInput)
         try:
             self.reports.bind(self.endpoints.launcher)
@@ -166,10 +167,12 @@ class Launcher:
 
     def _spawn(self, role: str) -> subprocess.Popen:
         """Starts one child. The API key is left out of every ChildSpec (a command line is visible to all users):
-        the http child gets it as RADIXSERVE_API_KEY in its environment, with the public endpoint's bound port."""
+        the http child gets it as RADIXSERVE_API_KEY in its environment, with the public endpoint's bound port and the
+        max_model_len the scheduler reported (for its model cards)."""
         args, env = dataclasses.replace(self.args, api_key=None), None
         if role == "http":
-            args = dataclasses.replace(args, port=int(self.endpoint.rsplit(":", 1)[1]))
+            port = int(self.endpoint.rsplit(":", 1)[1])
+            args = dataclasses.replace(args, port=port, max_model_len=self.max_model_len or args.max_model_len)
             env = http_child_env(self.args.api_key)
         spec = ChildSpec(role, os.getpid(), self.endpoints, args)
         cmd = [sys.executable, "-m", "runtime.serve.launch", "--child", msgspec.json.encode(spec).decode()]
@@ -205,6 +208,7 @@ class Launcher:
                     self.http_url = msg.endpoint
                 else:
                     self.endpoint = msg.endpoint or self.endpoint
+                self.max_model_len = msg.max_model_len or self.max_model_len
                 logger.info("%s process ready (pid %d)", msg.role, msg.pid)
                 continue
             dead = self.dead_child()

@@ -6,6 +6,7 @@ launcher with status 0."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -95,6 +96,8 @@ def test_sigterm_drains_eight_streams_then_exits_0(tiny_llama_dir, tmp_path):
     )
     pids = descendants(server.proc.pid)
     assert len(pids) == 4
+    status, card = http("GET", server.url + "/v1/models/tiny")
+    assert (status, json.loads(card)["max_model_len"]) == (200, 1024)  # the tiny model's context, as the scheduler said
 
     async def run() -> list[tuple]:
         client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
