@@ -175,6 +175,10 @@ UNSUPPORTED: dict[str, Any] = {
 _MESSAGE_UNSUPPORTED = ("tool_calls", "tool_call_id", "function_call", "audio")
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
+_typed_decoders = {
+    cls: msgspec.json.Decoder(cls)
+    for cls in (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
+}
 _json_decoder = msgspec.json.Decoder()
 _MESSAGE_FIELDS = ChatMessageIn.__struct_fields__
 _STREAM_OPTIONS_FIELDS = StreamOptions.__struct_fields__
@@ -187,17 +191,30 @@ def decode(body: bytes, cls: type[Any]) -> Any:
     Raises OpenAIError (400): invalid_json, invalid_type, missing_required_parameter, unsupported_parameter (each
     naming the field)."""
     try:
-        obj = _json_decoder.decode(body)
-        if isinstance(obj, dict):
-            drop_unknown_in_body(obj, cls.__struct_fields__, _MESSAGE_FIELDS, _STREAM_OPTIONS_FIELDS)
-        req = msgspec.convert(obj, cls)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        req = _typed_decoders[cls].decode(body)
+    except msgspec.ValidationError as exc:
+        if "unknown field" not in str(exc):
+            raise from_decode_error(exc) from None
+        req = _decode_dropping_unknown(body, cls)
+    except msgspec.DecodeError as exc:
         raise from_decode_error(exc) from None
     for name in req.__struct_fields__:
         neutral = UNSUPPORTED.get(name)
         if neutral is not None and not neutral(getattr(req, name)):
             raise _unsupported(name)
     return req
+
+
+def _decode_dropping_unknown(body: bytes, cls: type[Any]) -> Any:
+    """The slow path of decode, for a body with an undeclared field (the typed decoder refused it): decoded to
+    Python objects, undeclared fields dropped (extra_fields), then converted to cls (about 7x the typed decode)."""
+    try:
+        obj = _json_decoder.decode(body)
+        if isinstance(obj, dict):
+            drop_unknown_in_body(obj, cls.__struct_fields__, _MESSAGE_FIELDS, _STREAM_OPTIONS_FIELDS)
+        return msgspec.convert(obj, cls)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise from_decode_error(exc) from None
 
 
 def _unsupported(param: str) -> OpenAIError:

@@ -18,6 +18,7 @@ from runtime.sampling_params import INT32_MAX, InvalidSamplingParams, SamplingPa
 from runtime.serve.http import extra_fields
 from runtime.serve.http.errors import OpenAIError, from_exception
 from runtime.serve.http.openai_schema import (
+    UNSUPPORTED,
     ChatCompletionRequest,
     CompletionRequest,
     chat_messages,
@@ -107,6 +108,11 @@ def test_unknown_fields_are_dropped_and_each_name_logged_once(caplog, monkeypatc
             key=lambda nw: f"ignoring the unknown field {nw[0]!r} in {nw[1]} (logged once per name)",
         )
     ]
+
+
+def test_every_unsupported_field_is_declared_so_the_unknown_field_rule_cannot_swallow_it():
+    declared = set(ChatCompletionRequest.__struct_fields__) | set(CompletionRequest.__struct_fields__)
+    assert set(UNSUPPORTED) <= declared
 
 
 def test_neutral_values_of_unsupported_fields_and_harmless_fields_are_accepted():
