@@ -106,9 +106,8 @@ class Routes:
         else:
             backend_reqs = completion_requests(req, backend_rid(request.scope))
         backend_req = backend_reqs[0]
-        gen: AnyGeneration = Generation(client, backend_req, self.metrics, arrival)
-        if len(backend_reqs) > 1:
-            gen = GenerationGroup([Generation(client, b, self.metrics, arrival) for b in backend_reqs])
+        gens = [Generation(client, b, self.metrics, arrival) for b in backend_reqs]
+        gen: AnyGeneration = gens[0] if len(gens) == 1 else GenerationGroup(gens)
         created = int(time.time())
         model = self.config.model_name
         try:
