@@ -29,7 +29,7 @@ from router.policy import POLICIES
 from runtime import protocol as p
 from runtime.config import ServerArgs
 from runtime.serve.http.process import http_child_env
-from runtime.serve.launch import Launcher, LaunchError, build_parser
+from runtime.serve.launch import HTTP_EXIT_GRACE_S, Launcher, LaunchError, build_parser
 from runtime.serve.process import ChildSpec, Endpoints, die_with_parent, new_ipc_base, remove_ipc_base
 
 logger = logging.getLogger(__name__)
@@ -214,6 +214,12 @@ class RouterLauncher:
                 logger.error("%s", exc)
             time.sleep(POLL_MS / 1000)
         logger.info("%s received; shutting down", stop[0])
+        if stop[0] == "SIGTERM" and self.http_proc is not None and self.http_proc.poll() is None:
+            self.http_proc.terminate()  # the HTTP server drains: runtime.serve.http.drain
+            try:
+                self.http_proc.wait(self.server_args.shutdown_timeout + HTTP_EXIT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                logger.warning("the http process did not finish draining in time")
         self.shutdown(f"router stopped ({stop[0]})")
         return 0
 

@@ -72,6 +72,18 @@ class ServerArgs:
         "RADIXSERVE_API_KEY environment variable, else no key)",
     )
     served_model_name: str | None = _opt(None, "the model name the HTTP API lists and accepts (None: model)")
+    allowed_origins: str | None = _opt(
+        None,
+        "origins the HTTP API allows cross-origin requests from (CORS), comma-separated, '*' for any (None: no CORS)",
+    )
+    max_queued_requests: int | None = _opt(
+        None,
+        "HTTP requests that may wait for a running slot beyond max_running_requests; one more is answered 429 "
+        "with Retry-After at once (None: no limit)",
+    )
+    shutdown_timeout: float = _opt(
+        30.0, "seconds a SIGTERM gives the HTTP requests in flight to finish (new ones get 503) before the server stops"
+    )
     events_port: int | None = _opt(
         None,
         "TCP port of the scheduler's KV events / stats PUB socket, bound on host "
@@ -131,6 +143,9 @@ class ServerArgs:
                 "None or a non-empty string",
             ),
             ("max_message_bytes", self.max_message_bytes >= 1024, ">= 1024"),
+            ("max_queued_requests", self.max_queued_requests is None or self.max_queued_requests >= 0, "None or >= 0"),
+            ("shutdown_timeout", self.shutdown_timeout >= 0, ">= 0"),
+            ("allowed_origins", self.allowed_origins is None or self.allowed_origins.strip() != "", "None or origins"),
             ("worker_probe_timeout_s", self.worker_probe_timeout_s > 0, "> 0"),
             ("control_timeout_s", self.control_timeout_s > self.worker_probe_timeout_s, "> worker_probe_timeout_s"),
             ("max_prompt_chars", self.max_prompt_chars is None or self.max_prompt_chars >= 1, "None or >= 1"),

@@ -77,11 +77,14 @@ class SchedulerReady(msgspec.Struct, tag="scheduler_ready", forbid_unknown_field
 
 
 class ProcessReady(msgspec.Struct, tag="process_ready", forbid_unknown_fields=True):
-    """A child process tells the launcher it serves (role: "worker", "scheduler" or "tokenizer")."""
+    """A child process tells the launcher it serves (role: "worker", "scheduler" or "tokenizer"). max_model_len: the
+    context limit in tokens (the scheduler reports it, from the worker's Ready; the launcher shows it on the HTTP
+    server's model cards)."""
 
     role: str
     pid: int
     endpoint: str = ""
+    max_model_len: int | None = None
 
 
 class ProcessFailed(msgspec.Struct, tag="process_failed", forbid_unknown_fields=True):

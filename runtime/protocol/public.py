@@ -160,7 +160,8 @@ class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fiel
         tokenizer: each token's and its alternatives' text (TokenText), so a client names tokens without one.
     finish_reason: None while running; "stop" (EOS, stop token or stop string), "length" (max_tokens or context),
         "abort" on the last chunk.
-    usage: set on the last chunk.
+    usage: the completion's usage so far (completion_tokens: its tokens sent up to this chunk), on every chunk once
+        the scheduler reported the prompt's; final on the last chunk (the one clients fold).
     score: a beam search completion's length-penalised cumulative logprob (SamplingParams.use_beam_search), on its
         last chunk; else None. Beam search completions come in one chunk each, best first by index.
     """

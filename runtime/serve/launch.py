@@ -5,7 +5,8 @@ Ctrl-C reaches only the launcher), waits until each reports ProcessReady, then, 
 OpenAI-compatible HTTP server (a 4th child, role "http", runtime/serve/http/process.py: a client of the public
 endpoint, bound to --host:PORT, the API key of --api-key or RADIXSERVE_API_KEY passed in its environment, never on a
 command line; it prints "radixserve http ready at http://HOST:PORT" itself); prints the public endpoint, logs the
-scheduler's stats every log_interval_s, and shuts everything down on Ctrl-C / SIGTERM. When a child dies it tells the
+scheduler's stats every log_interval_s, and shuts everything down on Ctrl-C (at once) / SIGTERM (after a drain of
+at most --shutdown-timeout seconds: Launcher.drain; the exit status is 0). When a child dies it tells the
 tokenizer (which answers every request in flight with an error), stops the others and exits with status 1. Children
 exit when the launcher dies (PR_SET_PDEATHSIG on Linux, and a parent-pid check on every poll timeout); the tokenizer
 first answers every request in flight with ErrorResponse(ERR_SERVER, "the launcher died").
@@ -34,6 +35,7 @@ import msgspec
 import zmq
 
 from runtime import protocol as p
+from runtime.client import Client, ClientError
 from runtime.config import InvalidConfig, ServerArgs
 from runtime.serve.http.process import http_child_env
 from runtime.serve.process import (
@@ -52,6 +54,8 @@ from runtime.serve.process import (
 logger = logging.getLogger(__name__)
 
 ROLES = ("worker", "scheduler", "tokenizer")
+HTTP_EXIT_GRACE_S = 7.0  # beyond shutdown_timeout: the http child's own stop (uvicorn's graceful 5 s) and exit
+IDLE_POLL_S = 0.1  # drain: between stats requests while the backend finishes its ZeroMQ clients' requests
 REPORT_WAIT_S = 0.25  # how long a dead child's ProcessFailed may trail its exit (it is sent before the child exits)
 
 
@@ -151,6 +155,7 @@ class Launcher:
         self.procs: dict[str, subprocess.Popen] = {}
         self.endpoint = ""
         self.http_url = ""
+        self.max_model_len: int | None = None  # the scheduler's ProcessReady says it (the model's, or the flag's)
         self._decoder = msgspec.msgpack.Decoder(p.LauncherInput)
         try:
             self.reports.bind(self.endpoints.launcher)
@@ -162,10 +167,12 @@ class Launcher:
 
     def _spawn(self, role: str) -> subprocess.Popen:
         """Starts one child. The API key is left out of every ChildSpec (a command line is visible to all users):
-        the http child gets it as RADIXSERVE_API_KEY in its environment, with the public endpoint's bound port."""
+        the http child gets it as RADIXSERVE_API_KEY in its environment, with the public endpoint's bound port and the
+        max_model_len the scheduler reported (for its model cards)."""
         args, env = dataclasses.replace(self.args, api_key=None), None
         if role == "http":
-            args = dataclasses.replace(args, port=int(self.endpoint.rsplit(":", 1)[1]))
+            port = int(self.endpoint.rsplit(":", 1)[1])
+            args = dataclasses.replace(args, port=port, max_model_len=self.max_model_len or args.max_model_len)
             env = http_child_env(self.args.api_key)
         spec = ChildSpec(role, os.getpid(), self.endpoints, args)
         cmd = [sys.executable, "-m", "runtime.serve.launch", "--child", msgspec.json.encode(spec).decode()]
@@ -201,6 +208,7 @@ class Launcher:
                     self.http_url = msg.endpoint
                 else:
                     self.endpoint = msg.endpoint or self.endpoint
+                self.max_model_len = msg.max_model_len or self.max_model_len
                 logger.info("%s process ready (pid %d)", msg.role, msg.pid)
                 continue
             dead = self.dead_child()
@@ -289,8 +297,41 @@ class Launcher:
         finally:
             sub.close(linger=0)
         logger.info("%s received; shutting down", stop[0])
+        if stop[0] == "SIGTERM":
+            self.drain()
         self.shutdown(f"server stopped ({stop[0]})")
         return 0
+
+    def drain(self) -> None:
+        """The graceful part of a SIGTERM, within args.shutdown_timeout seconds: the HTTP child is sent SIGTERM (it
+        answers new requests 503 and exits once its requests in flight finished: runtime.serve.http.drain) and
+        waited for; then the backend is given the rest of the time to finish what its ZeroMQ clients have running
+        or waiting (new ZeroMQ requests are still admitted meanwhile). shutdown() follows."""
+        deadline = time.monotonic() + self.args.shutdown_timeout
+        http = self.procs.get("http")
+        if http is not None and http.poll() is None:
+            http.terminate()
+            try:
+                http.wait(self.args.shutdown_timeout + HTTP_EXIT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                logger.warning("the http process did not finish draining in time")
+        wait_backend_idle(self.endpoint, deadline)
+
+
+def wait_backend_idle(endpoint: str, deadline: float) -> None:
+    """Returns once the server at endpoint runs, waits for and holds swapped no sequence, or at deadline
+    (time.monotonic() seconds), polling its stats every IDLE_POLL_S; at once when it does not answer."""
+    with Client(endpoint, timeout=IDLE_POLL_S * 20) as client:
+        while time.monotonic() < deadline:
+            try:
+                s = client.stats()
+            except ClientError as exc:
+                logger.warning("drain: the server's stats are not available (%s)", exc)
+                return
+            if s.num_running + s.num_waiting + s.num_swapped == 0:
+                return
+            time.sleep(IDLE_POLL_S)
+    logger.warning("drain: the shutdown timeout passed with requests still running")
 
 
 def log_stats(s: p.ServerStats) -> None:

@@ -281,6 +281,6 @@ def run_scheduler_process(spec) -> None:
         report_failure(ctx, reports, "scheduler", exc)
         return
     links.to_tokenizer.send(msgspec.msgpack.encode(p.SchedulerReady(ready)))
-    report(reports, p.ProcessReady("scheduler", os.getpid()))
+    report(reports, p.ProcessReady("scheduler", os.getpid(), max_model_len=ready.max_model_len))
     logger.info("scheduler ready: %d KV blocks of %d tokens", ready.num_blocks, ready.block_size)
     serve_scheduler(server, links.from_tokenizer, links.from_worker, lambda: parent_alive(spec))

@@ -23,9 +23,9 @@ class CompletionDelta(NamedTuple):
 
     text / token_ids / logprobs: new since the previous delta (logprobs aligned with token_ids, None when the request
         asked for none). token_texts: aligned with token_ids when the request asked for logprobs and there is a
-        tokenizer (each token's TokenText), else None. finish_reason: set once, on the last delta. usage: set with
-        finish_reason (prompt and cached tokens as the scheduler reported them; completion_tokens =
-        len(CompletionStream.token_ids)).
+        tokenizer (each token's TokenText), else None. finish_reason: set once, on the last delta. usage: prompt and
+        cached tokens as the scheduler reported them (None until it did), completion_tokens the tokens released so
+        far (on the last delta: len(CompletionStream.token_ids)).
     stop_keep_tokens: set when a stop string ended the completion while the scheduler still runs it: the caller must
         tell the scheduler to finish it keeping this many completion tokens (Scheduler.stop / protocol.Stop).
     """
@@ -146,6 +146,9 @@ class CompletionStream:
             self.finish_reason = finish
             u = self.usage or Usage(0, 0, 0)
             usage = Usage(u.prompt_tokens, u.cached_tokens, len(self.token_ids), u.queue_time_s, u.host_cached_tokens)
+        elif self.usage is not None:  # the running usage (vLLM's continuous_usage_stats reads it)
+            u = self.usage
+            usage = Usage(u.prompt_tokens, u.cached_tokens, self._sent, u.queue_time_s, u.host_cached_tokens)
         text = detok.text[start : self._end] if detok is not None else ""
         logprobs = self.logprobs[sent : self._sent] if self.logprobs is not None else None
         token_texts = self.token_texts[sent : self._sent] if self.token_texts is not None else None

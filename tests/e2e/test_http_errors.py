@@ -119,7 +119,15 @@ CASES = {
         "messages[0].content",
     ),
     "missing messages": (CHAT, {"model": MODEL}, {}, 400, INVALID, "missing_required_parameter", "messages"),
-    "unknown field": (CHAT, chat(max_token=5), {}, 400, INVALID, "unknown_parameter", "max_token"),
+    "unimplemented known field": (
+        CHAT,
+        chat(prediction={"type": "content", "content": "x"}),
+        {},
+        400,
+        INVALID,
+        "unsupported_parameter",
+        "prediction",
+    ),
     "unsupported field": (
         CHAT,
         chat(tools=[{"type": "function", "function": {"name": "f"}}]),
@@ -167,7 +175,7 @@ CASES = {
         "messages[0].role",
     ),
     "empty prompt": (TEXT, text(prompt=""), {}, 400, INVALID, "invalid_request", "prompt"),
-    "several prompts": (TEXT, text(prompt=["a", "b"]), {}, 400, INVALID, "invalid_value", "prompt"),
+    "a bad prompt in a list": (TEXT, text(prompt=["a", [5, 60000]]), {}, 400, INVALID, "invalid_request", "prompt"),
     "token id outside the vocabulary": (TEXT, text(prompt=[5, 60000]), {}, 400, INVALID, "invalid_request", "prompt"),
     "prompt beyond the context": (TEXT, text(prompt=[7] * 1100), {}, 400, INVALID, "context_length_exceeded", "prompt"),
     "huge body": (CHAT, BIG, {}, 413, INVALID, "request_too_large", None),
@@ -218,10 +226,12 @@ def test_the_openai_sdk_raises_the_matching_errors(http):
     assert auth.value.code == "invalid_api_key"
 
 
-def test_health_needs_no_key_and_everything_else_does(http):
+def test_v1_needs_the_key_and_health_and_metrics_do_not(http):
     assert send(http.url, "GET", "/health", key=None) == (200, {"status": "ok"})
-    for path in ("/v1/models", "/metrics", "/nope"):
+    for path in ("/v1/models", "/v1/nope"):
         assert send(http.url, "GET", path, key=None)[0] == 401
+    assert send(http.url, "GET", "/nope", key=None)[0] == 404
+    assert scrape(http.url)  # /metrics: no key needed, as in vLLM
 
 
 def successes(url: str) -> float:

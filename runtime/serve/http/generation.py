@@ -87,6 +87,10 @@ class Generation:
             pass
         return self.fold.choices()
 
+    async def close(self) -> None:
+        """Closes the backend stream (aborting the request if it still runs); call it when nothing iterates it."""
+        await self._stream.aclose()
+
     def usage(self) -> p.Usage:
         """The request's usage so far: CompletionFold.usage (every Usage field, queue_time_s and host_cached_tokens
         included; completion_tokens summed over the choices). The OpenAI usage body carries only its token counts

@@ -8,8 +8,9 @@ Which fields are accepted (the rule, documented in the README):
     - Known OpenAI (or vLLM) fields this server does not implement are a 400 unsupported_parameter naming the field
       when they are set to anything but their neutral value (tools: [] or null, response_format: {"type": "text"},
       logit_bias: {} or null, best_of: 1, echo: false, ...): see UNSUPPORTED.
-    - Any other field is a 400 unknown_parameter naming it, as the OpenAI API itself answers ("Unrecognized request
-      argument"): a misspelt max_tokens or temperature is never silently ignored.
+    - Any other field (at the top level, in a message, in a text content part, in stream_options) is ignored with a
+      warning logged once per name, as vLLM does (runtime.serve.http.extra_fields): clients send other servers'
+      extras and newer OpenAI fields.
 Nulls are accepted everywhere a field is optional and mean "not given".
 """
 
@@ -21,12 +22,15 @@ import msgspec
 
 from runtime import protocol as p
 from runtime.serve.http.errors import OpenAIError, bad_request, from_decode_error
+from runtime.serve.http.extra_fields import drop_unknown_in_body
 
 
 class StreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """stream_options: include_usage adds a last chunk with the usage and empty choices."""
+    """stream_options: include_usage adds a last chunk with the usage and empty choices; with it, vLLM's
+    continuous_usage_stats puts the choice's usage so far on every chunk too."""
 
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
     include_obfuscation: bool | None = None  # accepted, ignored: nothing is obfuscated
 
 
@@ -109,8 +113,9 @@ class ChatCompletionRequest(_Common, kw_only=True, forbid_unknown_fields=True):
 
 
 class CompletionRequest(_Common, kw_only=True, forbid_unknown_fields=True):
-    """POST /v1/completions. prompt: a string or a list of token ids (one prompt; a list of several prompts is a
-    400). logprobs (int, 0..20): the sampled token's logprob and that many alternatives."""
+    """POST /v1/completions. prompt: a string, a list of token ids, or a list of several such prompts (one choice
+    per prompt and sample: completion_prompts). logprobs (int, 0..20): the sampled token's logprob and that many
+    alternatives."""
 
     prompt: str | list[Any]
     logprobs: int | None = None
@@ -170,26 +175,46 @@ UNSUPPORTED: dict[str, Any] = {
 _MESSAGE_UNSUPPORTED = ("tool_calls", "tool_call_id", "function_call", "audio")
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
-_decoders = {
+_typed_decoders = {
     cls: msgspec.json.Decoder(cls)
     for cls in (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
 }
+_json_decoder = msgspec.json.Decoder()
+_MESSAGE_FIELDS = ChatMessageIn.__struct_fields__
+_STREAM_OPTIONS_FIELDS = StreamOptions.__struct_fields__
 
 
 def decode(body: bytes, cls: type[Any]) -> Any:
-    """body decoded as cls (one of the request Structs), its unsupported fields checked. O(len(body)).
+    """body decoded as cls (one of the request Structs), its undeclared fields dropped (extra_fields: each name
+    logged once), its unsupported fields checked. O(len(body)).
 
-    Raises OpenAIError (400): invalid_json, invalid_type, missing_required_parameter, unknown_parameter,
-    unsupported_parameter (each naming the field)."""
+    Raises OpenAIError (400): invalid_json, invalid_type, missing_required_parameter, unsupported_parameter (each
+    naming the field)."""
     try:
-        req = _decoders[cls].decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        req = _typed_decoders[cls].decode(body)
+    except msgspec.ValidationError as exc:
+        if "unknown field" not in str(exc):
+            raise from_decode_error(exc) from None
+        req = _decode_dropping_unknown(body, cls)
+    except msgspec.DecodeError as exc:
         raise from_decode_error(exc) from None
     for name in req.__struct_fields__:
         neutral = UNSUPPORTED.get(name)
         if neutral is not None and not neutral(getattr(req, name)):
             raise _unsupported(name)
     return req
+
+
+def _decode_dropping_unknown(body: bytes, cls: type[Any]) -> Any:
+    """The slow path of decode, for a body with an undeclared field (the typed decoder refused it): decoded to
+    Python objects, undeclared fields dropped (extra_fields), then converted to cls (about 7x the typed decode)."""
+    try:
+        obj = _json_decoder.decode(body)
+        if isinstance(obj, dict):
+            drop_unknown_in_body(obj, cls.__struct_fields__, _MESSAGE_FIELDS, _STREAM_OPTIONS_FIELDS)
+        return msgspec.convert(obj, cls)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise from_decode_error(exc) from None
 
 
 def _unsupported(param: str) -> OpenAIError:
@@ -228,7 +253,7 @@ def _text_parts(at: str, parts: list[dict[str, Any]]) -> str:
         text = part.get("text")
         if part.get("type") != "text":
             raise _unsupported(f"{at}.content[{j}].type")
-        if not isinstance(text, str) or set(part) - {"type", "text"}:
+        if not isinstance(text, str):
             raise bad_request(
                 f"{at}.content[{j}] must be {{'type': 'text', 'text': <string>}}", f"{at}.content[{j}]", "invalid_type"
             )
@@ -243,19 +268,35 @@ class CompletionPrompt(NamedTuple):
     input_ids: list[int] | None
 
 
-def completion_prompt(prompt: str | list[Any]) -> CompletionPrompt:
-    """The prompt of a completions request: a string, a list of token ids, or a list holding one string or one list
-    of token ids. Raises OpenAIError (400) for several prompts or a mixed list."""
+MAX_PROMPTS = 1024  # prompts in one completions request (each is a backend request of its own)
+
+
+def completion_prompts(prompt: str | list[Any]) -> list[CompletionPrompt]:
+    """The prompts of a completions request, in order: a string, a list of token ids, or a list of strings and
+    lists of token ids (one prompt each; OpenAI's batch form). Raises OpenAIError (400, param "prompt") for an empty
+    list, a list mixing ids with prompts, a prompt that is neither, or more than MAX_PROMPTS prompts."""
     if isinstance(prompt, str):
-        return CompletionPrompt(prompt, None)
-    if len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        return completion_prompt(prompt[0])
-    if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return CompletionPrompt(None, list(prompt))
-    if len(prompt) > 1 and all(isinstance(t, (str, list)) for t in prompt):
-        raise bad_request("a list of several prompts is not supported: send one prompt per request", "prompt")
+        return [CompletionPrompt(prompt, None)]
     if not prompt:
         raise bad_request("prompt must not be empty", "prompt")
-    raise bad_request(
-        "prompt must be a string, a list of token ids, or a list holding one of them", "prompt", "invalid_type"
-    )
+    if _token_ids(prompt):
+        return [CompletionPrompt(None, list(prompt))]
+    if len(prompt) > MAX_PROMPTS:
+        raise bad_request(f"a request may hold at most {MAX_PROMPTS} prompts, got {len(prompt)}", "prompt")
+    out = []
+    for one in prompt:
+        if isinstance(one, str):
+            out.append(CompletionPrompt(one, None))
+        elif isinstance(one, list) and one and _token_ids(one):
+            out.append(CompletionPrompt(None, list(one)))
+        else:
+            raise bad_request(
+                "prompt must be a string, a list of token ids, or a list of strings and lists of token ids",
+                "prompt",
+                "invalid_type",
+            )
+    return out
+
+
+def _token_ids(values: list[Any]) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in values)

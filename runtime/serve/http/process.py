@@ -93,6 +93,7 @@ def run_http_process(spec: ChildSpec) -> None:
         report(reports, p.ProcessReady("http", os.getpid(), f"http://{url_host(args.host)}:{port}"))
 
     try:
+        from runtime.serve.http.config import parse_origins
         from runtime.serve.http.server import HttpConfig, serve
 
         assert args.http_port is not None, "the http process needs server_args.http_port"
@@ -105,6 +106,11 @@ def run_http_process(spec: ChildSpec) -> None:
             model=args.model,
             served_model_name=args.served_model_name,
             max_body_bytes=args.max_message_bytes,
+            max_model_len=args.max_model_len,
+            allowed_origins=parse_origins(args.allowed_origins),
+            max_queued_requests=args.max_queued_requests,
+            max_running_requests=args.max_running_requests,
+            shutdown_timeout_s=args.shutdown_timeout,
             on_ready=on_ready,
         )
         serve(config)

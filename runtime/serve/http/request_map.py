@@ -14,7 +14,9 @@ Mapping (a field left out or null keeps SamplingParams' default):
         temperature 0 (beam search is deterministic; vLLM ignores temperature there).
     chat: logprobs (bool) + top_logprobs -> logprobs = top_logprobs (0 when not given) when logprobs is true;
         top_logprobs without logprobs is a 400. completions: logprobs (int) -> logprobs.
+    stream_options.include_usage (+ continuous_usage_stats) -> BackendRequest.include_usage (continuous_usage).
     cache_salt -> the request's cache_salt (requests with different salts share no cached block). user: ignored.
+    completions prompt: a list of prompts -> one GenerateRequest per prompt (openai_schema.completion_prompts).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any, NamedTuple
 from runtime import protocol as p
 from runtime.sampling_params import INT32_MAX, InvalidSamplingParams, SamplingParams
 from runtime.serve.http.errors import bad_request, from_exception
-from runtime.serve.http.openai_schema import ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompt
+from runtime.serve.http.openai_schema import ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompts
 
 COMPLETIONS_MAX_TOKENS = 16  # the OpenAI completions default
 _SAME_NAME = (
@@ -51,13 +53,15 @@ class BackendRequest(NamedTuple):
         measured for every request), its SamplingParams validated.
     param_names: SamplingParams field -> the request field it came from, where the names differ (for errors the
         backend raises later).
-    prompt_param: the request field holding the prompt ("messages" or "prompt"). include_usage: stream_options'.
+    prompt_param: the request field holding the prompt ("messages" or "prompt"). include_usage: stream_options';
+    continuous_usage: include_usage and stream_options.continuous_usage_stats (vLLM's rule).
     """
 
     request: p.GenerateRequest
     param_names: dict[str, str]
     prompt_param: str
     include_usage: bool
+    continuous_usage: bool = False
 
     @property
     def sampling_params(self) -> SamplingParams:
@@ -84,6 +88,10 @@ def _include_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream: true", "stream_options")
     return bool(req.stream_options is not None and req.stream_options.include_usage)
+
+
+def _continuous_usage(req: ChatCompletionRequest | CompletionRequest) -> bool:
+    return bool(_include_usage(req) and req.stream_options and req.stream_options.continuous_usage_stats)
 
 
 def _sampling_params(fields: dict[str, Any], param_names: dict[str, str], prompt_param: str) -> SamplingParams:
@@ -121,13 +129,14 @@ def chat_request(req: ChatCompletionRequest, rid: str) -> BackendRequest:
         stream=True,
         cache_salt=req.cache_salt,
     )
-    return BackendRequest(request, names, "messages", include_usage)
+    return BackendRequest(request, names, "messages", include_usage, _continuous_usage(req))
 
 
-def completion_request(req: CompletionRequest, rid: str) -> BackendRequest:
-    """The backend request of a (text) completion under rid. Raises OpenAIError (400) for a list of several prompts,
+def completion_requests(req: CompletionRequest, rid: str) -> list[BackendRequest]:
+    """The backend requests of a (text) completion under rid, one per prompt (rid, or rid-0, rid-1, ... for a list
+    of prompts), sharing one validated SamplingParams. Raises OpenAIError (400) for a bad prompt list,
     stream_options without stream, an out-of-range sampling parameter."""
-    prompt = completion_prompt(req.prompt)
+    prompts = completion_prompts(req.prompt)
     fields = _same_name_fields(req)
     if req.max_tokens is not None:
         fields["max_tokens"] = req.max_tokens
@@ -136,12 +145,16 @@ def completion_request(req: CompletionRequest, rid: str) -> BackendRequest:
     if req.logprobs is not None:
         fields["logprobs"] = req.logprobs
     include_usage = _include_usage(req)
-    request = p.GenerateRequest(
-        rid=rid,
-        prompt=prompt.text,
-        input_ids=prompt.input_ids,
-        sampling_params=_sampling_params(fields, {}, "prompt"),
-        stream=True,
-        cache_salt=req.cache_salt,
-    )
-    return BackendRequest(request, {}, "prompt", include_usage)
+    params = _sampling_params(fields, {}, "prompt")
+    out = []
+    for i, prompt in enumerate(prompts):
+        request = p.GenerateRequest(
+            rid=rid if len(prompts) == 1 else f"{rid}-{i}",
+            prompt=prompt.text,
+            input_ids=prompt.input_ids,
+            sampling_params=params,
+            stream=True,
+            cache_salt=req.cache_salt,
+        )
+        out.append(BackendRequest(request, {}, "prompt", include_usage, _continuous_usage(req)))
+    return out

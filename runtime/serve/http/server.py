@@ -1,9 +1,10 @@
 """The HTTP server process: `python -m runtime.serve.http --backend tcp://127.0.0.1:5557 --port 8000`.
 
-serve() runs the app of runtime.serve.http.app on uvicorn (uvloop, httptools) until SIGINT / SIGTERM. Once the socket
-is bound and the backend answered a health probe "ok", it prints `radixserve http ready at http://HOST:PORT` (the
-line launchers and tests wait for) and calls config.on_ready(port). It fronts any radixserve public endpoint: a
-server (runtime.launch) or a router (router.launch).
+serve() runs the app of runtime.serve.http.app on uvicorn (uvloop, httptools) until SIGINT, or until SIGTERM's drain
+ends (runtime.serve.http.drain: new requests 503, the ones in flight finish within --shutdown-timeout seconds).
+Once the socket is bound and the backend answered a health probe "ok", it prints
+`radixserve http ready at http://HOST:PORT` (the line launchers and tests wait for) and calls config.on_ready(port).
+It fronts any radixserve public endpoint: a server (runtime.launch) or a router (router.launch).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import uvicorn
 import uvloop
 
 from runtime.serve.http.app import build_app
-from runtime.serve.http.config import MAX_BODY_BYTES, HttpConfig
+from runtime.serve.http.config import MAX_BODY_BYTES, HttpConfig, parse_origins
+from runtime.serve.http.drain import Drain
 from runtime.serve.http.metrics import HttpMetrics
 
 __all__ = ["HttpConfig", "build_parser", "main", "serve"]
@@ -29,21 +31,47 @@ __all__ = ["HttpConfig", "build_parser", "main", "serve"]
 logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "RADIXSERVE_API_KEY"
-GRACEFUL_SHUTDOWN_S = 5  # open streams get this long after SIGTERM before they are cut (and their requests aborted)
+GRACEFUL_SHUTDOWN_S = 5  # after SIGINT (or a drain's end), open streams get this long before they are cut
+DRAIN_POLL_S = 0.05
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's Server, but a SIGINT / SIGTERM only stops it (uvicorn re-raises the signal after shutdown, which
-    would kill the process with it or raise KeyboardInterrupt): serve() returns normally instead."""
+    """uvicorn's Server, but a signal only stops it (uvicorn re-raises the signal after shutdown, which would kill
+    the process with it or raise KeyboardInterrupt): serve() returns normally instead. SIGINT stops it now (open
+    streams get GRACEFUL_SHUTDOWN_S); SIGTERM starts the drain (drain.py) and _watch_drain stops it once nothing is
+    in flight or the drain's deadline passed."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+        super().__init__(config)
+        self.drain = drain
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        original = {
+            signal.SIGINT: signal.signal(signal.SIGINT, self.handle_exit),
+            signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_sigterm),
+        }
         try:
             yield
         finally:
             for sig, handler in original.items():
                 signal.signal(sig, handler)
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        if not self.drain.draining:
+            logger.info(
+                "SIGTERM: draining %d requests in flight (%.0f s at most)", self.drain.in_flight, self.drain.timeout_s
+            )
+        self.drain.start()
+
+
+async def _watch_drain(server: _Server) -> None:
+    """Stops server once its drain is done (drain.Drain.done), polling every DRAIN_POLL_S."""
+    while not server.drain.done():
+        await asyncio.sleep(DRAIN_POLL_S)
+    if server.drain.in_flight:
+        logger.warning("drain deadline passed with %d requests in flight: stopping", server.drain.in_flight)
+    server.should_exit = True
 
 
 def url_host(host: str) -> str:
@@ -64,15 +92,18 @@ async def _serve(config: HttpConfig) -> None:
             access_log=False,
             log_level="warning",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        )
+        ),
+        app.state.drain,
     )
     serving = asyncio.ensure_future(server.serve())
     ready = asyncio.ensure_future(_announce(server, app.state.backend.ready, config))
+    watch = asyncio.ensure_future(_watch_drain(server))
     try:
         await serving
     finally:
         ready.cancel()
-        await asyncio.gather(ready, return_exceptions=True)
+        watch.cancel()
+        await asyncio.gather(ready, watch, return_exceptions=True)
 
 
 async def _announce(server: uvicorn.Server, backend_ready: asyncio.Event, config: HttpConfig) -> None:
@@ -96,7 +127,8 @@ def serve(config: HttpConfig) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI: --backend, --host, --port, --api-key, --model, --served-model-name, --max-body-bytes,
-    --health-timeout-s, --log-level."""
+    --health-timeout-s, --max-model-len, --allowed-origins, --max-queued-requests, --max-running-requests,
+    --shutdown-timeout, --log-level."""
     parser = argparse.ArgumentParser(
         prog="python -m runtime.serve.http",
         description="OpenAI-compatible HTTP server in front of a radixserve endpoint.",
@@ -119,6 +151,27 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds a health probe of the backend may take before /health answers 503",
     )
+    parser.add_argument(
+        "--max-model-len", type=int, default=None, help="the backend's context limit, shown on the model cards"
+    )
+    parser.add_argument(
+        "--allowed-origins", default=None, help="CORS: comma-separated origins allowed, '*' for any (default: no CORS)"
+    )
+    parser.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=None,
+        help="requests that may wait beyond --max-running-requests; one more is a 429 (default: no limit)",
+    )
+    parser.add_argument(
+        "--max-running-requests", type=int, default=64, help="the backend's running slots (for --max-queued-requests)"
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a SIGTERM gives the requests in flight to finish (new ones get 503) before the server stops",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -136,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         served_model_name=ns.served_model_name,
         max_body_bytes=ns.max_body_bytes,
         health_timeout_s=ns.health_timeout_s,
+        max_model_len=ns.max_model_len,
+        allowed_origins=parse_origins(ns.allowed_origins),
+        max_queued_requests=ns.max_queued_requests,
+        max_running_requests=ns.max_running_requests,
+        shutdown_timeout_s=ns.shutdown_timeout,
     )
     try:
         serve(config)

@@ -1,9 +1,12 @@
 """Server-Sent Events: `data: {json}\\n\\n` per chunk, `data: [DONE]\\n\\n` at the end, as the OpenAI API streams.
 
 Each backend StreamChunk becomes one chat.completion.chunk (or text_completion chunk) of its choice; the first
-chunk of each choice carries delta.role. With stream_options.include_usage every chunk has "usage": null and a
-last chunk with empty choices carries the usage. An error after the answer started is sent as an `{"error": ...}`
-event (the openai SDK raises it), then [DONE].
+chunk of each choice carries delta.role. A chunk that would say nothing (no text, no logprobs, no finish_reason: the
+tokens of a stop string held back, an EOS) sends no event, so no `delta: {}` comes mid-stream. With
+stream_options.include_usage every chunk has "usage": null and a last chunk with empty choices carries the usage;
+with continuous_usage_stats as well, every chunk carries its choice's usage so far (prompt tokens, and the choice's
+completion tokens up to this chunk), as vLLM sends it.
+An error after the answer started is sent as an `{"error": ...}` event (the openai SDK raises it), then [DONE].
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from starlette.types import Receive, Scope, Send
 from runtime import protocol as p
 from runtime.client.errors import ClientError
 from runtime.serve.http.errors import OpenAIError, from_exception
-from runtime.serve.http.generation import Generation, wait_disconnect
+from runtime.serve.http.generation import wait_disconnect
+from runtime.serve.http.generation_group import AnyGeneration
+from runtime.serve.http.request_id import log_rejected
 from runtime.serve.http.responses import chat_logprobs, completion_logprobs, usage_body
 
 DONE = b"data: [DONE]\n\n"
@@ -82,19 +87,31 @@ class StreamContext:
         self.header = {"id": rid, "object": object_name, "created": created, "model": model}
         self.logprobs = logprobs
         self.include_usage = include_usage
+        self.continuous_usage = False  # vLLM's continuous_usage_stats: each chunk's "usage" is its choice's so far
+        self.scope: Scope = {}  # the HTTP request's, for the log line of an error in the stream
 
-    def event(self, choice: dict[str, Any]) -> bytes:
+    def event(self, choice: dict[str, Any], usage: p.Usage | None = None) -> bytes:
+        """The event of one choice's chunk; usage: the choice's usage so far (StreamChunk.usage), sent when
+        continuous_usage is on ("usage": null otherwise, with include_usage)."""
         body = {**self.header, "choices": [choice]}
-        if self.include_usage:
+        if self.continuous_usage and usage is not None:
+            body["usage"] = usage_body(usage)
+        elif self.include_usage:
             body["usage"] = None
         return sse(body)
 
 
-def chat_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext) -> AsyncGenerator[bytes, None]:
+def _says_nothing(chunk: p.StreamChunk, logprobs: bool) -> bool:
+    return not chunk.text and chunk.finish_reason is None and not (logprobs and chunk.token_ids)
+
+
+def chat_events(gen: AnyGeneration, first: p.StreamChunk, ctx: StreamContext) -> AsyncGenerator[bytes, None]:
     """The events of a streamed chat completion (first: its first backend chunk, already received)."""
     started: set[int] = set()
 
-    def choice(chunk: p.StreamChunk) -> dict[str, Any]:
+    def choice(chunk: p.StreamChunk) -> dict[str, Any] | None:
+        if chunk.index in started and _says_nothing(chunk, ctx.logprobs):
+            return None
         delta: dict[str, Any] = {"content": chunk.text} if chunk.text or chunk.index not in started else {}
         if chunk.index not in started:
             started.add(chunk.index)
@@ -109,10 +126,12 @@ def chat_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext) -> As
     return _events(gen, first, ctx, choice)
 
 
-def completion_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext) -> AsyncGenerator[bytes, None]:
+def completion_events(gen: AnyGeneration, first: p.StreamChunk, ctx: StreamContext) -> AsyncGenerator[bytes, None]:
     """The events of a streamed text completion (first: its first backend chunk, already received)."""
 
-    def choice(chunk: p.StreamChunk) -> dict[str, Any]:
+    def choice(chunk: p.StreamChunk) -> dict[str, Any] | None:
+        if _says_nothing(chunk, ctx.logprobs):
+            return None
         logprobs = None
         if ctx.logprobs:
             offset = gen.fold.num_chars(chunk.index) - len(chunk.text)
@@ -125,16 +144,20 @@ def completion_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext)
 
 
 async def _events(
-    gen: Generation, first: p.StreamChunk, ctx: StreamContext, choice: Any
+    gen: AnyGeneration, first: p.StreamChunk, ctx: StreamContext, choice: Any
 ) -> AsyncGenerator[bytes, None]:
     chunks = gen.chunks(first)
     try:
         async for chunk in chunks:
-            yield ctx.event(choice(chunk))
+            event = choice(chunk)
+            if event is not None:
+                yield ctx.event(event, chunk.usage)
         if ctx.include_usage:
             yield sse({**ctx.header, "choices": [], "usage": usage_body(gen.usage())})
     except (ClientError, OpenAIError) as exc:
-        yield sse(from_exception(exc, gen.request.param_names, gen.request.prompt_param).body())
+        error = from_exception(exc, gen.request.param_names, gen.request.prompt_param)
+        log_rejected(ctx.scope, error.status, f"in its stream: {error.message}")
+        yield sse(error.body())
     finally:
         await chunks.aclose()
     yield DONE

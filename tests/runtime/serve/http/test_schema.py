@@ -15,15 +15,17 @@ from runtime.client.errors import (
     ServerGoneError,
 )
 from runtime.sampling_params import INT32_MAX, InvalidSamplingParams, SamplingParams
+from runtime.serve.http import extra_fields
 from runtime.serve.http.errors import OpenAIError, from_exception
 from runtime.serve.http.openai_schema import (
+    UNSUPPORTED,
     ChatCompletionRequest,
     CompletionRequest,
     chat_messages,
-    completion_prompt,
+    completion_prompts,
     decode,
 )
-from runtime.serve.http.request_map import chat_request, completion_request
+from runtime.serve.http.request_map import chat_request, completion_requests
 from runtime.serve.http.responses import chat_logprobs, completion_logprobs, usage_body
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -50,18 +52,14 @@ def error_of(body: bytes, cls=ChatCompletionRequest) -> tuple[int, str, str | No
         (b'{"messages": [], "max_tokens": "10"}', "invalid_type", "max_tokens"),
         (b'{"messages": [], "n": true}', "invalid_type", "n"),
         (b'{"messages": [{"role": "user", "content": 5}]}', "invalid_type", "messages[0].content"),
-        (b'{"messages": [], "temprature": 0.5}', "unknown_parameter", "temprature"),
-        (
-            b'{"messages": [], "stream_options": {"include_usage": true, "x": 1}}',
-            "unknown_parameter",
-            "stream_options.x",
-        ),
-        (b'{"messages": [{"role": "user", "content": "a", "foo": 1}]}', "unknown_parameter", "messages[0].foo"),
         (b'{"max_tokens": 3}', "missing_required_parameter", "messages"),
         (b'{"messages": [], "tools": [{"type": "function"}]}', "unsupported_parameter", "tools"),
         (b'{"messages": [], "response_format": {"type": "json_object"}}', "unsupported_parameter", "response_format"),
         (b'{"messages": [], "logit_bias": {"5": 10}}', "unsupported_parameter", "logit_bias"),
         (b'{"messages": [], "audio": {"voice": "x"}}', "unsupported_parameter", "audio"),
+        (b'{"messages": [], "modalities": ["text", "audio"]}', "unsupported_parameter", "modalities"),
+        (b'{"messages": [], "prediction": {"type": "content", "content": "x"}}', "unsupported_parameter", "prediction"),
+        (b'{"messages": [], "web_search_options": {}}', "unsupported_parameter", "web_search_options"),
     ],
 )
 def test_bad_chat_bodies_are_400_naming_the_field(body, code, param):
@@ -79,6 +77,42 @@ def test_bad_chat_bodies_are_400_naming_the_field(body, code, param):
 )
 def test_bad_completion_bodies_are_400_naming_the_field(body, code, param):
     assert error_of(body, CompletionRequest) == (400, "invalid_request_error", code, param)
+
+
+def test_unknown_fields_are_dropped_and_each_name_logged_once(caplog, monkeypatch):
+    monkeypatch.setattr(extra_fields, "_logged", set())  # names logged by earlier tests of this process
+    body = {
+        "messages": [
+            {"role": "assistant", "content": "a", "reasoning_content": "r"},
+            {"role": "user", "content": [{"type": "text", "text": "b", "cache_control": {"type": "ephemeral"}}]},
+        ],
+        "temprature": 0.5,
+        "stream": True,
+        "stream_options": {"include_usage": True, "x_later_option": 1},
+    }
+    with caplog.at_level("WARNING", logger="runtime.serve.http.extra_fields"):
+        for _ in range(3):
+            req = decode(orjson.dumps(body), ChatCompletionRequest)
+    assert req.temperature is None and req.stream_options.include_usage is True
+    assert chat_messages(req.messages) == [p.ChatMessage("assistant", "a"), p.ChatMessage("user", "b")]
+    logged = sorted(r.getMessage() for r in caplog.records)
+    assert logged == [
+        f"ignoring the unknown field {name!r} in {where} (logged once per name)"
+        for name, where in sorted(
+            [
+                ("cache_control", "messages[].content[]"),
+                ("reasoning_content", "messages[]"),
+                ("temprature", "request"),
+                ("x_later_option", "stream_options"),
+            ],
+            key=lambda nw: f"ignoring the unknown field {nw[0]!r} in {nw[1]} (logged once per name)",
+        )
+    ]
+
+
+def test_every_unsupported_field_is_declared_so_the_unknown_field_rule_cannot_swallow_it():
+    declared = set(ChatCompletionRequest.__struct_fields__) | set(CompletionRequest.__struct_fields__)
+    assert set(UNSUPPORTED) <= declared
 
 
 def test_neutral_values_of_unsupported_fields_and_harmless_fields_are_accepted():
@@ -154,7 +188,7 @@ def test_chat_fields_map_onto_sampling_params():
 
 def test_completion_fields_map_onto_sampling_params():
     req = decode(b'{"prompt": [5, 6, 7], "logprobs": 2, "stop": ["a", "b"]}', CompletionRequest)
-    backend = completion_request(req, "r")
+    (backend,) = completion_requests(req, "r")
     assert (backend.request.prompt, backend.request.input_ids) == (None, [5, 6, 7])
     assert backend.sampling_params == SamplingParams(max_tokens=16, logprobs=2, stop=["a", "b"])
 
@@ -162,30 +196,43 @@ def test_completion_fields_map_onto_sampling_params():
 @pytest.mark.parametrize(
     ("prompt", "expected"),
     [
-        ("text", ("text", None)),
-        ([1, 2], (None, [1, 2])),
-        (["text"], ("text", None)),
-        ([[3, 4]], (None, [3, 4])),
+        ("text", [("text", None)]),
+        ([1, 2], [(None, [1, 2])]),
+        (["text"], [("text", None)]),
+        ([[3, 4]], [(None, [3, 4])]),
+        (["a", [5], "b"], [("a", None), (None, [5]), ("b", None)]),
+        ([[1], [2]], [(None, [1]), (None, [2])]),
     ],
 )
 def test_completion_prompt_forms(prompt, expected):
-    assert completion_prompt(prompt) == expected
+    assert completion_prompts(prompt) == expected
 
 
 @pytest.mark.parametrize(
     ("prompt", "code"),
     [
-        (["a", "b"], "invalid_value"),
-        ([[1], [2]], "invalid_value"),
         ([], "invalid_value"),
+        (["a"] * 1025, "invalid_value"),
         ([1, "a"], "invalid_type"),
         ([True], "invalid_type"),
+        (["a", []], "invalid_type"),
+        ([[1, "x"]], "invalid_type"),
     ],
 )
 def test_bad_completion_prompts(prompt, code):
     with pytest.raises(OpenAIError) as info:
-        completion_prompt(prompt)
+        completion_prompts(prompt)
     assert (info.value.status, info.value.code, info.value.param) == (400, code, "prompt")
+
+
+def test_a_list_of_prompts_is_one_backend_request_each():
+    req = decode(b'{"prompt": ["a", [7, 8]], "n": 2, "max_tokens": 3}', CompletionRequest)
+    backend = completion_requests(req, "r")
+    assert [(b.request.rid, b.request.prompt, b.request.input_ids) for b in backend] == [
+        ("r-0", "a", None),
+        ("r-1", None, [7, 8]),
+    ]
+    assert [b.sampling_params for b in backend] == [SamplingParams(max_tokens=3, n=2)] * 2
 
 
 def test_chat_messages_roles_and_parts():
@@ -254,7 +301,7 @@ def test_an_out_of_range_value_is_a_400_naming_its_request_field():
         e = info.value
         assert (e.status, e.code, e.param, e.message) == (400, "invalid_value", param, f"{param} {message}")
     with pytest.raises(OpenAIError) as info:
-        completion_request(decode(b'{"prompt": "a", "n": 0}', CompletionRequest), "r")
+        completion_requests(decode(b'{"prompt": "a", "n": 0}', CompletionRequest), "r")
     assert (info.value.param, info.value.message) == ("n", "n must be in [1, 64], got 0")
 
 
