@@ -110,6 +110,7 @@ class Engine:
     def __init__(self, model: str = "smollm2", **kwargs: Any) -> None:
         from runtime.model.loader import ModelLoadError, load_tokenizer
         from runtime.model.runner import ModelRunner
+        from runtime.text.chat_templates import override_chat_template
 
         self.args = ServerArgs.from_kwargs(model=model, **kwargs)
         self.runner = ModelRunner(self.args)
@@ -125,7 +126,7 @@ class Engine:
             self.manager, self.args, ready.max_model_len, ready.eos_token_ids, vocab_size=ready.vocab_size
         )
         try:
-            self.tokenizer = load_tokenizer(model)
+            self.tokenizer = override_chat_template(load_tokenizer(model), self.args.chat_template)
         except ModelLoadError as e:
             logger.warning("no tokenizer for %s (%s): input_ids only, no text", model, e)
             self.tokenizer = None

@@ -71,6 +71,8 @@ class PromptPrep:
     def cheap(self, req: p.GenerateRequest) -> bool:
         """True when preparing req costs a few milliseconds at most (INLINE_CHARS, each chat message counted with its
         template overhead), so the loop may do it itself. O(len(messages) + len(stop)); call after precheck."""
+        if req.chat_options is not None and req.chat_options.tools:
+            return False  # tools' JSON is rendered too: not counted here, so never on the loop thread
         size = prompt_chars(req.prompt, req.messages) + len(req.input_ids or ())
         return size + sum(len(s) for s in req.sampling_params.stop) <= INLINE_CHARS
 
@@ -84,7 +86,8 @@ class PromptPrep:
             problem = check_token_ids(ids, r.vocab_size)
         else:
             try:
-                ids = encode_prompt(self.tokenizer, req.prompt, req.messages)  # precheck bounded the characters
+                # precheck bounded the characters
+                ids = encode_prompt(self.tokenizer, req.prompt, req.messages, chat_options=req.chat_options)
             except PromptError as exc:
                 raise RequestRejected(p.ERR_INVALID, str(exc)) from None
             problem = check_prompt(ids, r.max_model_len, r.vocab_size, r.block_size, r.num_blocks)
