@@ -37,6 +37,7 @@ from runtime.serve.http.metrics import CONTENT_TYPE, HttpMetrics
 from runtime.serve.http.request_map import BackendRequest, chat_request, completion_request
 from runtime.serve.http.responses import chat_response, completion_response
 from runtime.serve.http.streaming import EventStream, StreamContext, chat_events, completion_events
+from runtime.text.tool_parsers import tool_parser_class
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class Routes:
         self.metrics = metrics
         self.backend = backend
         self.created = int(time.time())
+        self.tool_parser = tool_parser_class(config.tool_call_parser)
 
     def check_model(self, model: str | None) -> None:
         """Raises OpenAIError 404 model_not_found unless model is None, the served name or the model argument."""
@@ -95,7 +97,7 @@ class Routes:
         chat = cls is schema.ChatCompletionRequest
         rid = uuid.uuid4().hex  # the answer's id and the backend request's rid
         if chat:
-            backend_req = chat_request(req, rid)
+            backend_req = chat_request(req, rid, self.tool_parser)
         else:
             backend_req = completion_request(req, rid)
         gen = Generation(client, backend_req, self.metrics, arrival)
@@ -111,7 +113,7 @@ class Routes:
         except ClientError as exc:
             raise from_exception(exc, backend_req.param_names, backend_req.prompt_param) from None
         if chat:
-            body = chat_response(rid, created, model, choices, gen.usage())
+            body = chat_response(rid, created, model, choices, gen.usage(), backend_req.tools)
         else:
             body = completion_response(rid, created, model, choices, gen.usage())
         return _json(body)
@@ -125,7 +127,7 @@ class Routes:
         usage = backend_req.include_usage
         if chat:
             ctx = StreamContext(f"chatcmpl-{rid}", "chat.completion.chunk", created, model, logprobs, usage)
-            return EventStream(chat_events(gen, first, ctx))
+            return EventStream(chat_events(gen, first, ctx, backend_req.tools))
         ctx = StreamContext(f"cmpl-{rid}", "text_completion", created, model, logprobs, usage)
         return EventStream(completion_events(gen, first, ctx))
 

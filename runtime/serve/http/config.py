@@ -21,6 +21,7 @@ class HttpConfig:
         backend). served_model_name: the name /v1/models lists (None: model); a request may name either.
     max_body_bytes: largest request body (bytes); a larger one is answered 413 before it is read in full.
     health_timeout_s: seconds a health probe of the backend may take before /health answers 503.
+    tool_call_parser: how tool calls are read in chat answers (runtime.text.tool_parsers.TOOL_PARSERS).
     on_ready: called with the bound port once the server listens and the backend answered a health probe.
     """
 
@@ -32,6 +33,7 @@ class HttpConfig:
     served_model_name: str | None = None
     max_body_bytes: int = MAX_BODY_BYTES
     health_timeout_s: float = 5.0
+    tool_call_parser: str = "hermes"
     on_ready: Callable[[int], None] | None = None
 
     @property

@@ -105,6 +105,7 @@ def run_http_process(spec: ChildSpec) -> None:
             model=args.model,
             served_model_name=args.served_model_name,
             max_body_bytes=args.max_message_bytes,
+            tool_call_parser=args.tool_call_parser,
             on_ready=on_ready,
         )
         serve(config)

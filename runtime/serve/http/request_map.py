@@ -15,6 +15,10 @@ Mapping (a field left out or null keeps SamplingParams' default):
     chat: logprobs (bool) + top_logprobs -> logprobs = top_logprobs (0 when not given) when logprobs is true;
         top_logprobs without logprobs is a 400. completions: logprobs (int) -> logprobs.
     cache_salt -> the request's cache_salt (requests with different salts share no cached block). user: ignored.
+    chat: tools, tool_choice, parallel_tool_calls -> ChatOptions.tools and the answer's ToolSetup
+        (runtime.serve.http.tool_request; "required" / a named function add their grammar to the SamplingParams);
+        chat_template_kwargs, add_generation_prompt (default: true, false when continue_final_message is true),
+        continue_final_message -> ChatOptions (both true is a 400, as vLLM answers).
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from runtime import protocol as p
 from runtime.sampling_params import INT32_MAX, InvalidSamplingParams, SamplingParams
 from runtime.serve.http.errors import bad_request, from_exception
 from runtime.serve.http.openai_schema import ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompt
+from runtime.serve.http.tool_request import ToolSetup, chat_tools
+from runtime.text.chat_templates import reserved_kwargs
+from runtime.text.tool_parsers import HermesToolParser, ToolParser
 
 COMPLETIONS_MAX_TOKENS = 16  # the OpenAI completions default
 _SAME_NAME = (
@@ -52,12 +59,14 @@ class BackendRequest(NamedTuple):
     param_names: SamplingParams field -> the request field it came from, where the names differ (for errors the
         backend raises later).
     prompt_param: the request field holding the prompt ("messages" or "prompt"). include_usage: stream_options'.
+    tools: how the answer's tool calls are parsed (None: they are not).
     """
 
     request: p.GenerateRequest
     param_names: dict[str, str]
     prompt_param: str
     include_usage: bool
+    tools: ToolSetup | None = None
 
     @property
     def sampling_params(self) -> SamplingParams:
@@ -95,10 +104,15 @@ def _sampling_params(fields: dict[str, Any], param_names: dict[str, str], prompt
         raise from_exception(exc, param_names, prompt_param) from None
 
 
-def chat_request(req: ChatCompletionRequest, rid: str) -> BackendRequest:
-    """The backend request of a chat completion under rid. Raises OpenAIError (400) for bad messages, top_logprobs
-    without logprobs, stream_options without stream, an out-of-range sampling parameter."""
+def chat_request(
+    req: ChatCompletionRequest, rid: str, tool_parser: type[ToolParser] = HermesToolParser
+) -> BackendRequest:
+    """The backend request of a chat completion under rid; tool_parser: the server's (--tool-call-parser). Raises
+    OpenAIError (400) for bad messages, bad tools or tool_choice, top_logprobs without logprobs, stream_options
+    without stream, add_generation_prompt and continue_final_message both true, an out-of-range sampling
+    parameter."""
     messages = chat_messages(req.messages)
+    tools = chat_tools(req.tools, req.tool_choice, req.parallel_tool_calls, tool_parser)
     fields = _same_name_fields(req)
     names: dict[str, str] = {}
     if req.max_completion_tokens is not None:
@@ -113,6 +127,8 @@ def chat_request(req: ChatCompletionRequest, rid: str) -> BackendRequest:
         names["logprobs"] = "top_logprobs"
     elif req.top_logprobs is not None:
         raise bad_request("top_logprobs requires logprobs: true", "top_logprobs")
+    if tools.setup is not None and tools.setup.constraint is not None and _CONSTRAINED:
+        fields["structured_outputs"] = tools.setup.constraint
     include_usage = _include_usage(req)
     request = p.GenerateRequest(
         rid=rid,
@@ -120,8 +136,35 @@ def chat_request(req: ChatCompletionRequest, rid: str) -> BackendRequest:
         sampling_params=_sampling_params(fields, names, "messages"),
         stream=True,
         cache_salt=req.cache_salt,
+        chat_options=_chat_options(req, tools.tools),
     )
-    return BackendRequest(request, names, "messages", include_usage)
+    return BackendRequest(request, names, "messages", include_usage, tools.setup)
+
+
+# SamplingParams.structured_outputs comes with the structured-output work (branch so); until it is merged the
+# grammar of "required" / a named function is built and checked but not enforced.
+_CONSTRAINED = "structured_outputs" in SamplingParams.__struct_fields__
+
+
+def _chat_options(req: ChatCompletionRequest, tools: list[dict[str, Any]] | None) -> p.ChatOptions | None:
+    """The chat's rendering options (None: all defaults). Raises OpenAIError (400) when add_generation_prompt and
+    continue_final_message are both true."""
+    continue_final = bool(req.continue_final_message)
+    add_prompt = not continue_final if req.add_generation_prompt is None else req.add_generation_prompt
+    if add_prompt and continue_final:
+        raise bad_request(
+            "add_generation_prompt and continue_final_message cannot both be true", "continue_final_message"
+        )
+    reserved = reserved_kwargs(req.chat_template_kwargs or {})
+    if reserved:
+        raise bad_request(f"chat_template_kwargs may not set {reserved}", "chat_template_kwargs")
+    options = p.ChatOptions(
+        tools=tools,
+        chat_template_kwargs=req.chat_template_kwargs or None,
+        add_generation_prompt=add_prompt,
+        continue_final_message=continue_final,
+    )
+    return None if options == p.ChatOptions() else options
 
 
 def completion_request(req: CompletionRequest, rid: str) -> BackendRequest:

@@ -23,6 +23,7 @@ import uvloop
 from runtime.serve.http.app import build_app
 from runtime.serve.http.config import MAX_BODY_BYTES, HttpConfig
 from runtime.serve.http.metrics import HttpMetrics
+from runtime.text.tool_parsers import TOOL_PARSERS
 
 __all__ = ["HttpConfig", "build_parser", "main", "serve"]
 
@@ -96,7 +97,7 @@ def serve(config: HttpConfig) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI: --backend, --host, --port, --api-key, --model, --served-model-name, --max-body-bytes,
-    --health-timeout-s, --log-level."""
+    --health-timeout-s, --tool-call-parser, --log-level."""
     parser = argparse.ArgumentParser(
         prog="python -m runtime.serve.http",
         description="OpenAI-compatible HTTP server in front of a radixserve endpoint.",
@@ -119,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds a health probe of the backend may take before /health answers 503",
     )
+    parser.add_argument(
+        "--tool-call-parser",
+        default="hermes",
+        choices=sorted(TOOL_PARSERS),
+        help="how tool calls are read in chat answers (runtime.text.tool_parsers)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -136,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         served_model_name=ns.served_model_name,
         max_body_bytes=ns.max_body_bytes,
         health_timeout_s=ns.health_timeout_s,
+        tool_call_parser=ns.tool_call_parser,
     )
     try:
         serve(config)

@@ -58,7 +58,7 @@ def error_of(body: bytes, cls=ChatCompletionRequest) -> tuple[int, str, str | No
         ),
         (b'{"messages": [{"role": "user", "content": "a", "foo": 1}]}', "unknown_parameter", "messages[0].foo"),
         (b'{"max_tokens": 3}', "missing_required_parameter", "messages"),
-        (b'{"messages": [], "tools": [{"type": "function"}]}', "unsupported_parameter", "tools"),
+        (b'{"messages": [], "functions": [{"name": "f"}]}', "unsupported_parameter", "functions"),
         (b'{"messages": [], "response_format": {"type": "json_object"}}', "unsupported_parameter", "response_format"),
         (b'{"messages": [], "logit_bias": {"5": 10}}', "unsupported_parameter", "logit_bias"),
         (b'{"messages": [], "audio": {"voice": "x"}}', "unsupported_parameter", "audio"),
@@ -212,8 +212,12 @@ def test_chat_messages_roles_and_parts():
     ("message", "code", "param"),
     [
         ({"role": "wizard", "content": "x"}, "invalid_value", "messages[0].role"),
-        ({"role": "tool", "content": "x", "tool_call_id": "1"}, "unsupported_parameter", "messages[0].tool_call_id"),
-        ({"role": "tool", "content": "x"}, "unsupported_parameter", "messages[0].role"),
+        ({"role": "user", "content": "x", "tool_call_id": "1"}, "invalid_value", "messages[0].tool_call_id"),
+        ({"role": "tool", "content": "x"}, "missing_required_parameter", "messages[0].tool_call_id"),
+        ({"role": "function", "content": "x", "name": "f"}, "unsupported_parameter", "messages[0].role"),
+        ({"role": "user", "content": "x", "tool_calls": []}, "invalid_value", "messages[0].tool_calls"),
+        ({"role": "assistant", "tool_calls": [{"id": "1"}]}, "invalid_type", "messages[0].tool_calls[0]"),
+        ({"role": "assistant", "content": None}, "missing_required_parameter", "messages[0].content"),
         ({"role": "user"}, "missing_required_parameter", "messages[0].content"),
         (
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]},
