@@ -7,7 +7,7 @@ and fills the step's token bitmask, bitmask.py is the sampler's stage that appli
 
 from runtime.model.grammar.bitmask import GrammarRows, apply_token_bitmask
 from runtime.model.grammar.compiler import GrammarCache
-from runtime.model.grammar.convert import check_compiles, to_grammar
+from runtime.model.grammar.convert import to_grammar
 from runtime.model.grammar.state import GrammarState
 
-__all__ = ["GrammarCache", "GrammarRows", "GrammarState", "apply_token_bitmask", "check_compiles", "to_grammar"]
+__all__ = ["GrammarCache", "GrammarRows", "GrammarState", "apply_token_bitmask", "to_grammar"]

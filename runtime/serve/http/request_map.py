@@ -15,6 +15,8 @@ Mapping (a field left out or null keeps SamplingParams' default):
     chat: logprobs (bool) + top_logprobs -> logprobs = top_logprobs (0 when not given) when logprobs is true;
         top_logprobs without logprobs is a 400. completions: logprobs (int) -> logprobs.
     cache_salt -> the request's cache_salt (requests with different salts share no cached block). user: ignored.
+    response_format, structured_outputs, guided_json / guided_regex / guided_choice / guided_grammar (chat and
+        completions) -> structured_outputs (runtime.serve.http.structured).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from runtime import protocol as p
 from runtime.sampling_params import INT32_MAX, InvalidSamplingParams, SamplingParams
 from runtime.serve.http.errors import bad_request, from_exception
 from runtime.serve.http.openai_schema import ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompt
+from runtime.serve.http.structured import request_constraint
 
 COMPLETIONS_MAX_TOKENS = 16  # the OpenAI completions default
 _SAME_NAME = (
@@ -62,6 +65,14 @@ class BackendRequest(NamedTuple):
     @property
     def sampling_params(self) -> SamplingParams:
         return self.request.sampling_params
+
+
+def _constraint(req: ChatCompletionRequest | CompletionRequest, fields: dict[str, Any], names: dict[str, str]) -> None:
+    """Put the request's structured-output constraint, if any, in fields and the field it came from in names."""
+    constraint = request_constraint(req)
+    if constraint is not None:
+        fields["structured_outputs"] = constraint.value
+        names["structured_outputs"] = constraint.param
 
 
 def _same_name_fields(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
@@ -113,6 +124,7 @@ def chat_request(req: ChatCompletionRequest, rid: str) -> BackendRequest:
         names["logprobs"] = "top_logprobs"
     elif req.top_logprobs is not None:
         raise bad_request("top_logprobs requires logprobs: true", "top_logprobs")
+    _constraint(req, fields, names)
     include_usage = _include_usage(req)
     request = p.GenerateRequest(
         rid=rid,
@@ -135,13 +147,15 @@ def completion_request(req: CompletionRequest, rid: str) -> BackendRequest:
         fields["max_tokens"] = COMPLETIONS_MAX_TOKENS
     if req.logprobs is not None:
         fields["logprobs"] = req.logprobs
+    names: dict[str, str] = {}
+    _constraint(req, fields, names)
     include_usage = _include_usage(req)
     request = p.GenerateRequest(
         rid=rid,
         prompt=prompt.text,
         input_ids=prompt.input_ids,
-        sampling_params=_sampling_params(fields, {}, "prompt"),
+        sampling_params=_sampling_params(fields, names, "prompt"),
         stream=True,
         cache_salt=req.cache_salt,
     )
-    return BackendRequest(request, {}, "prompt", include_usage)
+    return BackendRequest(request, names, "prompt", include_usage)
