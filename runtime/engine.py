@@ -196,6 +196,10 @@ class Engine:
         Raises RequestRejected, ValueError, EngineError (text without a tokenizer)."""
         ids = self._encode(prompt, input_ids, messages)
         params = sampling_params or SamplingParams()
+        if params.structured_outputs is not None:
+            from runtime.model.grammar.convert import check_compiles  # lazy: xgrammar imports torch
+
+            check_compiles(params.structured_outputs)  # InvalidStructuredOutputs (a ValueError) naming the field
         rid = rid if rid is not None else f"req-{next(self._rids)}"
         self.scheduler.add_request(rid, ids, params, cache_salt)
         streams = [CompletionStream(self.tokenizer, params, self._eos, self._texts) for _ in range(params.n)]

@@ -5,8 +5,8 @@ Which fields are accepted (the rule, documented in the README):
     - Harmless OpenAI fields that change nothing about the completion are accepted and ignored: user, metadata, store,
       service_tier, safety_identifier, prompt_cache_key, prompt_cache_retention, stream_options.include_obfuscation.
     - Known OpenAI (or vLLM) fields this server does not implement are a 400 unsupported_parameter naming the field
-      when they are set to anything but their neutral value (tools: [] or null, response_format: {"type": "text"},
-      logit_bias: {} or null, best_of: 1, echo: false, ...): see UNSUPPORTED.
+      when they are set to anything but their neutral value (tools: [] or null, logit_bias: {} or null, best_of: 1,
+      echo: false, ...): see UNSUPPORTED.
     - Any other field is a 400 unknown_parameter naming it, as the OpenAI API itself answers ("Unrecognized request
       argument"): a misspelt max_tokens or temperature is never silently ignored.
 Nulls are accepted everywhere a field is optional and mean "not given".
@@ -64,6 +64,12 @@ class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     repetition_penalty: float | None = None
     use_beam_search: bool | None = None  # vLLM's extra fields: beam search of width n
     length_penalty: float | None = None
+    response_format: Any = None  # structured outputs (runtime.serve.http.structured): OpenAI's and vLLM's fields
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
     cache_salt: str | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -94,7 +100,6 @@ class ChatCompletionRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -150,7 +155,6 @@ UNSUPPORTED: dict[str, Any] = {
     "include_stop_str_in_output": _none_or(False),
     "functions": _none_or([]),
     "function_call": _none_or("none"),
-    "response_format": _none_or({"type": "text"}),
     "audio": _none_or(),
     "modalities": _none_or(["text"]),
     "prediction": _none_or(),

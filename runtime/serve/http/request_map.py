@@ -15,10 +15,13 @@ Mapping (a field left out or null keeps SamplingParams' default):
     chat: logprobs (bool) + top_logprobs -> logprobs = top_logprobs (0 when not given) when logprobs is true;
         top_logprobs without logprobs is a 400. completions: logprobs (int) -> logprobs.
     cache_salt -> the request's cache_salt (requests with different salts share no cached block). user: ignored.
+    response_format, structured_outputs, guided_json / guided_regex / guided_choice / guided_grammar (chat and
+        completions) -> structured_outputs (runtime.serve.http.structured).
     chat: tools, tool_choice, parallel_tool_calls -> ChatOptions.tools and the answer's ToolSetup
-        (runtime.serve.http.tool_request; "required" / a named function add their grammar to the SamplingParams);
-        chat_template_kwargs, add_generation_prompt (default: true, false when continue_final_message is true),
-        continue_final_message -> ChatOptions (both true is a 400, as vLLM answers).
+        (runtime.serve.http.tool_request; "required" / a named function put their grammar in structured_outputs, so
+        they exclude response_format and the other constraint fields); chat_template_kwargs, add_generation_prompt
+        (default: true, false when continue_final_message is true), continue_final_message -> ChatOptions (both
+        true is a 400, as vLLM answers).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from runtime import protocol as p
 from runtime.sampling_params import INT32_MAX, InvalidSamplingParams, SamplingParams
 from runtime.serve.http.errors import bad_request, from_exception
 from runtime.serve.http.openai_schema import ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompt
+from runtime.serve.http.structured import request_constraint
 from runtime.serve.http.tool_request import ToolSetup, chat_tools
 from runtime.text.chat_templates import reserved_kwargs
 from runtime.text.tool_parsers import HermesToolParser, ToolParser
@@ -71,6 +75,14 @@ class BackendRequest(NamedTuple):
     @property
     def sampling_params(self) -> SamplingParams:
         return self.request.sampling_params
+
+
+def _constraint(req: ChatCompletionRequest | CompletionRequest, fields: dict[str, Any], names: dict[str, str]) -> None:
+    """Put the request's structured-output constraint, if any, in fields and the field it came from in names."""
+    constraint = request_constraint(req)
+    if constraint is not None:
+        fields["structured_outputs"] = constraint.value
+        names["structured_outputs"] = constraint.param
 
 
 def _same_name_fields(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
@@ -127,8 +139,14 @@ def chat_request(
         names["logprobs"] = "top_logprobs"
     elif req.top_logprobs is not None:
         raise bad_request("top_logprobs requires logprobs: true", "top_logprobs")
-    if tools.setup is not None and tools.setup.constraint is not None and _CONSTRAINED:
+    _constraint(req, fields, names)
+    if tools.setup is not None and tools.setup.constraint is not None:
+        if "structured_outputs" in fields:
+            raise bad_request(
+                f"tool_choice {req.tool_choice!r} cannot be combined with {names['structured_outputs']}", "tool_choice"
+            )
         fields["structured_outputs"] = tools.setup.constraint
+        names["structured_outputs"] = "tool_choice"
     include_usage = _include_usage(req)
     request = p.GenerateRequest(
         rid=rid,
@@ -139,11 +157,6 @@ def chat_request(
         chat_options=_chat_options(req, tools.tools),
     )
     return BackendRequest(request, names, "messages", include_usage, tools.setup)
-
-
-# SamplingParams.structured_outputs comes with the structured-output work (branch so); until it is merged the
-# grammar of "required" / a named function is built and checked but not enforced.
-_CONSTRAINED = "structured_outputs" in SamplingParams.__struct_fields__
 
 
 def _chat_options(req: ChatCompletionRequest, tools: list[dict[str, Any]] | None) -> p.ChatOptions | None:
@@ -178,13 +191,15 @@ def completion_request(req: CompletionRequest, rid: str) -> BackendRequest:
         fields["max_tokens"] = COMPLETIONS_MAX_TOKENS
     if req.logprobs is not None:
         fields["logprobs"] = req.logprobs
+    names: dict[str, str] = {}
+    _constraint(req, fields, names)
     include_usage = _include_usage(req)
     request = p.GenerateRequest(
         rid=rid,
         prompt=prompt.text,
         input_ids=prompt.input_ids,
-        sampling_params=_sampling_params(fields, {}, "prompt"),
+        sampling_params=_sampling_params(fields, names, "prompt"),
         stream=True,
         cache_salt=req.cache_salt,
     )
-    return BackendRequest(request, {}, "prompt", include_usage)
+    return BackendRequest(request, names, "prompt", include_usage)

@@ -9,7 +9,9 @@ thread (on the loop thread only for a request that is cheap(): a few ms at most)
 (runtime.text.prompt.encode_prompt, the Engine's and the router's path too; the character limit is not checked again),
 the rest of the prompt check (check_prompt for text, check_token_ids for input_ids, whose length precheck passed), and
 the CompletionStreams (whose stop-string automaton is built there too). SamplingParams are not checked here: decoding
-the frame validated them (runtime.protocol.client_frame). Neither stage touches a socket or a request table.
+the frame validated them (runtime.protocol.client_frame); prepare only checks that a structured_outputs constraint
+compiles (runtime.model.grammar.convert.check_compiles: ERR_INVALID naming the field), so a request with one is never
+cheap(). Neither stage touches a socket or a request table.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from runtime.prompt_check import (
     prompt_chars,
 )
 from runtime.scheduler.request import RequestRejected
+from runtime.structured_outputs import InvalidStructuredOutputs
 from runtime.text.completion_stream import CompletionStream
 from runtime.text.prompt import PromptError, encode_prompt
 from runtime.text.token_text import TokenTextCache
@@ -71,6 +74,8 @@ class PromptPrep:
     def cheap(self, req: p.GenerateRequest) -> bool:
         """True when preparing req costs a few milliseconds at most (INLINE_CHARS, each chat message counted with its
         template overhead), so the loop may do it itself. O(len(messages) + len(stop)); call after precheck."""
+        if req.sampling_params.structured_outputs is not None:
+            return False
         if req.chat_options is not None and req.chat_options.tools:
             return False  # tools' JSON is rendered too: not counted here, so never on the loop thread
         size = prompt_chars(req.prompt, req.messages) + len(req.input_ids or ())
@@ -79,8 +84,16 @@ class PromptPrep:
     def prepare(self, internal: str, req: p.GenerateRequest) -> Prepared:
         """The TokenizedRequest (under the internal rid) and the completions of a request precheck passed. Raises
         RequestRejected (code, message) for a prompt this server cannot serve: PromptError -> ERR_INVALID, then
-        check_prompt's problem (for input_ids: check_token_ids', the length being checked already)."""
+        check_prompt's problem (for input_ids: check_token_ids', the length being checked already), and a
+        structured_outputs constraint that does not compile (ERR_INVALID)."""
         r = self.ready
+        if req.sampling_params.structured_outputs is not None:
+            from runtime.model.grammar.convert import check_compiles  # lazy: xgrammar imports torch
+
+            try:
+                check_compiles(req.sampling_params.structured_outputs)
+            except InvalidStructuredOutputs as exc:
+                raise RequestRejected(p.ERR_INVALID, str(exc)) from None
         if req.input_ids is not None:
             ids = req.input_ids  # typed list[int] by the decode: nothing to convert
             problem = check_token_ids(ids, r.vocab_size)
