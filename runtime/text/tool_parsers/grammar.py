@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from runtime.structured_outputs import StructuredOutputs
 from runtime.text.tool_parsers.base import ToolParser
 
-MAX_JSON_WHITESPACE = 4  # consecutive whitespace characters allowed inside the arguments: JSON needs none, and an
+MAX_JSON_WHITESPACE = 1  # consecutive whitespace characters allowed inside the arguments: JSON needs none, and an
 # unbounded run lets a small model spend its max_tokens on spaces before it closes the call
 
 
