@@ -57,3 +57,11 @@ def test_bad_options_are_err_invalid(smollm2_tokenizer, options, message):
         prep.precheck(req)
         prep.prepare("i1", req)
     assert info.value.code == p.ERR_INVALID
+
+
+def test_the_router_routes_on_the_same_ids(smollm2_tokenizer):
+    from router.text import RouterTokenizer
+
+    req = _request(p.ChatOptions(tools=[WEATHER]))
+    expected = encode_prompt(smollm2_tokenizer, messages=MESSAGES, chat_options=req.chat_options)
+    assert RouterTokenizer(smollm2_tokenizer).prompt_ids(req) == expected
