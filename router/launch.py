@@ -223,7 +223,6 @@ def run_router_process(spec_json: str) -> None:
     rotation, serves until SIGTERM or the launcher dies."""
     from router.router import Router
     from runtime.model.loader import load_tokenizer
-    from runtime.text.chat_templates import override_chat_template
 
     spec = msgspec.json.decode(spec_json, type=RouterSpec)
     logging.basicConfig(
@@ -238,8 +237,7 @@ def run_router_process(spec_json: str) -> None:
     reports = ctx.socket(zmq.PUSH)
     reports.connect(spec.launcher)
     try:
-        tokenizer = override_chat_template(load_tokenizer(spec.args.model), spec.args.chat_template)
-        router = Router(spec.args, tokenizer, ctx)
+        router = Router(spec.args, load_tokenizer(spec.args.model), ctx)
         endpoint = router.bind()
     except Exception as exc:
         logger.exception("router failed to start")
