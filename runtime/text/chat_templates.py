@@ -12,6 +12,7 @@ would silently drop the tools.
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +91,20 @@ def override_chat_template(tokenizer: Any, path: str | None) -> Any:
     if path is not None:
         tokenizer.chat_template = read_chat_template(path)
     return tokenizer
+
+
+def tool_chars(messages: Any, options: Any) -> int:
+    """Characters a chat renders beyond its messages' roles and contents (which runtime.prompt_check.prompt_chars
+    counts): the tools' JSON (ChatOptions.tools) and each tool call's name, arguments and id, and each tool_call_id.
+    Counted against the same character limit before rendering. O(size of the tools and calls)."""
+    total = 0
+    tools = getattr(options, "tools", None)
+    if tools:
+        total += len(json.dumps(tools, ensure_ascii=False, default=str))
+    for m in messages or ():
+        for call in getattr(m, "tool_calls", None) or ():
+            total += len(call.id) + len(call.name) + len(call.arguments)
+        call_id = getattr(m, "tool_call_id", None)
+        if isinstance(call_id, str):
+            total += len(call_id)
+    return total

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from runtime import protocol as p
 from runtime.prompt_check import (
+    PromptProblem,
     check_prompt,
     check_prompt_chars,
     check_prompt_length,
@@ -29,6 +30,7 @@ from runtime.prompt_check import (
 )
 from runtime.scheduler.request import RequestRejected
 from runtime.structured_outputs import InvalidStructuredOutputs
+from runtime.text.chat_templates import tool_chars
 from runtime.text.completion_stream import CompletionStream
 from runtime.text.prompt import PromptError, encode_prompt
 from runtime.text.token_text import TokenTextCache
@@ -59,12 +61,18 @@ class PromptPrep:
 
     def precheck(self, req: p.GenerateRequest) -> None:
         """Raises RequestRejected: ERR_INVALID for a malformed request, more than MAX_CHAT_MESSAGES messages or text
-        over prompt_chars characters; ERR_CONTEXT for input_ids that can never fit the context or the pool (the
-        message check_prompt would give). O(len(messages)), O(1) for input_ids; tokenizes nothing."""
+        over prompt_chars characters (a chat's tools and tool calls counted: chat_templates.tool_chars);
+        ERR_CONTEXT for input_ids that can never fit the context or the pool (the message check_prompt would give).
+        O(len(messages)) (and the tools' size), O(1) for input_ids; tokenizes nothing."""
         problem = req.check()
         if problem:
             raise RequestRejected(p.ERR_INVALID, problem)
         too_long = check_prompt_chars(req.prompt, req.messages, self.prompt_chars)
+        if too_long is None and req.messages is not None:
+            chars = prompt_chars(req.prompt, req.messages) + tool_chars(req.messages, req.chat_options)
+            if chars > self.prompt_chars:
+                message = f"messages and tools too long: {chars} characters, the limit is {self.prompt_chars}"
+                too_long = PromptProblem(p.ERR_INVALID, message + " (max_prompt_chars)")
         if too_long is None and req.input_ids is not None:
             r = self.ready
             too_long = check_prompt_length(len(req.input_ids), r.max_model_len, r.block_size, r.num_blocks)
@@ -76,9 +84,9 @@ class PromptPrep:
         template overhead), so the loop may do it itself. O(len(messages) + len(stop)); call after precheck."""
         if req.sampling_params.structured_outputs is not None:
             return False
-        if req.chat_options is not None and req.chat_options.tools:
-            return False  # tools' JSON is rendered too: not counted here, so never on the loop thread
         size = prompt_chars(req.prompt, req.messages) + len(req.input_ids or ())
+        if req.messages is not None:
+            size += tool_chars(req.messages, req.chat_options)
         return size + sum(len(s) for s in req.sampling_params.stop) <= INLINE_CHARS
 
     def prepare(self, internal: str, req: p.GenerateRequest) -> Prepared:

@@ -35,7 +35,6 @@ def test_the_tokenizer_process_renders_with_the_options(smollm2_tokenizer):
     for options in (p.ChatOptions(tools=[WEATHER]), p.ChatOptions(add_generation_prompt=False)):
         req = _request(options)
         prep.precheck(req)
-        assert not prep.cheap(req) or not options.tools  # tools are rendered on the worker thread
         ids = prep.prepare("i1", req).message.input_ids
         assert ids == encode_prompt(smollm2_tokenizer, messages=MESSAGES, chat_options=options)
     with_tools = encode_prompt(smollm2_tokenizer, messages=MESSAGES, chat_options=p.ChatOptions(tools=[WEATHER]))
@@ -65,3 +64,20 @@ def test_the_router_routes_on_the_same_ids(smollm2_tokenizer):
     req = _request(p.ChatOptions(tools=[WEATHER]))
     expected = encode_prompt(smollm2_tokenizer, messages=MESSAGES, chat_options=req.chat_options)
     assert RouterTokenizer(smollm2_tokenizer).prompt_ids(req) == expected
+
+
+def test_tools_and_tool_calls_count_against_the_character_limit(smollm2_tokenizer):
+    plain = PromptPrep(smollm2_tokenizer, READY).prompt_chars
+    base = 3 * 32 + len("user") + len("Weather in Oslo?") + len("assistant") + len("tool") + len("-3 C")
+    calls = len("call_1") + len("get_weather") + len('{"city": "Oslo"}') + len("call_1")
+    tools = len('[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]')
+    req = _request(p.ChatOptions(tools=[WEATHER]))
+    PromptPrep(smollm2_tokenizer, READY, max_prompt_chars=base + calls + tools).precheck(req)
+    with pytest.raises(
+        RequestRejected, match=f"messages and tools too long: {base + calls + tools} characters"
+    ) as info:
+        PromptPrep(smollm2_tokenizer, READY, max_prompt_chars=base + calls + tools - 1).precheck(req)
+    assert info.value.code == p.ERR_INVALID
+    assert plain > base + calls + tools
+    big = _request(p.ChatOptions(tools=[WEATHER] * 40))
+    assert not PromptPrep(smollm2_tokenizer, READY).cheap(big)  # rendered on the worker thread, not the loop's
