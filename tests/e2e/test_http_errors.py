@@ -122,21 +122,21 @@ CASES = {
     "unknown field": (CHAT, chat(max_token=5), {}, 400, INVALID, "unknown_parameter", "max_token"),
     "unsupported field": (
         CHAT,
-        chat(tools=[{"type": "function", "function": {"name": "f"}}]),
+        chat(functions=[{"name": "f"}]),
         {},
         400,
         INVALID,
         "unsupported_parameter",
-        "tools",
+        "functions",
     ),
-    "unsupported response_format": (
+    "bad tool name": (
         CHAT,
-        chat(response_format={"type": "json_object"}),
+        chat(tools=[{"type": "function", "function": {"name": "no spaces"}}]),
         {},
         400,
         INVALID,
-        "unsupported_parameter",
-        "response_format",
+        "invalid_value",
+        "tools[0].function.name",
     ),
     "max_tokens 0": (CHAT, chat(max_tokens=0), {}, 400, INVALID, "invalid_value", "max_tokens"),
     "max_completion_tokens -1": (
