@@ -23,6 +23,7 @@ from runtime.config import ServerArgs
 from runtime.prompt_check import prompt_char_limit
 from runtime.protocol import (
     ERR_INVALID,
+    ChatOptions,
     ForwardResult,
     ServerStats,
     StreamChunk,
@@ -191,10 +192,12 @@ class Engine:
         sampling_params: SamplingParams | None = None,
         cache_salt: str | None = None,
         rid: str | None = None,
+        chat_options: ChatOptions | None = None,
     ) -> str:
-        """Queue one request (exactly one of prompt, input_ids, messages); returns its rid. Drive with step().
-        Raises RequestRejected, ValueError, EngineError (text without a tokenizer)."""
-        ids = self._encode(prompt, input_ids, messages)
+        """Queue one request (exactly one of prompt, input_ids, messages; chat_options: how messages are rendered,
+        tools included); returns its rid. Drive with step(). Raises RequestRejected, ValueError, EngineError (text
+        without a tokenizer)."""
+        ids = self._encode(prompt, input_ids, messages, chat_options)
         params = sampling_params or SamplingParams()
         if params.structured_outputs is not None:
             from runtime.model.grammar.convert import check_compiles  # lazy: xgrammar imports torch
@@ -319,7 +322,11 @@ class Engine:
         )
 
     def _encode(
-        self, prompt: str | None, input_ids: Sequence[int] | None, messages: list[dict[str, Any]] | None
+        self,
+        prompt: str | None,
+        input_ids: Sequence[int] | None,
+        messages: list[dict[str, Any]] | None,
+        chat_options: ChatOptions | None = None,
     ) -> list[int]:
         """The prompt's ids through the server's own path (input_problem, encode_prompt): the same errors, as
         RequestRejected(ERR_INVALID, message). Raises EngineError for text without a tokenizer."""
@@ -331,7 +338,9 @@ class Engine:
         if input_ids is None and self.tokenizer is None:
             raise EngineError(f"model {self.args.model!r} has no tokenizer: pass input_ids")
         try:
-            return encode_prompt(self.tokenizer, prompt, messages, input_ids, max_chars=self._max_prompt_chars)
+            return encode_prompt(
+                self.tokenizer, prompt, messages, input_ids, max_chars=self._max_prompt_chars, chat_options=chat_options
+            )
         except PromptError as exc:
             raise RequestRejected(ERR_INVALID, str(exc)) from None
 
