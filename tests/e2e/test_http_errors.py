@@ -129,14 +129,14 @@ CASES = {
         "unsupported_parameter",
         "tools",
     ),
-    "unsupported response_format": (
+    "unknown response_format type": (
         CHAT,
-        chat(response_format={"type": "json_object"}),
+        chat(response_format={"type": "xml"}),
         {},
         400,
         INVALID,
-        "unsupported_parameter",
-        "response_format",
+        "invalid_value",
+        "response_format.type",
     ),
     "max_tokens 0": (CHAT, chat(max_tokens=0), {}, 400, INVALID, "invalid_value", "max_tokens"),
     "max_completion_tokens -1": (

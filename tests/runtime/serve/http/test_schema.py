@@ -59,7 +59,6 @@ def error_of(body: bytes, cls=ChatCompletionRequest) -> tuple[int, str, str | No
         (b'{"messages": [{"role": "user", "content": "a", "foo": 1}]}', "unknown_parameter", "messages[0].foo"),
         (b'{"max_tokens": 3}', "missing_required_parameter", "messages"),
         (b'{"messages": [], "tools": [{"type": "function"}]}', "unsupported_parameter", "tools"),
-        (b'{"messages": [], "response_format": {"type": "json_object"}}', "unsupported_parameter", "response_format"),
         (b'{"messages": [], "logit_bias": {"5": 10}}', "unsupported_parameter", "logit_bias"),
         (b'{"messages": [], "audio": {"voice": "x"}}', "unsupported_parameter", "audio"),
     ],
