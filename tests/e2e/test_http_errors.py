@@ -138,6 +138,15 @@ CASES = {
         "invalid_value",
         "tools[0].function.name",
     ),
+    "unknown response_format type": (
+        CHAT,
+        chat(response_format={"type": "xml"}),
+        {},
+        400,
+        INVALID,
+        "invalid_value",
+        "response_format.type",
+    ),
     "max_tokens 0": (CHAT, chat(max_tokens=0), {}, 400, INVALID, "invalid_value", "max_tokens"),
     "max_completion_tokens -1": (
         CHAT,
