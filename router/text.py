@@ -36,7 +36,12 @@ class RouterTokenizer:
             return None
         try:
             return encode_prompt(
-                self.tokenizer, req.prompt, req.messages, req.input_ids, max_chars=ROUTER_TOKENIZE_CHARS
+                self.tokenizer,
+                req.prompt,
+                req.messages,
+                req.input_ids,
+                max_chars=ROUTER_TOKENIZE_CHARS,
+                chat_options=req.chat_options,
             )
         except PromptError:  # too long to tokenize here, or malformed: the replica answers with its own error
             return None

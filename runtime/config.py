@@ -89,6 +89,16 @@ class ServerArgs:
         "TCP port of the scheduler's KV events / stats PUB socket, bound on host "
         "beside the public endpoint for routers (None: ipc only; 0: a free port)",
     )
+    chat_template: str | None = _opt(
+        None,
+        "a Jinja chat template file rendering chats instead of the model's own (vLLM's --chat-template; "
+        "runtime/text/templates/chatml_tools.jinja is the shipped ChatML tool template)",
+    )
+    tool_call_parser: Literal["hermes", "llama3_json"] = _opt(
+        "hermes",
+        "how the HTTP server reads tool calls in what the model writes (runtime/text/tool_parsers): hermes "
+        "(<tool_call>{...}</tool_call>, the shipped ChatML tool template's format) or llama3_json",
+    )
     seed: int = _opt(0, "seed of the server's own randomness (requests without a seed)")
     max_message_bytes: int = _opt(8 * 2**20, "largest client message accepted (bytes)")
     max_prompt_chars: int | None = _opt(
@@ -155,6 +165,8 @@ class ServerArgs:
                 raise InvalidConfig(f"{name} must be {rule}, got {getattr(self, name)!r}")
         if self.attention_backend == "triton" and self.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise InvalidConfig("attention_backend 'triton' needs a CUDA device (or TRITON_INTERPRET=1 for debugging)")
+        if self.chat_template is not None and not os.path.isfile(self.chat_template):
+            raise InvalidConfig(f"chat_template must be a readable file, got {self.chat_template!r}")
         if self.preemption_mode == "swap" and self.num_host_blocks == 0:
             raise InvalidConfig("preemption_mode 'swap' needs num_host_blocks > 0 (the host pool it swaps into)")
 

@@ -23,6 +23,7 @@ from runtime.config import ServerArgs
 from runtime.prompt_check import prompt_char_limit
 from runtime.protocol import (
     ERR_INVALID,
+    ChatOptions,
     ForwardResult,
     ServerStats,
     StreamChunk,
@@ -110,6 +111,7 @@ class Engine:
     def __init__(self, model: str = "smollm2", **kwargs: Any) -> None:
         from runtime.model.loader import ModelLoadError, load_tokenizer
         from runtime.model.runner import ModelRunner
+        from runtime.text.chat_templates import override_chat_template
 
         self.args = ServerArgs.from_kwargs(model=model, **kwargs)
         self.runner = ModelRunner(self.args)
@@ -125,7 +127,7 @@ class Engine:
             self.manager, self.args, ready.max_model_len, ready.eos_token_ids, vocab_size=ready.vocab_size
         )
         try:
-            self.tokenizer = load_tokenizer(model)
+            self.tokenizer = override_chat_template(load_tokenizer(model), self.args.chat_template)
         except ModelLoadError as e:
             logger.warning("no tokenizer for %s (%s): input_ids only, no text", model, e)
             self.tokenizer = None
@@ -190,11 +192,17 @@ class Engine:
         sampling_params: SamplingParams | None = None,
         cache_salt: str | None = None,
         rid: str | None = None,
+        chat_options: ChatOptions | None = None,
     ) -> str:
-        """Queue one request (exactly one of prompt, input_ids, messages); returns its rid. Drive with step().
-        Raises RequestRejected, ValueError, EngineError (text without a tokenizer)."""
-        ids = self._encode(prompt, input_ids, messages)
+        """Queue one request (exactly one of prompt, input_ids, messages; chat_options: how messages are rendered,
+        tools included); returns its rid. Drive with step(). Raises RequestRejected, ValueError, EngineError (text
+        without a tokenizer)."""
+        ids = self._encode(prompt, input_ids, messages, chat_options)
         params = sampling_params or SamplingParams()
+        if params.structured_outputs is not None:
+            from runtime.model.grammar.convert import check_compiles  # lazy: xgrammar imports torch
+
+            check_compiles(params.structured_outputs)  # InvalidStructuredOutputs (a ValueError) naming the field
         rid = rid if rid is not None else f"req-{next(self._rids)}"
         self.scheduler.add_request(rid, ids, params, cache_salt)
         streams = [CompletionStream(self.tokenizer, params, self._eos, self._texts) for _ in range(params.n)]
@@ -314,7 +322,11 @@ class Engine:
         )
 
     def _encode(
-        self, prompt: str | None, input_ids: Sequence[int] | None, messages: list[dict[str, Any]] | None
+        self,
+        prompt: str | None,
+        input_ids: Sequence[int] | None,
+        messages: list[dict[str, Any]] | None,
+        chat_options: ChatOptions | None = None,
     ) -> list[int]:
         """The prompt's ids through the server's own path (input_problem, encode_prompt): the same errors, as
         RequestRejected(ERR_INVALID, message). Raises EngineError for text without a tokenizer."""
@@ -326,7 +338,9 @@ class Engine:
         if input_ids is None and self.tokenizer is None:
             raise EngineError(f"model {self.args.model!r} has no tokenizer: pass input_ids")
         try:
-            return encode_prompt(self.tokenizer, prompt, messages, input_ids, max_chars=self._max_prompt_chars)
+            return encode_prompt(
+                self.tokenizer, prompt, messages, input_ids, max_chars=self._max_prompt_chars, chat_options=chat_options
+            )
         except PromptError as exc:
             raise RequestRejected(ERR_INVALID, str(exc)) from None
 

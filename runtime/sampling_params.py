@@ -12,6 +12,8 @@ import math
 
 import msgspec
 
+from runtime.structured_outputs import StructuredOutputs
+
 INT32_MAX = 2**31 - 1  # largest max_tokens, top_k and stop token id: each fits the int32/int64 tensors it reaches
 SEED_LIMIT = 2**63  # seed in [0, SEED_LIMIT): packed as an unsigned 64-bit word into the draw's hash
 MAX_N = 64  # completions per prompt
@@ -72,6 +74,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         not supported with it (InvalidSamplingParams).
         length_penalty: the exponent above, finite, in [-MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY] (1: the average
             logprob; 0: the plain sum; only read by beam search).
+        structured_outputs: the constraint the completion must satisfy (runtime/structured_outputs.py: a JSON
+            schema, regex, choice, grammar, json_object or structural tag), or None. Each step the worker masks the
+            tokens the grammar forbids (after the penalties, greedy and sampled rows alike); the grammar allows EOS
+            exactly when the completion is complete, so a completed one ends with finish_reason "stop" (or "length"
+            at max_tokens first). Not supported with use_beam_search or ignore_eos (InvalidSamplingParams).
 
     Raises:
         InvalidSamplingParams: on any value of the wrong type or outside the ranges above, naming the field (msgspec
@@ -94,6 +101,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     repetition_penalty: float = 1.0
     use_beam_search: bool = False
     length_penalty: float = 1.0
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -123,6 +131,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise InvalidSamplingParams(f"use_beam_search must be a bool, got {type(self.use_beam_search).__name__}")
         if self.use_beam_search:
             _check_beam_search(self)
+        if self.structured_outputs is not None:
+            _check_structured_outputs(self)
 
     @property
     def greedy(self) -> bool:
@@ -156,6 +166,18 @@ def _check_beam_search(p: SamplingParams) -> None:
     ]
     if unsupported:
         raise InvalidSamplingParams(f"use_beam_search does not support {', '.join(unsupported)}")
+
+
+def _check_structured_outputs(p: SamplingParams) -> None:
+    """structured_outputs is a StructuredOutputs, without the options it does not support (see SamplingParams)."""
+    if not isinstance(p.structured_outputs, StructuredOutputs):
+        raise InvalidSamplingParams(
+            f"structured_outputs must be a StructuredOutputs, got {type(p.structured_outputs).__name__}"
+        )
+    if p.use_beam_search:
+        raise InvalidSamplingParams("structured_outputs is not supported with use_beam_search")
+    if p.ignore_eos:
+        raise InvalidSamplingParams("structured_outputs is not supported with ignore_eos (the grammar ends with EOS)")
 
 
 def _show(value: object) -> str:

@@ -3,7 +3,8 @@ grammar), in vLLM's `structured_outputs` names. Plain msgspec Struct, no torch, 
 
 It rides in SamplingParams.structured_outputs from every front door (the HTTP server's response_format,
 structured_outputs and guided_* fields, the Engine, the ZeroMQ client) to the process that compiles it into a
-grammar (xgrammar) and masks the logits of the request's rows each step.
+grammar (xgrammar) and masks the logits of the request's rows each step. Whether a constraint compiles is checked by
+runtime.model.grammar.convert.check_compiles at the front doors (the tokenizer process, the Engine).
 """
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ import torch
 
 from runtime.config import ServerArgs
 from runtime.model.cpu_features import resolve_dtype
+from runtime.model.grammar import GrammarCache, GrammarState
 from runtime.model.isolation import run_isolated
 from runtime.model.kv_cache import KVCache
-from runtime.model.loader import load_config, load_weights, resolve_model
+from runtime.model.loader import load_config, load_tokenizer, load_weights, resolve_model
 from runtime.model.models import build_model
 from runtime.model.penalties import PenaltyState
 from runtime.model.sampler import Sampler, SampleRequest
@@ -58,7 +59,9 @@ class ModelRunner:
     Public state: ready (the Ready handshake), seqs (seq_id -> WorkerSeq of live sequences only: an entry leaves
     with the sequence's drop, or when the sequence fails), penalties (the PenaltyState of the live sequences whose
     penalties are on: their output token counts, kept up to date from the tokens sampled here, and prompt tokens;
-    it leaves with the sequence's entry in seqs), k_cache / v_cache / host_k_cache / host_v_cache (kv's tensors),
+    it leaves with the sequence's entry in seqs), grammars (the GrammarState: one xgrammar matcher per live
+    sequence with structured_outputs, advanced by the tokens sampled here; runtime/model/grammar/), k_cache /
+    v_cache / host_k_cache / host_v_cache (kv's tensors),
     model (called as model(input_ids, meta, k_cache, v_cache) at each run, so a wrapper assigned here is used).
 
     Raises (at construction): runtime.model.loader.ModelLoadError subclasses; runtime.config.InvalidConfig (also for
@@ -94,7 +97,14 @@ class ModelRunner:
         self._warn_if_pool_below_max_model_len()
         self.sampler = Sampler(args.seed, cfg.eos_token_ids)
         self.penalties = PenaltyState(cfg.vocab_size, self.device)
-        self.live = WorkerSeqs(self.num_blocks, self.block_size, self.max_model_len, self.penalties, self.device)
+        self.grammars = GrammarState(
+            lambda: GrammarCache(load_tokenizer(str(folder)), cfg.vocab_size, cfg.eos_token_ids),
+            cfg.vocab_size,
+            self.device,
+        )
+        self.live = WorkerSeqs(
+            self.num_blocks, self.block_size, self.max_model_len, self.penalties, self.grammars, self.device
+        )
         self.ready = Ready(
             num_blocks=self.num_blocks,
             block_size=self.block_size,
@@ -189,11 +199,14 @@ class ModelRunner:
     ) -> ForwardResult:
         """The ForwardResult of a step whose runnable sequences ran: sampled (seq_id -> Sampled) in batch order,
         failed (seq_id -> "ExceptionType: message") apart, the tokens of the runnable sequences that did not fail
-        counted once. Mutates: forgets each failed sequence; counts each sampled token once in the penalty state.
-        O(len(runnable) + len(failed))."""
+        counted once. Mutates: advances each constrained sequence's grammar matcher by its token (a token the grammar
+        rejects fails its sequence); forgets each failed sequence; counts each sampled token once in the penalty
+        state. O(len(runnable) + len(failed))."""
+        order = [s.seq_id for s in runnable if s.seq_id in sampled and s.seq_id not in failed]
+        failed.update(self.grammars.record(order, [sampled[seq_id].token_id for seq_id in order]))
         for seq_id in failed:
             self.live.forget(seq_id)
-        order = [s.seq_id for s in runnable if s.seq_id in sampled]
+        order = [seq_id for seq_id in order if seq_id not in failed]
         token_ids = [sampled[seq_id].token_id for seq_id in order]
         self.penalties.record(order, token_ids)  # each sampled token once, whatever the isolation re-ran
         logprobs = [sampled[seq_id].logprobs for seq_id in order]
@@ -246,7 +259,8 @@ class ModelRunner:
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, sample_seqs: list[ScheduledSeq]) -> dict[int, Sampled]:
         """One draw per row of logits float32 [len(sample_seqs), vocab] (the model's output for prepare's
-        sample_seqs): seq_id -> Sampled. Penalties apply to the rows whose sequences have them.
+        sample_seqs): seq_id -> Sampled. Penalties and grammar masks apply to the rows whose sequences have them
+        (GrammarState.rows waits for a grammar still compiling and raises for one that does not compile).
         Mutates the sampler's generator (unseeded draws); the penalty counts are updated by finish_step."""
         if not sample_seqs:
             return {}
@@ -255,7 +269,8 @@ class ModelRunner:
             state = self.seqs[s.seq_id]
             token_index = s.start_pos + len(s.token_ids) - state.prompt_len
             rows.append(SampleRequest(state.params, state.sample_index, token_index))
-        out = self.sampler(logits, rows, self.penalties.rows([s.seq_id for s in sample_seqs]))
+        seq_ids = [s.seq_id for s in sample_seqs]
+        out = self.sampler(logits, rows, self.penalties.rows(seq_ids), token_bitmask=self.grammars.rows(seq_ids))
         logprobs = out.logprobs or [None] * len(rows)
         draws = zip(sample_seqs, out.token_ids, logprobs, strict=True)
         return {s.seq_id: Sampled(token_id, lp) for s, token_id, lp in draws}

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from runtime.model.grammar import GrammarRows, apply_token_bitmask
 from runtime.model.penalties import PenaltyRows
 from runtime.protocol import TokenLogprobs
 from runtime.sampling_params import SamplingParams
@@ -87,12 +88,18 @@ class Sampler:
         self.eos_token_ids = list(eos_token_ids)
 
     def __call__(
-        self, logits: torch.Tensor, rows: list[SampleRequest], penalties: PenaltyRows | None = None
+        self,
+        logits: torch.Tensor,
+        rows: list[SampleRequest],
+        penalties: PenaltyRows | None = None,
+        token_bitmask: GrammarRows | None = None,
     ) -> SamplerOutput:
         """Sample logits float32 [N, vocab] (N == len(rows)); returns N token ids (and logprobs where asked).
 
         penalties: the rows with frequency / presence / repetition penalties and their token state (PenaltyState.rows);
         None (no row has them) costs nothing. logits is not changed.
+        token_bitmask: the rows with structured outputs and their grammar's allowed tokens (GrammarState.rows);
+        the others become -inf after the penalties (runtime/model/grammar/bitmask.py); None costs nothing.
 
         Rows whose params are greedy (temperature below GREEDY_TEMPERATURE, 0 included) take the argmax: the
         sampler never divides by such a temperature (logits / 1e-38 overflows float32 into inf/nan, whose draw is
@@ -105,6 +112,7 @@ class Sampler:
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sample requests")
         scores = logits if penalties is None else penalties.apply(logits)
+        scores = apply_token_bitmask(scores, token_bitmask, owned=scores is not logits)
         token_ids = row_argmax(scores)
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
         if random_rows:

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 
 from radix.blocks import cdiv
+from runtime.model.grammar import GrammarState
 from runtime.model.models import AttentionMetadata
 from runtime.model.models.batch import BlockTableRows, step_metadata
 from runtime.model.penalties import PenaltyState
@@ -43,7 +44,7 @@ class StepInputs(NamedTuple):
 
 
 class WorkerSeqs:
-    """seq_id -> WorkerSeq of the live sequences, their block-table rows and their penalty state.
+    """seq_id -> WorkerSeq of the live sequences, their block-table rows, their penalty state and grammar matchers.
 
     Args:
         num_blocks: blocks of the device pool; a block id outside [1, num_blocks) is refused.
@@ -51,6 +52,8 @@ class WorkerSeqs:
         max_model_len: the longest context (tokens) a sequence may reach.
         penalties: the PenaltyState of the runner; register starts a sequence's entry there, forget removes it (the
             runner's sampling reads and counts it).
+        grammars: the GrammarState of the runner, kept the same way for sequences with structured_outputs (their
+            matcher replays the output tokens the sequence carries when it registers).
         device: where the step's inputs go.
 
     Public state: seqs (live sequences only: an entry leaves with forget), block_tables (BlockTableRows; a row is
@@ -58,12 +61,19 @@ class WorkerSeqs:
     """
 
     def __init__(
-        self, num_blocks: int, block_size: int, max_model_len: int, penalties: PenaltyState, device: torch.device
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        penalties: PenaltyState,
+        grammars: GrammarState,
+        device: torch.device,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.penalties = penalties
+        self.grammars = grammars
         self.device = device
         self.seqs: dict[int, WorkerSeq] = {}
         self.block_tables = BlockTableRows(cdiv(max_model_len, block_size) + 1)
@@ -80,17 +90,19 @@ class WorkerSeqs:
         self.seqs[child_id] = WorkerSeq(table, parent.params, parent.prompt_len, parent.sample_index, row)
 
     def forget(self, seq_id: int) -> None:
-        """Drop seq_id's entry in seqs, its block-table row and its penalty state (each a no-op when absent)."""
+        """Drop seq_id's entry in seqs, its block-table row, its penalty state and its grammar matcher (each a no-op
+        when absent)."""
         state = self.seqs.pop(seq_id, None)
         if state is not None:
             self.block_tables.free(state.row)
         self.penalties.remove(seq_id)
+        self.grammars.remove(seq_id)
 
     def register(self, s: ScheduledSeq) -> str | None:
         """Record s's new block ids in its table (a sequence carrying sampling_params starts over with them as its
-        whole table, and its penalty state from its penalty_token_ids). Returns the problem, if any: a block id
-        outside [1, num_blocks), a sequence unknown here without sampling_params, or penalty_token_ids missing or
-        outside the vocabulary. O(len(new_block_ids) + len(penalty_token_ids))."""
+        whole table, and its penalty state and grammar matcher from its penalty_token_ids). Returns the problem, if
+        any: a block id outside [1, num_blocks), a sequence unknown here without sampling_params, or
+        penalty_token_ids missing or outside the vocabulary. O(len(new_block_ids) + len(penalty_token_ids))."""
         bad = [b for b in s.new_block_ids if not 0 < b < self.num_blocks]
         if bad:
             return f"seq {s.seq_id}: block ids {bad[:4]} outside the pool [1, {self.num_blocks})"
@@ -109,20 +121,24 @@ class WorkerSeqs:
         return None
 
     def _register_penalties(self, s: ScheduledSeq, params: SamplingParams) -> str | None:
-        """(Re)start s's penalty state from its penalty_token_ids (prompt + output with repetition_penalty on, else
-        the output), or nothing when its params have no penalties; the problem, if any. O(len(penalty_token_ids))."""
-        if not params.has_penalties:
+        """(Re)start s's penalty state and grammar matcher from its penalty_token_ids (prompt + output with
+        repetition_penalty on, else the output), or nothing when its params have neither; the problem, if any.
+        O(len(penalty_token_ids))."""
+        if not params.has_penalties and params.structured_outputs is None:
             return None
         ids = s.penalty_token_ids
         if ids is None:
-            return f"seq {s.seq_id} has penalties but carries no penalty_token_ids"
+            return f"seq {s.seq_id} has penalties or structured_outputs but carries no penalty_token_ids"
         vocab = self.penalties.vocab_size
         if ids and not (0 <= min(ids) and max(ids) < vocab):
             return f"seq {s.seq_id}: penalty_token_ids outside the vocabulary [0, {vocab})"
         split = 0
         if params.repetition_penalty != 1.0:
             split = s.prompt_len
-        self.penalties.add(s.seq_id, params, ids[:split], ids[split:])
+        if params.has_penalties:
+            self.penalties.add(s.seq_id, params, ids[:split], ids[split:])
+        if params.structured_outputs is not None:
+            self.grammars.add(s.seq_id, params.structured_outputs, ids[split:])
         return None
 
     def check(self, s: ScheduledSeq) -> str | None:

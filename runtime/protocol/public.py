@@ -5,7 +5,7 @@ runtime.protocol.client_frame.decode_client_frame is the server's one strict, ty
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -22,11 +22,47 @@ into unbounded traffic and memory; 256 leaves room for a client's own prefixes a
 Rid = Annotated[str, msgspec.Meta(max_length=MAX_RID_CHARS)]  # a client message's rid: at most MAX_RID_CHARS characters
 
 
+class ChatToolCall(msgspec.Struct, forbid_unknown_fields=True):
+    """A tool call of an earlier assistant turn: its id (OpenAI's tool_calls[].id), the function's name and its
+    arguments as JSON text (as the model wrote them, or as the HTTP answer returned them)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
-    """One chat turn: role is "system", "user", "assistant" (or "tool"); content is its text."""
+    """One chat turn: role is "system", "user", "assistant" or "tool"; content is its text (None only for an
+    assistant turn that is all tool calls). tool_calls: an assistant turn's calls; tool_call_id: the call a "tool"
+    turn answers."""
 
     role: str
-    content: str
+    content: str | None
+    tool_calls: list[ChatToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class ChatOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How a chat's messages are rendered (transformers' apply_chat_template arguments, vLLM's request fields).
+
+    tools: OpenAI function tools ({"type": "function", "function": {"name", "description", "parameters"}}) given
+        to the template (runtime.text.prompt picks a tool-capable template).
+    chat_template_kwargs: extra template variables (e.g. {"enable_thinking": false}); apply_chat_template's own
+        argument names are refused.
+    add_generation_prompt: append the assistant turn's header (default); continue_final_message: leave the last
+        (assistant) message open so the model continues it; at most one of the two is true.
+    """
+
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    def check(self) -> str | None:
+        """The reason these options are invalid (None when they are fine)."""
+        if self.add_generation_prompt and self.continue_final_message:
+            return "add_generation_prompt and continue_final_message cannot both be true"
+        return None
 
 
 class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True, forbid_unknown_fields=True):
@@ -36,6 +72,7 @@ class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True, forbid_unkno
     rid: the client's id of the request, echoed in every reply (unique among the client's requests in flight; at
         most MAX_RID_CHARS characters).
     stream: True sends a StreamChunk per step; False one StreamChunk per completion when it ends.
+    chat_options: how messages are rendered (tools, template variables, generation prompt); None: the defaults.
     cache_salt: tenant key; requests with different salts never share cached blocks (it enters the first block hash).
     """
 
@@ -46,12 +83,17 @@ class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True, forbid_unkno
     sampling_params: SamplingParams = msgspec.field(default_factory=SamplingParams)
     stream: bool = False
     cache_salt: str | None = None
+    chat_options: ChatOptions | None = None
 
     def check(self) -> str | None:
         """The reason this request is invalid regardless of the model (None when it is well formed)."""
         problem = input_problem(self.prompt, self.messages, self.input_ids)
         if problem is None and not self.rid:
             return "rid is empty"
+        if problem is None and self.chat_options is not None:
+            if self.messages is None:
+                return "chat_options need messages"
+            return self.chat_options.check()
         return problem
 
 

@@ -25,9 +25,10 @@ class ScheduledSeq(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     prompt_len: with sampling_params: the request's original prompt length (tokens), so the worker knows the
         completion-token index (start_pos + len(token_ids) - prompt_len) that seeds each draw.
     sample_index: with sampling_params: which of the request's n samples this sequence is (seeds differ per sample).
-    penalty_token_ids: with sampling_params whose penalties are on (SamplingParams.has_penalties), else None: the
-        tokens the penalties read, as the sequence stands when it (re)enters the worker: prompt + output so far
-        (split at prompt_len) when repetition_penalty != 1, else the output so far alone. The worker then counts the
+    penalty_token_ids: with sampling_params whose penalties are on (SamplingParams.has_penalties) or that have
+        structured_outputs (the grammar matcher replays the output), else None: the tokens the penalties read, as the
+        sequence stands when it (re)enters the worker: prompt + output so far (split at prompt_len) when
+        repetition_penalty != 1, else the output so far alone. The worker then counts the
         tokens it samples itself, so they are sent once per registration (first step, resume after recompute or
         swap); a sequence without penalties adds one nil byte to the message.
     """

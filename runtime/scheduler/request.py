@@ -101,9 +101,10 @@ class SchedulerSeq:
 
     def penalty_token_ids(self) -> list[int] | None:
         """What ScheduledSeq.penalty_token_ids carries when this sequence (re)enters the worker: None without
-        penalties; prompt + output with repetition_penalty on; else the output alone. O(len(token_ids))."""
+        penalties or structured_outputs; prompt + output with repetition_penalty on; else the output alone (the
+        worker's grammar matcher replays it). O(len(token_ids))."""
         params = self.req.params
-        if not params.has_penalties:
+        if not params.has_penalties and params.structured_outputs is None:
             return None
         return list(self.token_ids if params.repetition_penalty != 1.0 else self.token_ids[len(self.req.prompt_ids) :])
 

@@ -4,10 +4,13 @@ a TokenizeRequest alike)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from runtime.prompt_check import check_prompt_chars
+from runtime.protocol import ChatOptions
+from runtime.text.chat_templates import has_tool_turns, reserved_kwargs, template_for
 
 
 class PromptError(ValueError):
@@ -20,25 +23,56 @@ class ChatTemplateError(PromptError):
 
 
 def apply_chat_template(
-    tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    options: ChatOptions | None = None,
 ) -> list[int]:
     """Render `messages` with the tokenizer's chat template and tokenize the result.
 
     Args:
         tokenizer: a transformers tokenizer with a chat template (runtime.model.loader.load_tokenizer).
-        messages: [{"role": "system" | "user" | "assistant", "content": str}, ...].
-        add_generation_prompt: append the assistant turn header so the model answers.
+        messages: [{"role": "system" | "user" | "assistant" | "tool", "content": str | None, "tool_calls": [...],
+            "tool_call_id": ...}, ...] (tool_calls as OpenAI writes them: {"id", "type", "function": {"name",
+            "arguments"}}).
+        add_generation_prompt: append the assistant turn header so the model answers (options' wins when given).
+        options: tools, template variables, add_generation_prompt / continue_final_message (ChatOptions); the
+            template is chosen by runtime.text.chat_templates.template_for.
     Returns:
         the prompt token ids (list[int]); the template's own special tokens are kept, none are added twice.
     Raises:
-        ChatTemplateError: no chat template, or a message without role/content.
+        ChatTemplateError: no chat template, a message without role/content, a template that cannot render tools,
+            reserved chat_template_kwargs, both add_generation_prompt and continue_final_message.
     """
-    if getattr(tokenizer, "chat_template", None) is None:
+    own = getattr(tokenizer, "chat_template", None)
+    if own is None:
         raise ChatTemplateError("the tokenizer has no chat template; pass prompts or input_ids instead")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise ChatTemplateError(f"message {i} must be a dict with 'role' and 'content', got {m!r}")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    options = options if options is not None else ChatOptions(add_generation_prompt=add_generation_prompt)
+    problem = options.check()
+    if problem is not None:
+        raise ChatTemplateError(problem)
+    kwargs = dict(options.chat_template_kwargs or {})
+    reserved = reserved_kwargs(kwargs)
+    if reserved:
+        raise ChatTemplateError(f"chat_template_kwargs may not set {reserved}: they are apply_chat_template's own")
+    tools = bool(options.tools) or has_tool_turns(messages)
+    template = template_for(own, tools)
+    if template is None:
+        raise ChatTemplateError(
+            "the model's chat template does not render tools; start the server with --chat-template FILE"
+        )
+    text = tokenizer.apply_chat_template(
+        messages,
+        tools=options.tools or None,
+        chat_template=template,
+        tokenize=False,
+        add_generation_prompt=options.add_generation_prompt,
+        continue_final_message=options.continue_final_message,
+        **kwargs,
+    )
     return encode_text(tokenizer, text, add_special_tokens=False)
 
 
@@ -72,6 +106,7 @@ def encode_prompt(
     *,
     max_chars: int | None = None,
     add_special_tokens: bool = True,
+    chat_options: ChatOptions | None = None,
 ) -> list[int]:
     """A request's prompt token ids, the one way the tokenizer process, the router and the Engine compute them.
 
@@ -83,6 +118,7 @@ def encode_prompt(
             (runtime.prompt_check.prompt_char_limit); checked before any tokenizing or rendering. None: no limit.
         add_special_tokens: for prompt text, whether the tokenizer adds its special tokens (True: as a completion
             request's prompt; a TokenizeRequest may ask for False); a chat's ids are the template's own.
+        chat_options: how messages are rendered (runtime.protocol.ChatOptions; None: the defaults).
     Returns:
         the token ids (list[int]): input_ids as given, the template's ids, or the prompt text encoded.
     Raises:
@@ -103,7 +139,7 @@ def encode_prompt(
     if messages is not None:
         turns = [_turn(i, m) for i, m in enumerate(messages)]
         try:
-            return apply_chat_template(tokenizer, turns)
+            return apply_chat_template(tokenizer, turns, options=chat_options)
         except (ChatTemplateError, ValueError, TypeError) as exc:
             raise ChatTemplateError(f"chat template failed: {exc}") from None
     _check_text("prompt", prompt)
@@ -114,15 +150,40 @@ def encode_prompt(
 
 
 def _turn(i: int, m: Any) -> Any:
-    """One message as the chat template takes it (a dict), its text checked; anything else is passed on for
+    """One message as the chat template takes it (a dict; a ChatMessage's tool calls as OpenAI writes them, their
+    arguments decoded when they are a JSON object), its text checked; anything else is passed on for
     apply_chat_template to reject."""
     if not isinstance(m, dict):
         if not (hasattr(m, "role") and hasattr(m, "content")):
             return m
-        m = {"role": m.role, "content": m.content}
+        m = _message_dict(m)
     for field in ("role", "content"):
         _check_text(f"message {i} {field}", m.get(field))
     return m
+
+
+def _message_dict(m: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    calls = getattr(m, "tool_calls", None)
+    if calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+            for c in calls
+        ]
+    call_id = getattr(m, "tool_call_id", None)
+    if call_id is not None:
+        out["tool_call_id"] = call_id
+    return out
+
+
+def _arguments(text: str) -> Any:
+    """A call's arguments for the template: the decoded object when text is a JSON object (what templates expect),
+    else the text as is."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
 
 
 def _check_text(what: str, text: Any) -> None:

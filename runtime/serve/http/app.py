@@ -44,6 +44,7 @@ from runtime.serve.http.request_id import RequestIdMiddleware, backend_rid, log_
 from runtime.serve.http.request_map import BackendRequest, chat_request, completion_requests
 from runtime.serve.http.responses import chat_response, completion_response
 from runtime.serve.http.streaming import EventStream, StreamContext, chat_events, completion_events
+from runtime.text.tool_parsers import tool_parser_class
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class Routes:
         self.metrics = metrics
         self.backend = backend
         self.created = int(time.time())
+        self.tool_parser = tool_parser_class(config.tool_call_parser)
 
     def check_model(self, model: str | None) -> None:
         """Raises OpenAIError 404 model_not_found unless model is None, the served name or the model argument."""
@@ -102,7 +104,7 @@ class Routes:
         chat = cls is schema.ChatCompletionRequest
         rid = request_id_of(request.scope)  # the answer's id
         if chat:
-            backend_reqs = [chat_request(req, backend_rid(request.scope))]
+            backend_reqs = [chat_request(req, backend_rid(request.scope), self.tool_parser)]
         else:
             backend_reqs = completion_requests(req, backend_rid(request.scope))
         backend_req = backend_reqs[0]
@@ -120,7 +122,7 @@ class Routes:
         except ClientError as exc:
             raise from_exception(exc, backend_req.param_names, backend_req.prompt_param) from None
         if chat:
-            body = chat_response(rid, created, model, choices, gen.usage())
+            body = chat_response(rid, created, model, choices, gen.usage(), backend_req.tools)
         else:
             body = completion_response(rid, created, model, choices, gen.usage())
         return _json(body)
@@ -143,7 +145,7 @@ class Routes:
             ctx = StreamContext(f"chatcmpl-{rid}", "chat.completion.chunk", created, model, logprobs, usage)
             ctx.scope = request.scope
             ctx.continuous_usage = backend_req.continuous_usage
-            return EventStream(chat_events(gen, first, ctx))
+            return EventStream(chat_events(gen, first, ctx, backend_req.tools))
         ctx = StreamContext(f"cmpl-{rid}", "text_completion", created, model, logprobs, usage)
         ctx.scope = request.scope
         ctx.continuous_usage = backend_req.continuous_usage

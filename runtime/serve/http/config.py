@@ -28,6 +28,7 @@ class HttpConfig:
     max_running_requests: the backend's running slots (its --max-running-requests), for the limit above.
     shutdown_timeout_s: on SIGTERM, seconds the requests in flight get to finish (new ones: 503) before the server
         stops (drain.py).
+    tool_call_parser: how tool calls are read in chat answers (runtime.text.tool_parsers.TOOL_PARSERS).
     on_ready: called with the bound port once the server listens and the backend answered a health probe.
     """
 
@@ -44,6 +45,7 @@ class HttpConfig:
     max_queued_requests: int | None = None
     max_running_requests: int = 64
     shutdown_timeout_s: float = 30.0
+    tool_call_parser: str = "hermes"
     on_ready: Callable[[int], None] | None = None
 
     @property

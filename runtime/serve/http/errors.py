@@ -124,6 +124,9 @@ def from_exception(exc: BaseException, params: dict[str, str], prompt_param: str
         return OpenAIError(413, INVALID, exc.message, prompt_param, exc.code)
     if isinstance(exc, (InvalidRequestError, MalformedRequestError)):
         param = prompt_param if exc.code in (p.ERR_CONTEXT, p.ERR_INVALID) else None
+        if exc.message.startswith("structured_outputs") and "structured_outputs" in params:  # it did not compile
+            param = params["structured_outputs"]
+            return bad_request(param + exc.message[exc.message.find(" ") :], param, exc.code)
         return bad_request(exc.message, param, exc.code)
     if isinstance(exc, (ServerShutdownError, ServerGoneError)):
         return unavailable(f"the backend is unavailable: {exc.message}")

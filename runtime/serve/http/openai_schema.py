@@ -3,11 +3,10 @@
 Which fields are accepted (the rule, documented in the README):
     - Implemented fields are honoured (see runtime.serve.http.request_map for their mapping onto one GenerateRequest).
     - Harmless OpenAI fields that change nothing about the completion are accepted and ignored: user, metadata, store,
-      service_tier, safety_identifier, prompt_cache_key, prompt_cache_retention, parallel_tool_calls,
-      stream_options.include_obfuscation.
+      service_tier, safety_identifier, prompt_cache_key, prompt_cache_retention, stream_options.include_obfuscation.
     - Known OpenAI (or vLLM) fields this server does not implement are a 400 unsupported_parameter naming the field
-      when they are set to anything but their neutral value (tools: [] or null, response_format: {"type": "text"},
-      logit_bias: {} or null, best_of: 1, echo: false, ...): see UNSUPPORTED.
+      when they are set to anything but their neutral value (logit_bias: {} or null, best_of: 1, echo: false, ...): see
+      UNSUPPORTED.
     - Any other field (at the top level, in a message, in a text content part, in stream_options) is ignored with a
       warning logged once per name, as vLLM does (runtime.serve.http.extra_fields): clients send other servers'
       extras and newer OpenAI fields.
@@ -23,6 +22,7 @@ import msgspec
 from runtime import protocol as p
 from runtime.serve.http.errors import OpenAIError, bad_request, from_decode_error
 from runtime.serve.http.extra_fields import drop_unknown_in_body
+from runtime.serve.http.tool_request import history_tool_calls
 
 
 class StreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -35,7 +35,9 @@ class StreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class ChatMessageIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """One message of a chat request: content is text or a list of {"type": "text", "text": ...} parts."""
+    """One message of a chat request: content is text or a list of {"type": "text", "text": ...} parts (null in an
+    assistant message with tool_calls); tool_calls: an assistant's calls; tool_call_id: the call a tool message
+    answers (runtime.serve.http.tool_request)."""
 
     role: str
     content: str | list[dict[str, Any]] | None = None
@@ -66,6 +68,12 @@ class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     repetition_penalty: float | None = None
     use_beam_search: bool | None = None  # vLLM's extra fields: beam search of width n
     length_penalty: float | None = None
+    response_format: Any = None  # structured outputs (runtime.serve.http.structured): OpenAI's and vLLM's fields
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
     cache_salt: str | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -91,12 +99,11 @@ class ChatCompletionRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    parallel_tool_calls: bool | None = None  # harmless without tools
-    tools: Any = None
+    parallel_tool_calls: bool | None = None
+    tools: Any = None  # checked by runtime.serve.http.tool_request
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -105,10 +112,10 @@ class ChatCompletionRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     web_search_options: Any = None
     moderation: Any = None
     prompt_cache_options: Any = None
-    add_generation_prompt: Any = None
-    continue_final_message: Any = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
     chat_template: Any = None
-    chat_template_kwargs: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None
     echo: Any = None
 
 
@@ -151,11 +158,8 @@ UNSUPPORTED: dict[str, Any] = {
     "skip_special_tokens": _none_or(True),
     "min_tokens": _none_or(0),
     "include_stop_str_in_output": _none_or(False),
-    "tools": _none_or([]),
-    "tool_choice": _none_or("none"),
     "functions": _none_or([]),
     "function_call": _none_or("none"),
-    "response_format": _none_or({"type": "text"}),
     "audio": _none_or(),
     "modalities": _none_or(["text"]),
     "prediction": _none_or(),
@@ -164,16 +168,13 @@ UNSUPPORTED: dict[str, Any] = {
     "web_search_options": _none_or(),
     "moderation": _none_or(),
     "prompt_cache_options": _none_or(),
-    "add_generation_prompt": _none_or(True),
-    "continue_final_message": _none_or(False),
     "chat_template": _none_or(),
-    "chat_template_kwargs": _none_or({}),
     "echo": _none_or(False),
     "suffix": _none_or(""),
     "best_of": _none_or(1),
 }
-_MESSAGE_UNSUPPORTED = ("tool_calls", "tool_call_id", "function_call", "audio")
-CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_MESSAGE_UNSUPPORTED = ("function_call", "audio")
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 _typed_decoders = {
     cls: msgspec.json.Decoder(cls)
@@ -222,9 +223,10 @@ def _unsupported(param: str) -> OpenAIError:
 
 
 def chat_messages(messages: list[ChatMessageIn], field: str = "messages") -> list[p.ChatMessage]:
-    """The messages as a GenerateRequest carries them (runtime.protocol.ChatMessage: role, content), developer
-    mapped to system, text parts joined. Raises OpenAIError (400) for an empty list, an unknown role, a missing
-    content, a non-text part or a tool message / tool call (tools are not supported), naming the field (e.g.
+    """The messages as a GenerateRequest carries them (runtime.protocol.ChatMessage: role, content, tool_calls,
+    tool_call_id), developer mapped to system, text parts joined. Raises OpenAIError (400) for an empty list, an
+    unknown role, a missing content (null is allowed in an assistant message with tool_calls), a non-text part, a
+    tool message without tool_call_id, tool_calls outside an assistant message, naming the field (e.g.
     "messages[1].role")."""
     if not messages:
         raise bad_request(f"{field} must not be empty", field)
@@ -237,14 +239,22 @@ def _message(at: str, m: ChatMessageIn) -> p.ChatMessage:
             raise _unsupported(f"{at}.{name}")
     role = CHAT_ROLES.get(m.role)
     if role is None:
-        if m.role in ("tool", "function"):
+        if m.role == "function":
             raise _unsupported(f"{at}.role")
         raise bad_request(f"{at}.role must be one of {sorted(CHAT_ROLES)}, got {m.role[:40]!r}", f"{at}.role")
-    if m.content is None:
+    calls = None
+    if m.tool_calls is not None:
+        if role != "assistant":
+            raise bad_request(f"{at}.tool_calls is only allowed in an assistant message", f"{at}.tool_calls")
+        calls = history_tool_calls(f"{at}.tool_calls", m.tool_calls) or None
+    if role == "tool" and not isinstance(m.tool_call_id, str):
+        raise bad_request(f"{at}.tool_call_id is required", f"{at}.tool_call_id", "missing_required_parameter")
+    if role != "tool" and m.tool_call_id is not None:
+        raise bad_request(f"{at}.tool_call_id is only allowed in a tool message", f"{at}.tool_call_id")
+    if m.content is None and calls is None:
         raise bad_request(f"{at}.content is required", f"{at}.content", "missing_required_parameter")
-    if isinstance(m.content, str):
-        return p.ChatMessage(role, m.content)
-    return p.ChatMessage(role, _text_parts(at, m.content))
+    content = m.content if m.content is None or isinstance(m.content, str) else _text_parts(at, m.content)
+    return p.ChatMessage(role, content, calls, m.tool_call_id)
 
 
 def _text_parts(at: str, parts: list[dict[str, Any]]) -> str:

@@ -111,6 +111,7 @@ def run_http_process(spec: ChildSpec) -> None:
             max_queued_requests=args.max_queued_requests,
             max_running_requests=args.max_running_requests,
             shutdown_timeout_s=args.shutdown_timeout,
+            tool_call_parser=args.tool_call_parser,
             on_ready=on_ready,
         )
         serve(config)

@@ -17,6 +17,13 @@ Mapping (a field left out or null keeps SamplingParams' default):
     stream_options.include_usage (+ continuous_usage_stats) -> BackendRequest.include_usage (continuous_usage).
     cache_salt -> the request's cache_salt (requests with different salts share no cached block). user: ignored.
     completions prompt: a list of prompts -> one GenerateRequest per prompt (openai_schema.completion_prompts).
+    response_format, structured_outputs, guided_json / guided_regex / guided_choice / guided_grammar (chat and
+        completions) -> structured_outputs (runtime.serve.http.structured).
+    chat: tools, tool_choice, parallel_tool_calls -> ChatOptions.tools and the answer's ToolSetup
+        (runtime.serve.http.tool_request; "required" / a named function put their grammar in structured_outputs, so
+        they exclude response_format and the other constraint fields); chat_template_kwargs, add_generation_prompt
+        (default: true, false when continue_final_message is true), continue_final_message -> ChatOptions (both
+        true is a 400, as vLLM answers).
 """
 
 from __future__ import annotations
@@ -27,6 +34,10 @@ from runtime import protocol as p
 from runtime.sampling_params import INT32_MAX, InvalidSamplingParams, SamplingParams
 from runtime.serve.http.errors import bad_request, from_exception
 from runtime.serve.http.openai_schema import ChatCompletionRequest, CompletionRequest, chat_messages, completion_prompts
+from runtime.serve.http.structured import request_constraint
+from runtime.serve.http.tool_request import ToolSetup, chat_tools
+from runtime.text.chat_templates import reserved_kwargs
+from runtime.text.tool_parsers import HermesToolParser, ToolParser
 
 COMPLETIONS_MAX_TOKENS = 16  # the OpenAI completions default
 _SAME_NAME = (
@@ -55,6 +66,7 @@ class BackendRequest(NamedTuple):
         backend raises later).
     prompt_param: the request field holding the prompt ("messages" or "prompt"). include_usage: stream_options';
     continuous_usage: include_usage and stream_options.continuous_usage_stats (vLLM's rule).
+    tools: how the answer's tool calls are parsed (None: they are not).
     """
 
     request: p.GenerateRequest
@@ -62,10 +74,19 @@ class BackendRequest(NamedTuple):
     prompt_param: str
     include_usage: bool
     continuous_usage: bool = False
+    tools: ToolSetup | None = None
 
     @property
     def sampling_params(self) -> SamplingParams:
         return self.request.sampling_params
+
+
+def _constraint(req: ChatCompletionRequest | CompletionRequest, fields: dict[str, Any], names: dict[str, str]) -> None:
+    """Put the request's structured-output constraint, if any, in fields and the field it came from in names."""
+    constraint = request_constraint(req)
+    if constraint is not None:
+        fields["structured_outputs"] = constraint.value
+        names["structured_outputs"] = constraint.param
 
 
 def _same_name_fields(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
@@ -103,10 +124,15 @@ def _sampling_params(fields: dict[str, Any], param_names: dict[str, str], prompt
         raise from_exception(exc, param_names, prompt_param) from None
 
 
-def chat_request(req: ChatCompletionRequest, rid: str) -> BackendRequest:
-    """The backend request of a chat completion under rid. Raises OpenAIError (400) for bad messages, top_logprobs
-    without logprobs, stream_options without stream, an out-of-range sampling parameter."""
+def chat_request(
+    req: ChatCompletionRequest, rid: str, tool_parser: type[ToolParser] = HermesToolParser
+) -> BackendRequest:
+    """The backend request of a chat completion under rid; tool_parser: the server's (--tool-call-parser). Raises
+    OpenAIError (400) for bad messages, bad tools or tool_choice, top_logprobs without logprobs, stream_options
+    without stream, add_generation_prompt and continue_final_message both true, an out-of-range sampling
+    parameter."""
     messages = chat_messages(req.messages)
+    tools = chat_tools(req.tools, req.tool_choice, req.parallel_tool_calls, tool_parser)
     fields = _same_name_fields(req)
     names: dict[str, str] = {}
     if req.max_completion_tokens is not None:
@@ -121,6 +147,14 @@ def chat_request(req: ChatCompletionRequest, rid: str) -> BackendRequest:
         names["logprobs"] = "top_logprobs"
     elif req.top_logprobs is not None:
         raise bad_request("top_logprobs requires logprobs: true", "top_logprobs")
+    _constraint(req, fields, names)
+    if tools.setup is not None and tools.setup.constraint is not None:
+        if "structured_outputs" in fields:
+            raise bad_request(
+                f"tool_choice {req.tool_choice!r} cannot be combined with {names['structured_outputs']}", "tool_choice"
+            )
+        fields["structured_outputs"] = tools.setup.constraint
+        names["structured_outputs"] = "tool_choice"
     include_usage = _include_usage(req)
     request = p.GenerateRequest(
         rid=rid,
@@ -128,8 +162,30 @@ def chat_request(req: ChatCompletionRequest, rid: str) -> BackendRequest:
         sampling_params=_sampling_params(fields, names, "messages"),
         stream=True,
         cache_salt=req.cache_salt,
+        chat_options=_chat_options(req, tools.tools),
     )
-    return BackendRequest(request, names, "messages", include_usage, _continuous_usage(req))
+    return BackendRequest(request, names, "messages", include_usage, _continuous_usage(req), tools.setup)
+
+
+def _chat_options(req: ChatCompletionRequest, tools: list[dict[str, Any]] | None) -> p.ChatOptions | None:
+    """The chat's rendering options (None: all defaults). Raises OpenAIError (400) when add_generation_prompt and
+    continue_final_message are both true."""
+    continue_final = bool(req.continue_final_message)
+    add_prompt = not continue_final if req.add_generation_prompt is None else req.add_generation_prompt
+    if add_prompt and continue_final:
+        raise bad_request(
+            "add_generation_prompt and continue_final_message cannot both be true", "continue_final_message"
+        )
+    reserved = reserved_kwargs(req.chat_template_kwargs or {})
+    if reserved:
+        raise bad_request(f"chat_template_kwargs may not set {reserved}", "chat_template_kwargs")
+    options = p.ChatOptions(
+        tools=tools,
+        chat_template_kwargs=req.chat_template_kwargs or None,
+        add_generation_prompt=add_prompt,
+        continue_final_message=continue_final,
+    )
+    return None if options == p.ChatOptions() else options
 
 
 def completion_requests(req: CompletionRequest, rid: str) -> list[BackendRequest]:
@@ -144,8 +200,10 @@ def completion_requests(req: CompletionRequest, rid: str) -> list[BackendRequest
         fields["max_tokens"] = COMPLETIONS_MAX_TOKENS
     if req.logprobs is not None:
         fields["logprobs"] = req.logprobs
+    names: dict[str, str] = {}
+    _constraint(req, fields, names)
     include_usage = _include_usage(req)
-    params = _sampling_params(fields, {}, "prompt")
+    params = _sampling_params(fields, names, "prompt")
     out = []
     for i, prompt in enumerate(prompts):
         request = p.GenerateRequest(
@@ -156,5 +214,5 @@ def completion_requests(req: CompletionRequest, rid: str) -> list[BackendRequest
             stream=True,
             cache_salt=req.cache_salt,
         )
-        out.append(BackendRequest(request, {}, "prompt", include_usage, _continuous_usage(req)))
+        out.append(BackendRequest(request, names, "prompt", include_usage, _continuous_usage(req)))
     return out

@@ -8,6 +8,8 @@ import math
 from typing import Any
 
 from runtime import protocol as p
+from runtime.serve.http.tool_answer import chat_message
+from runtime.serve.http.tool_request import ToolSetup
 
 MIN_LOGPROB = -9999.0  # stands for -inf (and a missing value): JSON has no infinity
 
@@ -92,19 +94,16 @@ def completion_logprobs(
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
-def chat_response(rid: str, created: int, model: str, choices: list[Any], usage: p.Usage) -> dict[str, Any]:
-    """A chat.completion object; choices: runtime.results.Choice values (Generation.collect)."""
+def chat_response(
+    rid: str, created: int, model: str, choices: list[Any], usage: p.Usage, tools: ToolSetup | None = None
+) -> dict[str, Any]:
+    """A chat.completion object; choices: runtime.results.Choice values (Generation.collect); tools: how tool calls
+    are read (runtime.serve.http.tool_answer.chat_message; None: the text is the content)."""
     out = []
     for c in choices:
         logprobs = None if c.logprobs is None else chat_logprobs(c.token_ids, c.logprobs, c.token_texts)
-        out.append(
-            {
-                "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": logprobs,
-                "finish_reason": c.finish_reason,
-            }
-        )
+        message, finish_reason = chat_message(c.text, c.finish_reason, tools)
+        out.append({"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason})
     return {
         "id": f"chatcmpl-{rid}",
         "object": "chat.completion",

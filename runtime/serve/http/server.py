@@ -25,6 +25,7 @@ from runtime.serve.http.app import build_app
 from runtime.serve.http.config import MAX_BODY_BYTES, HttpConfig, parse_origins
 from runtime.serve.http.drain import Drain
 from runtime.serve.http.metrics import HttpMetrics
+from runtime.text.tool_parsers import TOOL_PARSERS
 
 __all__ = ["HttpConfig", "build_parser", "main", "serve"]
 
@@ -128,7 +129,7 @@ def serve(config: HttpConfig) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The CLI: --backend, --host, --port, --api-key, --model, --served-model-name, --max-body-bytes,
     --health-timeout-s, --max-model-len, --allowed-origins, --max-queued-requests, --max-running-requests,
-    --shutdown-timeout, --log-level."""
+    --shutdown-timeout, --tool-call-parser, --log-level."""
     parser = argparse.ArgumentParser(
         prog="python -m runtime.serve.http",
         description="OpenAI-compatible HTTP server in front of a radixserve endpoint.",
@@ -172,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="seconds a SIGTERM gives the requests in flight to finish (new ones get 503) before the server stops",
     )
+    parser.add_argument(
+        "--tool-call-parser",
+        default="hermes",
+        choices=sorted(TOOL_PARSERS),
+        help="how tool calls are read in chat answers (runtime.text.tool_parsers)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -194,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         max_queued_requests=ns.max_queued_requests,
         max_running_requests=ns.max_running_requests,
         shutdown_timeout_s=ns.shutdown_timeout,
+        tool_call_parser=ns.tool_call_parser,
     )
     try:
         serve(config)

@@ -26,6 +26,8 @@ from runtime.serve.http.generation import wait_disconnect
 from runtime.serve.http.generation_group import AnyGeneration
 from runtime.serve.http.request_id import log_rejected
 from runtime.serve.http.responses import chat_logprobs, completion_logprobs, usage_body
+from runtime.serve.http.tool_answer import ToolCallStream
+from runtime.serve.http.tool_request import ToolSetup
 
 DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -105,53 +107,74 @@ def _says_nothing(chunk: p.StreamChunk, logprobs: bool) -> bool:
     return not chunk.text and chunk.finish_reason is None and not (logprobs and chunk.token_ids)
 
 
-def chat_events(gen: AnyGeneration, first: p.StreamChunk, ctx: StreamContext) -> AsyncGenerator[bytes, None]:
-    """The events of a streamed chat completion (first: its first backend chunk, already received)."""
+def chat_events(
+    gen: AnyGeneration, first: p.StreamChunk, ctx: StreamContext, tools: ToolSetup | None = None
+) -> AsyncGenerator[bytes, None]:
+    """The events of a streamed chat completion (first: its first backend chunk, already received); tools: how tool
+    calls are read (runtime.serve.http.tool_answer; None: the text is all content)."""
     started: set[int] = set()
+    calls: dict[int, ToolCallStream] = {}
 
-    def choice(chunk: p.StreamChunk) -> dict[str, Any] | None:
+    def choices(chunk: p.StreamChunk) -> list[dict[str, Any]]:
         if chunk.index in started and _says_nothing(chunk, ctx.logprobs):
-            return None
-        delta: dict[str, Any] = {"content": chunk.text} if chunk.text or chunk.index not in started else {}
-        if chunk.index not in started:
-            started.add(chunk.index)
-            delta = {"role": "assistant", **delta}
+            return []
         logprobs = None
         if ctx.logprobs:
             logprobs = chat_logprobs(
                 chunk.token_ids, chunk.logprobs or [None] * len(chunk.token_ids), chunk.token_texts
             )
-        return {"index": chunk.index, "delta": delta, "logprobs": logprobs, "finish_reason": chunk.finish_reason}
+        finish = chunk.finish_reason
+        if tools is None:
+            deltas = [{"content": chunk.text} if chunk.text or chunk.index not in started else {}]
+        else:
+            stream = calls.setdefault(chunk.index, ToolCallStream(tools))
+            deltas = stream.deltas(chunk.text, finish is not None)
+            finish = stream.finish_reason(finish)
+            if not deltas and (chunk.index not in started or logprobs is not None or finish is not None):
+                deltas = [{}]
+        if deltas and chunk.index not in started:
+            started.add(chunk.index)
+            deltas[0] = {"role": "assistant", **deltas[0]}
+        last = len(deltas) - 1
+        return [
+            {
+                "index": chunk.index,
+                "delta": delta,
+                "logprobs": logprobs if i == 0 else None,
+                "finish_reason": finish if i == last else None,
+            }
+            for i, delta in enumerate(deltas)
+        ]
 
-    return _events(gen, first, ctx, choice)
+    return _events(gen, first, ctx, choices)
 
 
 def completion_events(gen: AnyGeneration, first: p.StreamChunk, ctx: StreamContext) -> AsyncGenerator[bytes, None]:
     """The events of a streamed text completion (first: its first backend chunk, already received)."""
 
-    def choice(chunk: p.StreamChunk) -> dict[str, Any] | None:
+    def choice(chunk: p.StreamChunk) -> list[dict[str, Any]]:
         if _says_nothing(chunk, ctx.logprobs):
-            return None
+            return []
         logprobs = None
         if ctx.logprobs:
             offset = gen.fold.num_chars(chunk.index) - len(chunk.text)
             logprobs = completion_logprobs(
                 chunk.token_ids, chunk.logprobs or [None] * len(chunk.token_ids), chunk.token_texts, offset
             )
-        return {"index": chunk.index, "text": chunk.text, "logprobs": logprobs, "finish_reason": chunk.finish_reason}
+        return [{"index": chunk.index, "text": chunk.text, "logprobs": logprobs, "finish_reason": chunk.finish_reason}]
 
     return _events(gen, first, ctx, choice)
 
 
 async def _events(
-    gen: AnyGeneration, first: p.StreamChunk, ctx: StreamContext, choice: Any
+    gen: AnyGeneration, first: p.StreamChunk, ctx: StreamContext, choices: Any
 ) -> AsyncGenerator[bytes, None]:
+    """One event per choice dict choices(chunk) returns for each chunk (none for []), then the usage chunk, [DONE]."""
     chunks = gen.chunks(first)
     try:
         async for chunk in chunks:
-            event = choice(chunk)
-            if event is not None:
-                yield ctx.event(event, chunk.usage)
+            for body in choices(chunk):
+                yield ctx.event(body, chunk.usage)
         if ctx.include_usage:
             yield sse({**ctx.header, "choices": [], "usage": usage_body(gen.usage())})
     except (ClientError, OpenAIError) as exc:

@@ -38,7 +38,7 @@ def run_tokenizer_process(spec: ChildSpec) -> None:
     reports.connect(spec.endpoints.launcher)
     tokenizer = None
     if Path(args.model).expanduser().is_dir():
-        tokenizer = _load_tokenizer(args.model, reports)
+        tokenizer = _load_tokenizer(args.model, reports, args.chat_template)
         if tokenizer is None:
             return
     pull = ctx.socket(zmq.PULL)
@@ -49,7 +49,7 @@ def run_tokenizer_process(spec: ChildSpec) -> None:
     if ready is None:
         return
     if tokenizer is None:
-        tokenizer = _load_tokenizer(args.model, reports)
+        tokenizer = _load_tokenizer(args.model, reports, args.chat_template)
         if tokenizer is None:
             return
     router = _bind_public(ctx, args.host, args.port, reports)
@@ -73,12 +73,14 @@ def run_tokenizer_process(spec: ChildSpec) -> None:
     ctx.destroy(linger=LINGER_MS)  # closes every socket once those answers are sent (1 s at most)
 
 
-def _load_tokenizer(model: str, reports: zmq.Socket) -> Any:
-    """The model's tokenizer, or None after reporting ProcessFailed."""
+def _load_tokenizer(model: str, reports: zmq.Socket, chat_template: str | None = None) -> Any:
+    """The model's tokenizer (its chat template replaced by the file chat_template names, if any), or None after
+    reporting ProcessFailed."""
     try:
         from runtime.model.loader import load_tokenizer
+        from runtime.text.chat_templates import override_chat_template
 
-        return load_tokenizer(model)
+        return override_chat_template(load_tokenizer(model), chat_template)
     except Exception as exc:
         logger.exception("tokenizer failed to load")
         report(reports, p.ProcessFailed("tokenizer", os.getpid(), one_line(exc)))

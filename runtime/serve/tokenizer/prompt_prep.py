@@ -9,7 +9,9 @@ thread (on the loop thread only for a request that is cheap(): a few ms at most)
 (runtime.text.prompt.encode_prompt, the Engine's and the router's path too; the character limit is not checked again),
 the rest of the prompt check (check_prompt for text, check_token_ids for input_ids, whose length precheck passed), and
 the CompletionStreams (whose stop-string automaton is built there too). SamplingParams are not checked here: decoding
-the frame validated them (runtime.protocol.client_frame). Neither stage touches a socket or a request table.
+the frame validated them (runtime.protocol.client_frame); prepare only checks that a structured_outputs constraint
+compiles (runtime.model.grammar.convert.check_compiles: ERR_INVALID naming the field), so a request with one is never
+cheap(). Neither stage touches a socket or a request table.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, NamedTuple
 
 from runtime import protocol as p
 from runtime.prompt_check import (
+    PromptProblem,
     check_prompt,
     check_prompt_chars,
     check_prompt_length,
@@ -26,6 +29,8 @@ from runtime.prompt_check import (
     prompt_chars,
 )
 from runtime.scheduler.request import RequestRejected
+from runtime.structured_outputs import InvalidStructuredOutputs
+from runtime.text.chat_templates import tool_chars
 from runtime.text.completion_stream import CompletionStream
 from runtime.text.prompt import PromptError, encode_prompt
 from runtime.text.token_text import TokenTextCache
@@ -56,12 +61,18 @@ class PromptPrep:
 
     def precheck(self, req: p.GenerateRequest) -> None:
         """Raises RequestRejected: ERR_INVALID for a malformed request, more than MAX_CHAT_MESSAGES messages or text
-        over prompt_chars characters; ERR_CONTEXT for input_ids that can never fit the context or the pool (the
-        message check_prompt would give). O(len(messages)), O(1) for input_ids; tokenizes nothing."""
+        over prompt_chars characters (a chat's tools and tool calls counted: chat_templates.tool_chars);
+        ERR_CONTEXT for input_ids that can never fit the context or the pool (the message check_prompt would give).
+        O(len(messages)) (and the tools' size), O(1) for input_ids; tokenizes nothing."""
         problem = req.check()
         if problem:
             raise RequestRejected(p.ERR_INVALID, problem)
         too_long = check_prompt_chars(req.prompt, req.messages, self.prompt_chars)
+        if too_long is None and req.messages is not None:
+            chars = prompt_chars(req.prompt, req.messages) + tool_chars(req.messages, req.chat_options)
+            if chars > self.prompt_chars:
+                message = f"messages and tools too long: {chars} characters, the limit is {self.prompt_chars}"
+                too_long = PromptProblem(p.ERR_INVALID, message + " (max_prompt_chars)")
         if too_long is None and req.input_ids is not None:
             r = self.ready
             too_long = check_prompt_length(len(req.input_ids), r.max_model_len, r.block_size, r.num_blocks)
@@ -71,20 +82,33 @@ class PromptPrep:
     def cheap(self, req: p.GenerateRequest) -> bool:
         """True when preparing req costs a few milliseconds at most (INLINE_CHARS, each chat message counted with its
         template overhead), so the loop may do it itself. O(len(messages) + len(stop)); call after precheck."""
+        if req.sampling_params.structured_outputs is not None:
+            return False
         size = prompt_chars(req.prompt, req.messages) + len(req.input_ids or ())
+        if req.messages is not None:
+            size += tool_chars(req.messages, req.chat_options)
         return size + sum(len(s) for s in req.sampling_params.stop) <= INLINE_CHARS
 
     def prepare(self, internal: str, req: p.GenerateRequest) -> Prepared:
         """The TokenizedRequest (under the internal rid) and the completions of a request precheck passed. Raises
         RequestRejected (code, message) for a prompt this server cannot serve: PromptError -> ERR_INVALID, then
-        check_prompt's problem (for input_ids: check_token_ids', the length being checked already)."""
+        check_prompt's problem (for input_ids: check_token_ids', the length being checked already), and a
+        structured_outputs constraint that does not compile (ERR_INVALID)."""
         r = self.ready
+        if req.sampling_params.structured_outputs is not None:
+            from runtime.model.grammar.convert import check_compiles  # lazy: xgrammar imports torch
+
+            try:
+                check_compiles(req.sampling_params.structured_outputs)
+            except InvalidStructuredOutputs as exc:
+                raise RequestRejected(p.ERR_INVALID, str(exc)) from None
         if req.input_ids is not None:
             ids = req.input_ids  # typed list[int] by the decode: nothing to convert
             problem = check_token_ids(ids, r.vocab_size)
         else:
             try:
-                ids = encode_prompt(self.tokenizer, req.prompt, req.messages)  # precheck bounded the characters
+                # precheck bounded the characters
+                ids = encode_prompt(self.tokenizer, req.prompt, req.messages, chat_options=req.chat_options)
             except PromptError as exc:
                 raise RequestRejected(p.ERR_INVALID, str(exc)) from None
             problem = check_prompt(ids, r.max_model_len, r.vocab_size, r.block_size, r.num_blocks)

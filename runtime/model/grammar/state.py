@@ -1,0 +1,131 @@
+"""GrammarState: one xgrammar matcher per live constrained sequence in the worker, and each step's token bitmask.
+
+Why the worker: the matcher's state is a function of the sequence's output tokens, which the worker samples itself,
+so it advances in place with no message (the scheduler-side alternative, vLLM's, sends ceil(V / 32) int32 words per
+constrained row per step: 6 KiB a row for a 49k vocabulary). It follows the sequence like the penalty state does:
+made when the worker registers the sequence, replayed from the output tokens the sequence carries when it
+re-registers (after preemption by recompute or swap, or a copy-on-write re-send), freed when the sequence is dropped,
+aborted or fails.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+import xgrammar as xgr
+
+from runtime.model.grammar.bitmask import GrammarRows
+from runtime.model.grammar.compiler import GrammarCache
+from runtime.structured_outputs import StructuredOutputs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Entry:
+    """A sequence's grammar: the compile it waits for, its matcher once compiled, and the output tokens the matcher
+    must accept when it is made (the sequence's output when it registered)."""
+
+    compiled: Future[xgr.CompiledGrammar]
+    replay: list[int] = field(default_factory=list)
+    matcher: xgr.GrammarMatcher | None = None
+
+
+class GrammarState:
+    """seq_id -> matcher of the live sequences with SamplingParams.structured_outputs.
+
+    Args:
+        make_cache: builds the GrammarCache on first use (loading the tokenizer and its vocabulary costs a second,
+            which a worker that never sees a constraint does not pay).
+        vocab_size: the logits' width V (bitmask words: ceil(V / 32)).
+        device: where the step's bitmask goes.
+
+    The owner (ModelRunner) adds a sequence when the worker registers it, asks for the rows of each step's sampling
+    sequences, records the tokens it samples, and removes the sequence when it is dropped or fails.
+    """
+
+    def __init__(self, make_cache: Callable[[], GrammarCache], vocab_size: int, device: torch.device) -> None:
+        self._make_cache = make_cache
+        self._cache: GrammarCache | None = None
+        self.vocab_size = vocab_size
+        self.device = device
+        self._entries: dict[int, _Entry] = {}
+        self._batch = xgr.BatchGrammarMatcher()
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def cache(self) -> GrammarCache:
+        """The GrammarCache, built on first use."""
+        if self._cache is None:
+            self._cache = self._make_cache()
+        return self._cache
+
+    def add(self, seq_id: int, so: StructuredOutputs, output_ids: Sequence[int]) -> None:
+        """Start (or restart) seq_id's grammar: its compile starts now (or is found cached); the matcher is made, and
+        output_ids replayed into it, when the sequence first samples. O(1) plus the cache lookup."""
+        self._entries[seq_id] = _Entry(self.cache.get(so), list(output_ids))
+
+    def remove(self, seq_id: int) -> None:
+        """Forget seq_id's matcher (no-op when it has none). O(1)."""
+        self._entries.pop(seq_id, None)
+
+    def rows(self, seq_ids: Sequence[int]) -> GrammarRows | None:
+        """The GrammarRows of a step whose logits rows belong to seq_ids (in order), or None when none of them is
+        constrained (the step then does no grammar work at all).
+
+        Waits for a compile that has not finished (the only wait on the step: a constraint seen for the first time
+        whose compile outlasts the sequence's prefill). Makes each new matcher and replays its output tokens. Fills
+        one bitmask row per constrained sequence (xgrammar's batch fill, on its threads) and copies it to the device.
+        Reads the matchers only, so a re-run of the step gets the same rows.
+
+        Raises:
+            InvalidStructuredOutputs: a constraint that does not compile (the runner's isolation fails that sequence
+                alone).
+            ValueError: a replayed token the grammar does not accept.
+        """
+        if not self._entries:
+            return None
+        picked = [(i, s) for i, s in enumerate(seq_ids) if s in self._entries]
+        if not picked:
+            return None
+        matchers = [self._matcher(s) for _, s in picked]
+        bitmask = xgr.allocate_token_bitmask(len(picked), self.vocab_size)
+        self._batch.batch_fill_next_token_bitmask(matchers, bitmask)
+        index = torch.tensor([i for i, _ in picked], dtype=torch.int64)
+        return GrammarRows(
+            index.to(self.device), bitmask.to(self.device, non_blocking=True), len(picked) == len(seq_ids)
+        )
+
+    def record(self, seq_ids: Sequence[int], token_ids: Sequence[int]) -> dict[int, str]:
+        """Advance the matcher of each constrained seq_ids[i] by token_ids[i] (aligned; others skipped). Returns the
+        sequences whose token the grammar rejected (seq_id -> why); their matchers are left as they were. O(len)."""
+        rejected: dict[int, str] = {}
+        if not self._entries:
+            return rejected
+        for seq_id, token_id in zip(seq_ids, token_ids, strict=True):
+            entry = self._entries.get(seq_id)
+            if entry is None or entry.matcher is None:
+                continue
+            if not entry.matcher.accept_token(token_id):
+                rejected[seq_id] = f"GrammarError: the grammar rejects sampled token {token_id}"
+        return rejected
+
+    def _matcher(self, seq_id: int) -> xgr.GrammarMatcher:
+        entry = self._entries[seq_id]
+        if entry.matcher is None:
+            matcher = xgr.GrammarMatcher(entry.compiled.result())
+            for token_id in entry.replay:
+                if not matcher.accept_token(token_id):
+                    raise ValueError(f"seq {seq_id}: the grammar rejects replayed output token {token_id}")
+            entry.matcher = matcher
+            entry.replay = []
+        return entry.matcher
