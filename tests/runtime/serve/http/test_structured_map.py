@@ -13,7 +13,7 @@ from runtime import protocol as p
 from runtime.client.errors import InvalidRequestError
 from runtime.serve.http.errors import OpenAIError, from_exception
 from runtime.serve.http.openai_schema import ChatCompletionRequest, CompletionRequest, decode
-from runtime.serve.http.request_map import chat_request, completion_request
+from runtime.serve.http.request_map import chat_request, completion_requests
 from runtime.structured_outputs import StructuredOutputs
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -22,7 +22,10 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
 
 def mapped(body: dict, cls=ChatCompletionRequest):
     req = decode(orjson.dumps({"messages": MSG, **body} if cls is ChatCompletionRequest else body), cls)
-    backend = (chat_request if cls is ChatCompletionRequest else completion_request)(req, "r")
+    if cls is ChatCompletionRequest:
+        backend = chat_request(req, "r")
+    else:
+        (backend,) = completion_requests(req, "r")
     return backend.sampling_params.structured_outputs, backend.param_names.get("structured_outputs")
 
 
