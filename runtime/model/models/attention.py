@@ -86,7 +86,6 @@ class Attention(torch.nn.Module):
         q, k = self.rotary(meta.positions, q, k)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=self.backend)
-        window = {} if self.sliding_window is None else {"sliding_window": self.sliding_window}
         out = kernels.paged_attention(
             q,
             k_cache,
@@ -98,6 +97,6 @@ class Attention(torch.nn.Module):
             max_query_len=meta.max_query_len,
             max_seq_len=meta.max_seq_len,
             backend=self.backend,
-            **window,
+            sliding_window=self.sliding_window,
         )
         return self.o_proj(out.reshape(t, self.q_size))

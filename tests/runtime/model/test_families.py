@@ -9,14 +9,15 @@ import pytest
 
 from radix.blocks import cdiv
 from runtime.engine import Engine
+from runtime.sampling_params import SamplingParams
 from tests.conftest import _assert_same_greedy
 from tests.runtime.engine_helpers import assert_idle, greedy
-from tests.runtime.model.tiny_families import hf_greedy_each, random_prompts, save_tiny_family
+from tests.runtime.model.tiny_families import hf_beams, hf_greedy_each, random_prompts, save_tiny_family
 
 NEW_TOKENS = 24
 BLOCK = 8
 PROMPT_LENS = [203, 229, 251]
-FAMILIES = ["qwen3", "phi3"]
+FAMILIES = ["qwen3", "phi3", "mistral", "gemma3"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -57,6 +58,16 @@ def test_greedy_equals_transformers_cold_and_warm(tiny):
     assert_idle(engine)
 
 
+def test_phi3_short_rope_factors_when_the_context_stays_within_the_original(tmp_path, smollm2_tokenizer):
+    # max_model_len 64 = original_max_position_embeddings: the short factors, as transformers uses up to 64 tokens
+    folder = save_tiny_family("phi3", tmp_path, smollm2_tokenizer)
+    prompt = random_prompts([58], seed=2)[0]
+    (ref, ref_logits) = hf_greedy_each(folder, [prompt], 6)[0]
+    out = _engine(folder, max_model_len=64).generate(input_ids=[prompt], sampling_params=greedy(6))[0]
+    assert len(out.token_ids) == 6
+    _assert_same_greedy(out.token_ids, ref, ref_logits)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preemption_keeps_the_tokens(tiny, mode):
@@ -67,4 +78,18 @@ def test_preemption_keeps_the_tokens(tiny, mode):
     stats = engine.stats()
     assert stats.num_preemptions > 0 and (mode == "recompute" or stats.num_swaps > 0)
     _assert_matches(outs, refs)
+    assert_idle(engine)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [2, 3])
+def test_beam_search_on_a_sliding_window_model_equals_transformers(tmp_path, smollm2_tokenizer, k):
+    folder = save_tiny_family("mistral", tmp_path, smollm2_tokenizer)
+    prompt = random_prompts([211], seed=1)[0]
+    ref_beams, ref_scores = hf_beams(folder, prompt, k, 12)
+    engine = _engine(folder)
+    params = SamplingParams(use_beam_search=True, n=k, temperature=0.0, max_tokens=12, ignore_eos=True)
+    out = engine.generate(input_ids=[prompt], sampling_params=params)[0]
+    assert [o.token_ids for o in out.outputs] == ref_beams
+    assert [o.score for o in out.outputs] == pytest.approx(ref_scores, abs=1e-4)
     assert_idle(engine)

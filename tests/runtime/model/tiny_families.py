@@ -1,11 +1,12 @@
 """Tiny random-weight models of the dense families (Qwen3, Phi-3, Mistral, Gemma 3) built from their transformers
 configs and saved with the SmolLM2 tokenizer (tests.conftest._save_tiny), and transformers' greedy reference on them.
 
-Sizes: hidden 64, 2-4 layers, vocab 49152 (the tokenizer's). The sliding windows are 32 tokens, so prompts of 200+
-tokens, chunked prefills and prefix-cache hits all cross them. Each config exercises its family's particular parts:
-Qwen3 a head_dim unlike hidden / heads; Phi-3 LongRoPE (long factors: contexts past original_max_position_embeddings
-64) over 3/4 of each head; Gemma 3 local and global layers with their two rope bases (the global one linearly
-scaled), query_pre_attn_scalar unlike head_dim, and a final logit softcap.
+Sizes: hidden 64, 2-4 layers, vocab 49152 (the tokenizer's). The sliding windows are 32-48 tokens, so prompts of
+200+ tokens, chunked prefills and prefix-cache hits all cross them. Each config exercises its family's own parts:
+Qwen3 a head_dim unlike hidden / heads (full attention); Phi-3 LongRoPE (long factors: contexts past
+original_max_position_embeddings 64) over 3/4 of each head, and a 48-token window on every layer; Gemma 3 local and
+global layers with their two rope bases (the global one linearly scaled), query_pre_attn_scalar unlike head_dim,
+and a final logit softcap.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def tiny_config(family: str):
             max_position_embeddings=1024,
             original_max_position_embeddings=64,
             rope_parameters=rope,
+            sliding_window=48,
         )
         config.architectures = ["Phi3ForCausalLM"]
     elif family == "mistral":
@@ -116,3 +118,26 @@ def hf_greedy_each(folder: Path, prompts: list[list[int]], max_new_tokens: int):
         )
         refs.append((out.sequences[0, len(p) :].tolist(), torch.stack(out.logits, dim=1)[0].float()))
     return refs
+
+
+def hf_beams(folder: Path, prompt: list[int], k: int, max_new_tokens: int) -> tuple[list[list[int]], list[float]]:
+    """transformers' float32 beam search of prompt (num_beams = num_return_sequences = k, length_penalty 1,
+    early stopping, exactly max_new_tokens tokens): (the k beams' new token ids, best first; their scores)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([prompt]),
+            num_beams=k,
+            num_return_sequences=k,
+            do_sample=False,
+            length_penalty=1.0,
+            early_stopping=True,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+    return [out.sequences[i, len(prompt) :].tolist() for i in range(k)], out.sequences_scores.tolist()
