@@ -13,7 +13,8 @@ the build runs in a private folder and its library is renamed into place, so a r
 build or load failure logs one warning and ``load_op`` returns None: the torch path stays in use.
 
 ``python -m kernels.cpu_decode`` builds it (if needed) and prints where and how long. Set ``RADIXSERVE_CPU_DECODE=0``
-(read once, at import) or ``ENABLED = False`` to turn the kernel off.
+(read once, at import) or ``ENABLED = False`` to turn the kernel off. ``RADIXSERVE_CPU_DECODE_CFLAGS`` (read at import)
+adds compiler flags, e.g. ``-mno-avx512f`` to build and test the AVX2 variant on an AVX-512 machine.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ HEADER = Path(__file__).with_name("cpu_decode.h")  # included by SOURCE: part of
 NAME = "radixserve_cpu_decode"
 # -fopenmp turns on at::parallel_for's OpenMP backend (inline in ATen's headers; without it the loop runs serially).
 # The link adds no -lgomp: GOMP_* resolve to the runtime libtorch_cpu already loaded, so there is one thread pool.
-CFLAGS = ("-O3", "-march=native", "-fopenmp")
+CFLAGS = ("-O3", "-march=native", "-fopenmp", *os.environ.get("RADIXSERVE_CPU_DECODE_CFLAGS", "").split())
 ENABLED = os.environ.get("RADIXSERVE_CPU_DECODE", "1") != "0"
 DTYPES = (torch.float32, torch.bfloat16)
 MAX_HEAD_DIM = 256  # the kernel holds a row in at most MAX_NC vectors (cpu_decode.h): head_dim <= 256

@@ -3,7 +3,9 @@
 Pass 1 (`_decode_split_kernel`): program (seq, kv_head, split) reduces one slice of the sequence's context, for all
 G = num_heads / num_kv_heads query heads of that KV head at once (so each K/V tile is read once for G heads), to a
 partial output and its log-sum-exp. Pass 2 (`_decode_merge_kernel`) merges the slices with the online-softmax
-rescaling: out = sum_s exp(lse_s - m) * o_s / sum_s exp(lse_s - m), m = max_s lse_s.
+rescaling: out = sum_s exp(lse_s - m) * o_s / sum_s exp(lse_s - m), m = max_s lse_s. With a sliding window W the
+slices cover only the keys L - W .. L - 1 (kernels.paged_attention's rule), so blocks before the window are never read
+and the split count follows the window, not the context.
 Sources: Dao et al., "Flash-Decoding for long-context inference" (2023); Milakov & Gimelshein, "Online normalizer
 calculation for softmax" (2018). Offsets into the caches are int64 (block id * block stride), so num_blocks up to
 2^20 and contexts up to 128k tokens cannot overflow int32 arithmetic.
@@ -18,7 +20,8 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# window: one compiled kernel for every window (Triton would make the value 1 a constant of its own build).
+@triton.jit(do_not_specialize=["window"])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -32,6 +35,7 @@ def _decode_split_kernel(
     scale_log2,
     tokens_per_split,
     num_splits,
+    window,
     stride_qt,
     stride_qh,
     stride_kb,
@@ -57,7 +61,8 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     token = tl.load(query_start_ptr + seq).to(tl.int64)
-    start = split * tokens_per_split
+    lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)  # the first key the query sees
+    start = lo + split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, seq_len)
 
     g = tl.arange(0, BLOCK_G)
@@ -165,11 +170,14 @@ def decode_attention(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Decode attention (one query token per sequence) with split-KV. Shapes as kernels.paged_attention.
 
     Args:
         max_seq_len: longest seq_len in the batch (tokens); sizes the split.
+        sliding_window: W tokens or None: each query reads keys L - W .. L - 1 only, and the split is sized from
+            min(max_seq_len, W).
         num_splits: context slices per sequence (None: choose_splits for the device).
         block_n, num_warps, num_stages: launch configuration (tokens per K/V tile; None: 64); the benchmark's
             --sweep measures alternatives.
@@ -183,10 +191,11 @@ def decode_attention(
     group = num_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
     block_n = block_n or 64
+    span = min(max_seq_len, sliding_window) if sliding_window else max_seq_len  # keys one query reads at most
     if num_splits is None:
         target = 4 * torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
-        num_splits = choose_splits(num_seqs, num_kv_heads, max_seq_len, block_n, target)
-    tokens_per_split = triton.cdiv(max(max_seq_len, 1), num_splits)
+        num_splits = choose_splits(num_seqs, num_kv_heads, span, block_n, target)
+    tokens_per_split = triton.cdiv(max(span, 1), num_splits)
     tokens_per_split = triton.cdiv(tokens_per_split, block_n) * block_n
     out = q.new_empty(q.shape)
     direct = num_splits == 1
@@ -206,6 +215,7 @@ def decode_attention(
         scale * LOG2E,
         tokens_per_split,
         num_splits,
+        sliding_window or 0,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),

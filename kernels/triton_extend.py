@@ -3,7 +3,9 @@
 Program (query tile, seq, head) holds BLOCK_M query tokens of one head and walks the block table in BLOCK_N-token
 tiles with the FlashAttention-2 online softmax (Dao 2023, Algorithm 1), under the causal mask
 key_pos <= context_len - query_len + query_pos. It stops at the last key its last query can see, so a chunk late in a
-long prompt does not read past its own position. Cache offsets are int64 (block id * block stride).
+long prompt does not read past its own position; with a sliding window W (key_pos > query_pos - W as well) it starts at
+the first key its first query can see, so the blocks before the tile's windows are never read. Cache offsets are int64
+(block id * block stride).
 A decode sequence (query_len 1) in a mixed batch is one tile with one live row.
 """
 
@@ -16,7 +18,8 @@ import triton.language as tl
 from kernels.triton_decode import LOG2E
 
 
-@triton.jit
+# window: one compiled kernel for every window (Triton would make the value 1 a constant of its own build).
+@triton.jit(do_not_specialize=["window"])
 def _extend_kernel(
     q_ptr,
     k_cache_ptr,
@@ -26,6 +29,7 @@ def _extend_kernel(
     query_start_ptr,
     out_ptr,
     scale_log2,
+    window,
     stride_qt,
     stride_qh,
     stride_kb,
@@ -68,12 +72,14 @@ def _extend_kernel(
     # Keys up to the last live query's position; a tile past the sequence's queries reads nothing.
     hi = tl.minimum(seq_len, prefix + (tile + 1) * BLOCK_M)
     hi = tl.where(tile * BLOCK_M < q_len, hi, 0)
+    # From the first key the tile's first query sees (0 without a window).
+    lo = tl.where(window > 0, tl.maximum(prefix + tile * BLOCK_M - window + 1, 0), 0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for n0 in range(0, hi, BLOCK_N):
+    for n0 in range(lo, hi, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         valid = pos < hi
         block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
@@ -85,11 +91,15 @@ def _extend_kernel(
             other=0.0,
         )
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-        s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        # Key 0 is visible to every row, so after the first tile m_i is finite and exp2(-inf - m) is 0, never NaN.
+        visible = valid[None, :] & (pos[None, :] <= q_pos[:, None])
+        visible = visible & ((window == 0) | (pos[None, :] > q_pos[:, None] - window))
+        s = tl.where(visible, s, float("-inf"))
+        # Under a window a row may see no key of a tile (its window starts later): m_new stays -inf, and the shift
+        # by 0 instead keeps alpha and p at exp2(-inf) = 0, never exp2(-inf + inf) = NaN.
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_shift)
+        p = tl.exp2(s - m_shift[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(
             v_cache_ptr + (block * stride_vb + offset * stride_vt + kv_head * stride_vh)[:, None] + d[None, :],
@@ -116,11 +126,13 @@ def extend_attention(
     query_start_loc: torch.Tensor,
     scale: float,
     max_query_len: int,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention for a varlen batch of any query lengths. Shapes as kernels.paged_attention.
 
     Args:
         max_query_len: longest query_len in the batch (tokens); sizes the grid.
+        sliding_window: W tokens or None (kernels.paged_attention's rule).
     Returns:
         [num_tokens, num_heads, head_dim], dtype of q.
     """
@@ -143,6 +155,7 @@ def extend_attention(
         query_start_loc,
         out,
         scale * LOG2E,
+        sliding_window or 0,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),

@@ -40,9 +40,11 @@ def paged_attention(
     scale: float,
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """kernels.paged_attention on Triton: the split-KV decode kernel when every query_len is 1, else the extend
-    kernel. Without the max_query_len / max_seq_len hints this reads them from the device (a sync)."""
+    kernel. Without the max_query_len / max_seq_len hints this reads them from the device (a sync).
+    sliding_window: W tokens or None (kernels.paged_attention's rule)."""
     _last_dim_contiguous("k_cache", k_cache)
     _last_dim_contiguous("v_cache", v_cache)
     q = q if q.stride(-1) == 1 else q.contiguous()
@@ -55,8 +57,10 @@ def paged_attention(
     if max_query_len == 1:
         if max_seq_len is None:
             max_seq_len = int(seq_lens.max())
-        return decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_seq_len)
-    return extend_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len)
+        args = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_seq_len)
+        return decode_attention(*args, sliding_window=sliding_window)
+    args = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len)
+    return extend_attention(*args, sliding_window=sliding_window)
 
 
 def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, pairs: list[tuple[int, int]] | torch.Tensor) -> None:

@@ -15,20 +15,37 @@ import torch
 import kernels
 from kernels.triton_decode import decode_attention
 from radix.blocks import cdiv
-from tests.kernels.kernel_cases import PAIRWISE, dense_attention, make_batch, mixed_spec
+from tests.kernels.kernel_cases import (
+    PAIRWISE,
+    dense_attention,
+    make_batch,
+    mixed_spec,
+    poison_before_window,
+    window_decode_spec,
+    window_spec,
+)
 
 # Overridable only to dry-run this file's logic on a CPU under TRITON_INTERPRET=1 with small sizes.
 DEVICE = os.environ.get("KERNELS_TEST_DEVICE", "cuda")
 BIG_NUM_BLOCKS = int(os.environ.get("KERNELS_TEST_BIG_NUM_BLOCKS", 2**20 + 8))
 LONG_CONTEXT = int(os.environ.get("KERNELS_TEST_LONG_CONTEXT", 131072))
-# The Triton 3.9 interpreter multiplies bf16 tl.dot operands as raw bits, so a CPU dry run needs float32.
+# The Triton 3.9 interpreter multiplies bf16 tl.dot operands as raw bits, so a CPU dry run needs float32. The
+# sliding-window cases use it too (bf16 is what the interpreter cases cannot check).
 BIG_DTYPE = getattr(torch, os.environ.get("KERNELS_TEST_BIG_DTYPE", "bfloat16"))
 
 
-def _reference_fp32(batch_args: tuple) -> torch.Tensor:
+def _reference_fp32(batch_args: tuple, sliding_window: int | None = None) -> torch.Tensor:
     q, k_cache, v_cache, tables, seq_lens, qsl, scale = batch_args
     return kernels.paged_attention(
-        q.float(), k_cache.float(), v_cache.float(), tables, seq_lens, qsl, scale, backend="reference"
+        q.float(),
+        k_cache.float(),
+        v_cache.float(),
+        tables,
+        seq_lens,
+        qsl,
+        scale,
+        backend="reference",
+        sliding_window=sliding_window,
     )
 
 
@@ -59,6 +76,24 @@ def test_fp32_matches_dense(ratio: int, head_dim: int, block_size: int) -> None:
     decode = make_batch([(5 * block_size, 1), (7, 1)], block_size, 2, ratio, head_dim, device=DEVICE, seed=5)
     out = decode_attention(*decode.args(), max_seq_len=5 * block_size + 1, num_splits=3)
     torch.testing.assert_close(out.double().cpu(), dense_attention(decode), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [1, 3, 16, 100, 4096])
+def test_sliding_window(window: int) -> None:
+    """Mixed, decode-only and long decode batches (block_size 16: window 16 is one block); the blocks before each
+    sequence's first window hold NaN, so reading one shows."""
+    long_decodes = [(64 * 16, 1), (40 * 16 - 2, 1), (300, 1)]
+    for spec in (window_spec(16), window_decode_spec(16), long_decodes):
+        batch = make_batch(spec, 16, 2, 4, 128, BIG_DTYPE, seed=window, device=DEVICE)
+        ref = _reference_fp32(batch.args(), window)
+        poison_before_window(batch, window)
+        out = kernels.paged_attention(*batch.args(), sliding_window=window)
+        assert out.dtype == BIG_DTYPE
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+        if spec is long_decodes:
+            for splits in (1, 5):
+                out = decode_attention(*batch.args(), 64 * 16 + 1, num_splits=splits, sliding_window=window)
+                torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
 def test_block_ids_near_2_pow_20() -> None:
@@ -123,4 +158,8 @@ def test_128k_context() -> None:
         qsl = torch.tensor([0, new], dtype=torch.int32, device=DEVICE)
         out = kernels.paged_attention(q, k_cache, v_cache, tables, seq_lens, qsl, d**-0.5, new, context)
         ref = _reference_fp32((q, k_cache, v_cache, tables, seq_lens, qsl, d**-0.5))
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+        args = (q, k_cache, v_cache, tables, seq_lens, qsl, d**-0.5, new, context)
+        out = kernels.paged_attention(*args, sliding_window=4096)
+        ref = _reference_fp32((q, k_cache, v_cache, tables, seq_lens, qsl, d**-0.5), 4096)
         torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)

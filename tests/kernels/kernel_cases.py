@@ -37,6 +37,21 @@ def mixed_spec(block_size: int) -> list[tuple[int, int]]:
     ]
 
 
+def window_spec(block_size: int) -> list[tuple[int, int]]:
+    """(cached_tokens, query_len) per sequence: decodes short and long, an extend whose window reaches back into
+    its prefix, a fresh prefill longer than the windows, and a late chunk of a long prompt (its prefix mostly
+    outside every window but the largest)."""
+    bs = block_size
+    decodes = [(0, 1), (bs - 1, 1), (2 * bs, 1), (5 * bs + 3, 1), (7 * bs - 1, 1)]
+    return [*decodes, (2 * bs + 5, 9), (0, 3 * bs + 2), (6 * bs, bs + 1)]
+
+
+def window_decode_spec(block_size: int) -> list[tuple[int, int]]:
+    """(cached_tokens, 1) per sequence: decodes shorter and longer than the windows, at and around block multiples."""
+    bs = block_size
+    return [(n - 1, 1) for n in (1, bs - 1, bs, bs + 1, 3 * bs, 5 * bs + 7, 2, 8 * bs - 3)]
+
+
 @dataclass
 class PagedBatch:
     """A varlen batch over a paged cache, with each sequence's contiguous K/V kept for the oracle."""

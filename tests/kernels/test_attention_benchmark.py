@@ -74,3 +74,25 @@ def test_smoke_writes_rows_for_every_backend(tmp_path: Path) -> None:
         (dtype, ["batch", "context", "dtype", "gather+sdpa_over_fused"]) for dtype in ("float32", "bfloat16")
     ]
     assert data["legacy_commit"] is None and isinstance(data["openmp_runtimes"], list)
+
+
+def test_window_smoke_writes_blocks_read_and_times(tmp_path: Path) -> None:
+    """benchmarks/attention_window.py --smoke: context 256 = 16 blocks of 16; window 32 reads keys 224..255, i.e. 2
+    blocks per sequence; rows for both backends and dtypes, windowed and full."""
+    out = tmp_path / "attention_window.json"
+    cmd = [sys.executable, "-m", "benchmarks.attention_window", "--smoke", "--out", str(out)]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    data = json.loads(out.read_text())
+    assert set(data["device"]) == MACHINE - {"copy_gbps", "dtype"} and data["device"]["torch_threads"] == 1
+    assert data["mode"] == "smoke" and data["block_size"] == 16
+    rows = data["rows"]
+    assert [(r["backend"], r["dtype"], r["window"], r["blocks_read"]) for r in rows] == [
+        (backend, dtype, window, blocks)
+        for dtype in ("float32", "bfloat16")
+        for window, blocks in ((None, 32), (32, 4))
+        for backend in ("fused", "gather+sdpa")
+    ]
+    assert {(r["batch"], r["context"], r["blocks_in_context"]) for r in rows} == {(2, 256, 32)}
+    assert all(r["seconds"] > 0 and r["cpu_seconds"] >= 0 for r in rows)
+    assert [r["vs_full"] for r in rows if r["window"] is None] == [1.0] * 4

@@ -6,31 +6,33 @@ The Triton kernels run the same cases under the interpreter (triton_interpreter_
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from transformers.masking_utils import sliding_window_causal_mask_function
 
 import kernels
 from kernels import cpu_decode, reference
-from tests.kernels.kernel_cases import dense_attention, make_batch, poison_before_window, window_mask
+from runtime.model.cpu_features import CPU_FLAGS_ENV
+from tests.kernels.kernel_cases import (
+    dense_attention,
+    make_batch,
+    poison_before_window,
+    window_decode_spec,
+    window_mask,
+    window_spec,
+)
+from tests.paths import ROOT
+
+HERE = Path(__file__).resolve().parent
 
 WINDOWS = (1, 3, 16, 1000)  # 1000: larger than every context here
 F32_TOL = 1e-5
-
-
-def window_spec(block_size: int) -> list[tuple[int, int]]:
-    """(cached_tokens, query_len) per sequence: decodes short and long, an extend whose window reaches back into
-    its prefix, a fresh prefill longer than the windows, and a late chunk of a long prompt (its prefix mostly
-    outside every window but the largest)."""
-    bs = block_size
-    return [(0, 1), (bs - 1, 1), (2 * bs, 1), (5 * bs + 3, 1), (7 * bs - 1, 1), (2 * bs + 5, 9), (0, 3 * bs + 2)] + [
-        (6 * bs, bs + 1)
-    ]
-
-
-def decode_spec(block_size: int) -> list[tuple[int, int]]:
-    bs = block_size
-    return [(n - 1, 1) for n in (1, bs - 1, bs, bs + 1, 3 * bs, 5 * bs + 7, 2, 8 * bs - 3)]
 
 
 @pytest.fixture(params=[True, False], ids=["fused", "gather"])
@@ -65,7 +67,7 @@ def test_mixed_batch_fp32(fused: bool, window: int, block_size: int) -> None:
 @pytest.mark.parametrize("window", WINDOWS)
 def test_decode_only_batch_fp32_and_bf16(fused: bool, window: int) -> None:
     for dtype, tol in ((torch.float32, F32_TOL), (torch.bfloat16, 2e-2)):
-        batch = make_batch(decode_spec(8), 8, num_kv_heads=2, group=4, head_dim=64, dtype=dtype, seed=window)
+        batch = make_batch(window_decode_spec(8), 8, num_kv_heads=2, group=4, head_dim=64, dtype=dtype, seed=window)
         want = dense_attention(batch, window)
         poison_before_window(batch, window)
         out = kernels.paged_attention(*batch.args(), max_query_len=1, sliding_window=window)
@@ -86,7 +88,7 @@ def test_mixed_batch_bf16(fused: bool, window: int) -> None:
 def test_fused_operator_directly(head_dim: int, window: int) -> None:
     """The C++ operator's generic head_dim path (80, 48: a half chunk of bf16 rows) and its head_dim 64 path."""
     for dtype, tol in ((torch.float32, F32_TOL), (torch.bfloat16, 2e-2)):
-        batch = make_batch(decode_spec(16), 16, num_kv_heads=2, group=3, head_dim=head_dim, dtype=dtype, seed=4)
+        batch = make_batch(window_decode_spec(16), 16, num_kv_heads=2, group=3, head_dim=head_dim, dtype=dtype, seed=4)
         want = dense_attention(batch, window)
         poison_before_window(batch, window)
         out = cpu_decode.paged_decode(*batch.args()[:5], batch.scale, window)
@@ -125,3 +127,27 @@ def test_fused_operator_rejects_a_negative_window() -> None:
     batch = make_batch([(3, 1)], 8, 1, 1, 64)
     with pytest.raises(kernels.KernelInputError, match="sliding_window must be >= 0"):
         cpu_decode.paged_decode(*batch.args()[:5], batch.scale, -2)
+
+
+@pytest.mark.slow
+def test_avx2_build(tmp_path) -> None:
+    """The operator built for AVX2 (8-float vectors: -mno-avx512f, so also on an AVX-512 machine) into an empty cache,
+    under torch's AVX2 kernels and an AVX2-only flag list, passes this file's fused cases and the operator's own."""
+    env = {
+        **os.environ,
+        "RADIXSERVE_CACHE": str(tmp_path),
+        "RADIXSERVE_CPU_DECODE_CFLAGS": "-mno-avx512f",
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        CPU_FLAGS_ENV: "sse4_2 avx avx2 fma f16c",
+    }
+    files = [str(HERE / "test_sliding_window.py"), str(HERE / "test_cpu_decode.py")]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files, "-k", "fused or matches"]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and "failed" not in result.stdout
+    built = list((tmp_path / "kernels").glob("radixserve_cpu_decode-*.so"))
+    assert len(built) == 1
+    if shutil.which("objdump"):  # no 512-bit register in the AVX2 build
+        disassembly = subprocess.run(["objdump", "-d", str(built[0])], capture_output=True, text=True).stdout
+        assert "ymm" in disassembly and "zmm" not in disassembly
