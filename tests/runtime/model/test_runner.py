@@ -225,7 +225,7 @@ def test_a_sequence_with_bad_penalty_tokens_fails_alone(tiny):
     result = _step(runner, missing, outside, good, _new(4, range(5, 9), [4]))
     assert (result.seq_ids, result.failed_seq_ids) == ([3, 4], [1, 2])
     assert result.failed_errors == [
-        "WorkerError: seq 1 has penalties but carries no penalty_token_ids",
+        "WorkerError: seq 1 has penalties or structured_outputs but carries no penalty_token_ids",
         "WorkerError: seq 2: penalty_token_ids outside the vocabulary [0, 49152)",
     ]
     assert set(runner.seqs) == {3, 4} and 3 in runner.penalties and len(runner.penalties) == 1
