@@ -70,13 +70,17 @@ class Finisher:
     def on_token(self, seq: SchedulerSeq, token: int, logprobs: TokenLogprobs | None) -> None:
         """Append the token the worker sampled for seq (to its tokens and its block table's token count) and emit
         its delta (the first carries seq's usage); finish seq "stop" on EOS (unless ignore_eos) or a
-        stop_token_ids id, else "length" at max_tokens or max_model_len. O(1) plus finish."""
+        stop_token_ids id past min_tokens, else "length" at max_tokens or max_model_len. O(1) plus finish."""
         req = seq.req
         params = req.params
+        if params.max_tokens == 0:  # scoring (prompt_logprobs): the prompt ran, no token is generated
+            self.finish(seq, "length")
+            return
         seq.token_ids.append(token)
         self._manager.append_tokens(seq.seq_id, [token])
         self.count_tokens(req, 1)
-        stop = (token in self._eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids
+        ending = (token in self._eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids
+        stop = ending and seq.num_output > params.min_tokens  # the sampler masks them before (runtime/model/logit_bias)
         length = seq.num_output >= params.max_tokens or len(seq.token_ids) >= self._max_model_len
         out = TokenOutput(req.rid, seq.index, [token], logprobs=[logprobs] if params.logprobs is not None else None)
         if not seq.usage_sent:
