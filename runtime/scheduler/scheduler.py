@@ -30,7 +30,7 @@ from operator import attrgetter
 
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
-from runtime.prompt_check import check_prompt
+from runtime.prompt_check import PromptProblem, check_prompt
 from runtime.protocol import ERR_INVALID, ForwardBatch, ForwardResult, ServerStats, TokenOutput
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.admission import Admission
@@ -156,7 +156,7 @@ class Scheduler:
         problem = check_prompt(prompt, self._max_model_len, self.vocab_size, self.block_size, self.manager.num_blocks)
         if problem is None and self.vocab_size is not None:
             bias_problem = params.vocab_problem(self.vocab_size)
-            problem = None if bias_problem is None else (ERR_INVALID, bias_problem)
+            problem = None if bias_problem is None else PromptProblem(ERR_INVALID, bias_problem)
         if problem is not None:
             self.counters.num_rejected += 1
             raise RequestRejected(*problem)
