@@ -9,21 +9,31 @@ row cannot pick them. The mask comes after the bias: a +100 bias on EOS does not
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from runtime.model.sampler import SampleRequest
+from runtime.sampling_params import SamplingParams
 
 
-def needs_stage(row: SampleRequest) -> bool:
+class BiasRow(Protocol):
+    """What this stage reads of a row (runtime.model.sampler.SampleRequest): its params and the index of the
+    completion token it samples."""
+
+    @property
+    def params(self) -> SamplingParams: ...
+
+    @property
+    def token_index(self) -> int: ...
+
+
+def needs_stage(row: BiasRow) -> bool:
     """True when row has a logit_bias or is still under its min_tokens (token_index < min_tokens). O(1)."""
     p = row.params
     return bool(p.logit_bias) or row.token_index < p.min_tokens
 
 
-def apply_logit_bias(scores: torch.Tensor, rows: Sequence[SampleRequest], eos_token_ids: Sequence[int]) -> torch.Tensor:
+def apply_logit_bias(scores: torch.Tensor, rows: Sequence[BiasRow], eos_token_ids: Sequence[int]) -> torch.Tensor:
     """scores float32 [N, V] (N == len(rows)) with each row's logit_bias added and, for a row still under
     min_tokens, its ending ids (eos_token_ids unless ignore_eos, and stop_token_ids) set to -inf.
 

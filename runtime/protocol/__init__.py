@@ -66,6 +66,7 @@ from runtime.protocol.public import (
 from runtime.protocol.worker import (
     ForwardBatch,
     ForwardResult,
+    PromptLogprobs,
     Ready,
     ScheduledSeq,
     TokenLogprobs,
@@ -83,6 +84,7 @@ __all__ = [
     "ScheduledSeq",
     "ForwardBatch",
     "TokenLogprobs",
+    "PromptLogprobs",
     "ForwardResult",
     "Ready",
     "WorkerMessage",

@@ -10,7 +10,7 @@ from typing import Annotated
 import msgspec
 
 from radix.events import KvSnapshot
-from runtime.protocol.worker import TokenLogprobs
+from runtime.protocol.worker import PromptLogprobs, TokenLogprobs
 from runtime.sampling_params import SamplingParams
 
 MAX_RID_CHARS = 256
@@ -163,6 +163,10 @@ class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fiel
     usage: set on the last chunk.
     score: a beam search completion's length-penalised cumulative logprob (SamplingParams.use_beam_search), on its
         last chunk; else None. Beam search completions come in one chunk each, best first by index.
+    prompt_logprobs: the request's prompt logprobs (SamplingParams.prompt_logprobs), on completion 0's chunks only:
+        streamed, the positions new since the previous chunk (a chunk may carry nothing else); not streamed, all of
+        them (PromptLogprobs.start 0, position 0's entry None). prompt_token_texts: aligned with its token_ids when
+        the server has a tokenizer (each prompt token's and its alternatives' TokenText), else None.
     """
 
     rid: str
@@ -174,6 +178,8 @@ class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fiel
     finish_reason: str | None = None
     usage: Usage | None = None
     score: float | None = None
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_texts: list[TokenText] | None = None
 
 
 # ErrorResponse codes. The client maps each to an exception class (runtime/client.py).

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable
 
 from radix.manager import KVCacheManager
-from runtime.protocol import TokenLogprobs, TokenOutput
+from runtime.protocol import PromptLogprobs, TokenLogprobs, TokenOutput
 from runtime.scheduler.beam_scores import PRUNED, beam_outputs
 from runtime.scheduler.registry import SequenceRegistry
 from runtime.scheduler.request import RequestFailure, RequestState, SchedulerSeq, SeqStatus
@@ -91,6 +91,23 @@ class Finisher:
             self.finish(seq, "stop")
         elif length:
             self.finish(seq, "length")
+
+    def on_prompt_logprobs(self, seq: SchedulerSeq, computed: PromptLogprobs) -> None:
+        """Emit the prompt logprobs the worker computed for seq this step (on completion 0), each prompt position once
+        and in order: position 0 (None) goes first, positions already sent (run again after a recompute) are
+        skipped. O(len(computed.token_ids))."""
+        req = seq.req
+        sent = req.prompt_logprobs_sent
+        skip = max(0, sent - computed.start)
+        out = PromptLogprobs(
+            computed.start + skip, computed.token_ids[skip:], computed.logprobs[skip:], computed.ranks[skip:]
+        )
+        if sent == 0 and out.start == 1:
+            out = PromptLogprobs(0, [req.prompt_ids[0], *out.token_ids], [None, *out.logprobs], [0, *out.ranks])
+        if not out.token_ids or out.start != sent:
+            return  # nothing new, or not the next positions (a recompute resumed past them: never the case)
+        req.prompt_logprobs_sent = out.start + len(out.token_ids)
+        self._outputs.append(TokenOutput(req.rid, 0, [], prompt_logprobs=out))
 
     def emit(self, outputs: list[TokenOutput]) -> None:
         """Queue deltas made elsewhere (a beam request's final outputs) behind those already queued."""

@@ -253,6 +253,8 @@ class Scheduler:
             if seq.status != SeqStatus.RUNNING:
                 continue  # aborted or stopped while the step ran
             self.manager.commit_computed(seq.seq_id, start + num_tokens)
+            if result.prompt_logprobs and seq.seq_id in result.prompt_logprobs:
+                self._finisher.on_prompt_logprobs(seq, result.prompt_logprobs[seq.seq_id])
             if sample and seq.req.beam is not None:
                 self.beam.offer(seq, logprobs.get(seq.seq_id), self._step_id)
             elif sample:
