@@ -31,6 +31,7 @@ from runtime.serve.http import tokenization
 from runtime.serve.http.auth import ApiKeyMiddleware
 from runtime.serve.http.backend import Backend
 from runtime.serve.http.config import HttpConfig
+from runtime.serve.http.echo import answer_prompt
 from runtime.serve.http.errors import INVALID, OpenAIError, from_exception, not_found, too_large, unavailable
 from runtime.serve.http.generation import ClientDisconnected, Generation, race_disconnect
 from runtime.serve.http.metrics import CONTENT_TYPE, HttpMetrics
@@ -106,14 +107,16 @@ class Routes:
                 first = await race_disconnect(gen.first(), request.receive)
                 return self._event_stream(chat, rid, created, backend_req, gen, first)
             choices = await race_disconnect(gen.collect(), request.receive)
+            if chat:
+                body = chat_response(rid, created, model, choices, gen.usage())
+            else:
+                body = completion_response(rid, created, model, choices, gen.usage())
+            if backend_req.echo or backend_req.prompt_logprobs is not None:
+                await answer_prompt(body, backend_req, gen.fold, client)
         except ClientDisconnected:
             return Response(status_code=499)  # nobody reads it: the client is gone, its request aborted
         except ClientError as exc:
             raise from_exception(exc, backend_req.param_names, backend_req.prompt_param) from None
-        if chat:
-            body = chat_response(rid, created, model, choices, gen.usage())
-        else:
-            body = completion_response(rid, created, model, choices, gen.usage())
         return _json(body)
 
     def _event_stream(

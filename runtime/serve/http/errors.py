@@ -82,7 +82,7 @@ def too_large(size: int | None, limit: int) -> OpenAIError:
     )
 
 
-_PATH = re.compile(r" - at `\$\.?(.*)`$")
+_PATH = re.compile(r" - at (?:`key` in )?`\$\.?(.*)`$")  # "at `key` in `$.logit_bias`": a map's key
 _FIELD = re.compile(r"(?:unknown|missing required) field `([^`]*)`")
 
 
@@ -124,6 +124,8 @@ def from_exception(exc: BaseException, params: dict[str, str], prompt_param: str
         return OpenAIError(413, INVALID, exc.message, prompt_param, exc.code)
     if isinstance(exc, (InvalidRequestError, MalformedRequestError)):
         param = prompt_param if exc.code in (p.ERR_CONTEXT, p.ERR_INVALID) else None
+        if exc.message.startswith("logit_bias"):  # SamplingParams.vocab_problem: checked where the vocabulary is
+            param = "logit_bias"
         return bad_request(exc.message, param, exc.code)
     if isinstance(exc, (ServerShutdownError, ServerGoneError)):
         return unavailable(f"the backend is unavailable: {exc.message}")

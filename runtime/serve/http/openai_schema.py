@@ -7,7 +7,7 @@ Which fields are accepted (the rule, documented in the README):
       stream_options.include_obfuscation.
     - Known OpenAI (or vLLM) fields this server does not implement are a 400 unsupported_parameter naming the field
       when they are set to anything but their neutral value (tools: [] or null, response_format: {"type": "text"},
-      logit_bias: {} or null, best_of: 1, echo: false, ...): see UNSUPPORTED.
+      best_of: 1, chat's echo: false, ...): see UNSUPPORTED.
     - Any other field is a 400 unknown_parameter naming it, as the OpenAI API itself answers ("Unrecognized request
       argument"): a misspelt max_tokens or temperature is never silently ignored.
 Nulls are accepted everywhere a field is optional and mean "not given".
@@ -60,6 +60,9 @@ class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None  # JSON keys are token-id strings ("50256"), as OpenAI sends them
+    min_tokens: int | None = None
+    prompt_logprobs: int | None = None  # vLLM's extra field
     use_beam_search: bool | None = None  # vLLM's extra fields: beam search of width n
     length_penalty: float | None = None
     cache_salt: str | None = None
@@ -74,9 +77,7 @@ class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     # not implemented: a 400 unless neutral (UNSUPPORTED)
-    logit_bias: Any = None
     skip_special_tokens: Any = None
-    min_tokens: Any = None
     include_stop_str_in_output: Any = None
 
 
@@ -114,7 +115,7 @@ class CompletionRequest(_Common, kw_only=True, forbid_unknown_fields=True):
 
     prompt: str | list[Any]
     logprobs: int | None = None
-    echo: Any = None
+    echo: bool | None = None  # the prompt before each choice's text (and its logprobs first, with logprobs)
     suffix: Any = None
     best_of: Any = None
 
@@ -142,9 +143,7 @@ def _none_or(*neutral: Any):
 
 # field -> is its value neutral (as if not given)? Anything else is a 400 unsupported_parameter naming the field.
 UNSUPPORTED: dict[str, Any] = {
-    "logit_bias": _none_or({}),
     "skip_special_tokens": _none_or(True),
-    "min_tokens": _none_or(0),
     "include_stop_str_in_output": _none_or(False),
     "tools": _none_or([]),
     "tool_choice": _none_or("none"),
@@ -163,7 +162,7 @@ UNSUPPORTED: dict[str, Any] = {
     "continue_final_message": _none_or(False),
     "chat_template": _none_or(),
     "chat_template_kwargs": _none_or({}),
-    "echo": _none_or(False),
+    "echo": _none_or(False),  # chat only: completions implement it (CompletionRequest.echo is a bool)
     "suffix": _none_or(""),
     "best_of": _none_or(1),
 }
@@ -186,7 +185,7 @@ def decode(body: bytes, cls: type[Any]) -> Any:
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise from_decode_error(exc) from None
     for name in req.__struct_fields__:
-        neutral = UNSUPPORTED.get(name)
+        neutral = None if cls is CompletionRequest and name == "echo" else UNSUPPORTED.get(name)
         if neutral is not None and not neutral(getattr(req, name)):
             raise _unsupported(name)
     return req

@@ -15,6 +15,10 @@ Mapping (a field left out or null keeps SamplingParams' default):
     chat: logprobs (bool) + top_logprobs -> logprobs = top_logprobs (0 when not given) when logprobs is true;
         top_logprobs without logprobs is a 400. completions: logprobs (int) -> logprobs.
     cache_salt -> the request's cache_salt (requests with different salts share no cached block). user: ignored.
+    logit_bias (token-id string keys), min_tokens, prompt_logprobs (vLLM's extra) -> the field of the same name.
+    completions: echo with logprobs -> prompt_logprobs = max(logprobs, prompt_logprobs) (the prompt's tokens come
+        first in the legacy logprobs); echo with max_tokens 0 and no logprobs -> prompt_logprobs 0 (max_tokens 0 is
+        scoring: the prompt runs, nothing is generated). chat: echo is a 400 (unsupported).
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ _SAME_NAME = (
     "repetition_penalty",
     "use_beam_search",
     "length_penalty",
+    "logit_bias",
+    "min_tokens",
+    "prompt_logprobs",
 )
 
 
@@ -52,12 +59,16 @@ class BackendRequest(NamedTuple):
     param_names: SamplingParams field -> the request field it came from, where the names differ (for errors the
         backend raises later).
     prompt_param: the request field holding the prompt ("messages" or "prompt"). include_usage: stream_options'.
+    echo: completions' echo (the answer puts the prompt first: runtime/serve/http/echo.py). prompt_logprobs: the
+        top alternatives the request's own prompt_logprobs field asked for (None: no such field in the answer).
     """
 
     request: p.GenerateRequest
     param_names: dict[str, str]
     prompt_param: str
     include_usage: bool
+    echo: bool = False
+    prompt_logprobs: int | None = None
 
     @property
     def sampling_params(self) -> SamplingParams:
@@ -69,7 +80,7 @@ def _same_name_fields(req: ChatCompletionRequest | CompletionRequest) -> dict[st
     fields: dict[str, Any] = {}
     for name in _SAME_NAME:
         value = getattr(req, name)
-        if value is not None:
+        if value is not None and value != {}:  # logit_bias {} is none
             fields[name] = value
     if isinstance(req.stop, str):
         fields["stop"] = [req.stop]
@@ -113,6 +124,10 @@ def chat_request(req: ChatCompletionRequest, rid: str) -> BackendRequest:
         names["logprobs"] = "top_logprobs"
     elif req.top_logprobs is not None:
         raise bad_request("top_logprobs requires logprobs: true", "top_logprobs")
+    if req.stream and req.prompt_logprobs is not None:
+        raise bad_request(
+            "prompt_logprobs is not supported with stream: true", "prompt_logprobs", "unsupported_parameter"
+        )
     include_usage = _include_usage(req)
     request = p.GenerateRequest(
         rid=rid,
@@ -121,7 +136,7 @@ def chat_request(req: ChatCompletionRequest, rid: str) -> BackendRequest:
         stream=True,
         cache_salt=req.cache_salt,
     )
-    return BackendRequest(request, names, "messages", include_usage)
+    return BackendRequest(request, names, "messages", include_usage, False, req.prompt_logprobs)
 
 
 def completion_request(req: CompletionRequest, rid: str) -> BackendRequest:
@@ -135,13 +150,23 @@ def completion_request(req: CompletionRequest, rid: str) -> BackendRequest:
         fields["max_tokens"] = COMPLETIONS_MAX_TOKENS
     if req.logprobs is not None:
         fields["logprobs"] = req.logprobs
+    names: dict[str, str] = {}
+    if req.echo:
+        if req.logprobs is not None:
+            fields["prompt_logprobs"] = max(req.logprobs, req.prompt_logprobs or 0)
+            names["prompt_logprobs"] = "prompt_logprobs" if req.prompt_logprobs is not None else "logprobs"
+        elif fields["max_tokens"] == 0 and req.prompt_logprobs is None:
+            fields["prompt_logprobs"] = 0  # nothing but the prompt: it runs for its token count
+    if req.stream and (req.echo or req.prompt_logprobs is not None):
+        param = "echo" if req.echo else "prompt_logprobs"
+        raise bad_request(f"{param} is not supported with stream: true", param, "unsupported_parameter")
     include_usage = _include_usage(req)
     request = p.GenerateRequest(
         rid=rid,
         prompt=prompt.text,
         input_ids=prompt.input_ids,
-        sampling_params=_sampling_params(fields, {}, "prompt"),
+        sampling_params=_sampling_params(fields, names, "prompt"),
         stream=True,
         cache_salt=req.cache_salt,
     )
-    return BackendRequest(request, {}, "prompt", include_usage)
+    return BackendRequest(request, names, "prompt", include_usage, bool(req.echo), req.prompt_logprobs)

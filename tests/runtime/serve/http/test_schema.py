@@ -60,7 +60,8 @@ def error_of(body: bytes, cls=ChatCompletionRequest) -> tuple[int, str, str | No
         (b'{"max_tokens": 3}', "missing_required_parameter", "messages"),
         (b'{"messages": [], "tools": [{"type": "function"}]}', "unsupported_parameter", "tools"),
         (b'{"messages": [], "response_format": {"type": "json_object"}}', "unsupported_parameter", "response_format"),
-        (b'{"messages": [], "logit_bias": {"5": 10}}', "unsupported_parameter", "logit_bias"),
+        (b'{"messages": [], "logit_bias": {"five": 10}}', "invalid_type", "logit_bias"),
+        (b'{"messages": [], "echo": true}', "unsupported_parameter", "echo"),
         (b'{"messages": [], "audio": {"voice": "x"}}', "unsupported_parameter", "audio"),
     ],
 )
@@ -71,7 +72,7 @@ def test_bad_chat_bodies_are_400_naming_the_field(body, code, param):
 @pytest.mark.parametrize(
     ("body", "code", "param"),
     [
-        (b'{"prompt": "a", "echo": true}', "unsupported_parameter", "echo"),
+        (b'{"prompt": "a", "echo": 1}', "invalid_type", "echo"),
         (b'{"prompt": "a", "best_of": 3}', "unsupported_parameter", "best_of"),
         (b'{"prompt": "a", "suffix": "z"}', "unsupported_parameter", "suffix"),
         (b'{"prompt": "a", "logprobs": true}', "invalid_type", "logprobs"),
