@@ -56,10 +56,11 @@ class CompletionStream:
           completion on the id with finish_reason "stop". The id stays in token_ids (it was generated and counts as a
           completion token) and adds no text, special token or not. Nothing is told to the scheduler.
         - A stop string (params.stop): finish_reason "stop"; text ends right before the stop string's first
-          occurrence, even when it begins inside a token; token_ids (and logprobs) keep the fewest tokens whose text
-          covers that text (StopChecker: the token in which the stop string begins is kept; an EOS / stop id after it
-          is dropped); while the scheduler still runs the completion, the delta's stop_keep_tokens says how many
-          tokens it must keep (it caches no block past them). A stop string found in the step the scheduler finished
+          occurrence after the text of the first params.min_tokens tokens, even when it begins inside a token;
+          token_ids (and logprobs) keep the fewest tokens whose text covers that text (StopChecker: the token in
+          which the stop string begins is kept; an EOS / stop id after it is dropped); while the scheduler still
+          runs the completion, the delta's stop_keep_tokens says how many tokens it must keep (it caches no block
+          past them). A stop string found in the step the scheduler finished
           the completion ("length", EOS) still wins: "stop", truncated.
         - Otherwise ("length", "abort"): text and token_ids are everything generated; held-back text is released.
         - Special tokens are skipped in text. Without a tokenizer text is "" and stop strings are not applied.
@@ -86,6 +87,7 @@ class CompletionStream:
         )
         self._detok = Detokenizer(tokenizer) if tokenizer is not None else None
         self._stop = StopChecker(params.stop) if params.stop and tokenizer is not None else None
+        self._min_tokens = params.min_tokens  # stop strings only in the text after this many tokens (vLLM's rule)
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprobs | None] | None = [] if params.logprobs is not None else None
         self._texts: TokenTextCache | None = None
@@ -131,7 +133,9 @@ class CompletionStream:
         if detok is not None:
             if ids:
                 detok.step(ids, self._hidden)
-            if self._stop is None:
+            if self._stop is not None and self._min_tokens:
+                self._skip_min_tokens(detok.token_ends)
+            if self._stop is None or len(self.token_ids) <= self._min_tokens:
                 self._end = len(detok.text)
             else:
                 check = self._stop.update(detok.text, detok.token_ends)
@@ -177,6 +181,17 @@ class CompletionStream:
         texts = list(map(self._texts.token_text, new.token_ids, new.logprobs))
         self.prompt_token_texts.extend(texts)
         return texts
+
+    def _skip_min_tokens(self, token_ends: Sequence[int]) -> None:
+        """Once more than min_tokens tokens exist, start the stop check after the text of the first min_tokens of
+        them (before that, feed releases all text and checks nothing). vLLM checks its stop strings only once
+        min_tokens is passed, too; it also finds one that begins before that point and ends after it, which this
+        check does not."""
+        if len(self.token_ids) > self._min_tokens and self._stop is not None:
+            base = token_ends[self._min_tokens - 1]
+            self._stop.skip_to(base)
+            self._end = max(self._end, base)
+            self._min_tokens = 0
 
     def _releasable(self) -> int:
         """How many token ids no later stop string can drop: all without stop strings; with them, the tokens whose
