@@ -21,7 +21,7 @@ def hf_logprobs(tiny_llama_dir):
     """ids -> transformers' float32 log-softmax at every position of ids: [len(ids), vocab]."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
 
     def run(ids: list[int]) -> torch.Tensor:
         with torch.no_grad():

@@ -22,7 +22,7 @@ def reference(tiny_llama_dir) -> torch.Tensor:
     """transformers' float32 log-softmax at every position of PROMPT: [len(PROMPT), vocab]."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         logits = model(torch.tensor([PROMPT])).logits[0].float()
     return torch.log_softmax(logits, dim=-1)
