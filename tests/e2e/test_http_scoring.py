@@ -154,3 +154,22 @@ def test_negative_and_large_seeds_are_reproducible(oai):
     with pytest.raises(openai.BadRequestError) as info:
         oai.completions.create(model=MODEL, prompt=IDS, max_tokens=1, seed=2**63)
     assert info.value.param == "seed"
+
+
+def test_streamed_echo_equals_non_streamed(oai, zmq, wait_idle):
+    kwargs = dict(model=MODEL, prompt=IDS, echo=True, max_tokens=4, temperature=0.0, logprobs=1)
+    full = oai.completions.create(**kwargs, extra_body={"prompt_logprobs": 2, "cache_salt": salt()}).choices[0]
+    chunks = list(
+        oai.completions.create(**kwargs, stream=True, extra_body={"prompt_logprobs": 2, "cache_salt": salt()})
+    )
+    choices = [ch.choices[0] for ch in chunks]
+    assert "".join(c.text for c in choices) == full.text
+    for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        streamed = [v for c in choices if c.logprobs is not None for v in getattr(c.logprobs, key)]
+        assert streamed == getattr(full.logprobs, key), key
+    assert choices[0].model_extra["prompt_logprobs"] == full.model_extra["prompt_logprobs"]
+    assert all("prompt_logprobs" not in c.model_extra for c in choices[1:])
+    assert (choices[-1].finish_reason, full.finish_reason) == ("length", "length")
+    scored = list(oai.completions.create(model=MODEL, prompt=IDS, echo=True, max_tokens=0, logprobs=0, stream=True))
+    assert "".join(ch.choices[0].text for ch in scored) == zmq.detokenize(IDS)
+    assert_idle(zmq, wait_idle)

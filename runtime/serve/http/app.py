@@ -31,7 +31,7 @@ from runtime.serve.http import tokenization
 from runtime.serve.http.auth import ApiKeyMiddleware
 from runtime.serve.http.backend import Backend
 from runtime.serve.http.config import HttpConfig
-from runtime.serve.http.echo import answer_prompt
+from runtime.serve.http.echo import StreamEcho, answer_prompt, echo_text
 from runtime.serve.http.errors import INVALID, OpenAIError, from_exception, not_found, too_large, unavailable
 from runtime.serve.http.generation import ClientDisconnected, Generation, race_disconnect
 from runtime.serve.http.metrics import CONTENT_TYPE, HttpMetrics
@@ -105,7 +105,11 @@ class Routes:
         try:
             if req.stream:
                 first = await race_disconnect(gen.first(), request.receive)
-                return self._event_stream(chat, rid, created, backend_req, gen, first)
+                echo = None
+                if backend_req.echo or backend_req.prompt_logprobs is not None:
+                    text = await echo_text(backend_req, client) if backend_req.echo else ""
+                    echo = StreamEcho(backend_req, gen.fold, text)
+                return self._event_stream(chat, rid, created, backend_req, gen, first, echo)
             choices = await race_disconnect(gen.collect(), request.receive)
             if chat:
                 body = chat_response(rid, created, model, choices, gen.usage())
@@ -120,9 +124,16 @@ class Routes:
         return _json(body)
 
     def _event_stream(
-        self, chat: bool, rid: str, created: int, backend_req: BackendRequest, gen: Generation, first: p.StreamChunk
+        self,
+        chat: bool,
+        rid: str,
+        created: int,
+        backend_req: BackendRequest,
+        gen: Generation,
+        first: p.StreamChunk,
+        echo: StreamEcho | None = None,
     ) -> EventStream:
-        """The SSE answer of a streamed request whose first backend chunk arrived."""
+        """The SSE answer of a streamed request whose first backend chunk arrived (echo: completions' prompt)."""
         model = self.config.model_name
         logprobs = backend_req.sampling_params.logprobs is not None
         usage = backend_req.include_usage
@@ -130,7 +141,7 @@ class Routes:
             ctx = StreamContext(f"chatcmpl-{rid}", "chat.completion.chunk", created, model, logprobs, usage)
             return EventStream(chat_events(gen, first, ctx))
         ctx = StreamContext(f"cmpl-{rid}", "text_completion", created, model, logprobs, usage)
-        return EventStream(completion_events(gen, first, ctx))
+        return EventStream(completion_events(gen, first, ctx, echo))
 
     async def models(self, request: Request) -> Response:
         card = {

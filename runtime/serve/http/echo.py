@@ -95,6 +95,48 @@ def add_echo(choice: dict[str, Any], prompt_text: str, prompt_part: dict[str, An
     }
 
 
+async def echo_text(request: BackendRequest, client: AsyncClient) -> str:
+    """The prompt text echo puts first: the request's prompt string, or the text of its token ids (one
+    DetokenizeRequest: raises what AsyncClient.detokenize raises)."""
+    text = request.request.prompt
+    if text is None:
+        text = await client.detokenize(request.request.input_ids or [])
+    return text
+
+
+class StreamEcho:
+    """The prompt in a streamed text completion: a backend chunk that carries nothing but prompt logprobs sends no
+    event (choice returns None; the fold keeps them); each choice's first event gets the prompt (echo: its text first
+    and, with logprobs, its tokens first; prompt_logprobs: vLLM's field), and with echo every later event of the
+    choice has its text_offset moved past the prompt text. The prompt's logprobs all come before any completion
+    token (the scheduler sends them in the step before), so the fold holds them whole by then."""
+
+    def __init__(self, request: BackendRequest, fold: CompletionFold, prompt_text: str) -> None:
+        self.request = request
+        self.fold = fold
+        self.prompt_text = prompt_text
+        self._started: set[int] = set()
+
+    def choice(self, chunk: p.StreamChunk, body: dict[str, Any]) -> dict[str, Any] | None:
+        """body (the event's choice, mutated) with the prompt added as above, or None for no event."""
+        if not chunk.text and not chunk.token_ids and chunk.finish_reason is None:
+            return None
+        if chunk.index in self._started:
+            lp = body.get("logprobs")
+            if self.request.echo and lp is not None:
+                lp["text_offset"] = [o + len(self.prompt_text) for o in lp["text_offset"]]
+            return body
+        self._started.add(chunk.index)
+        prompt = self.fold.prompt_logprobs
+        texts = self.fold.prompt_token_texts
+        if self.request.prompt_logprobs is not None and prompt is not None:
+            body["prompt_logprobs"] = prompt_logprobs_body(prompt, texts, self.request.prompt_logprobs)
+        if self.request.echo:
+            top = self.request.sampling_params.logprobs or 0
+            add_echo(body, self.prompt_text, None if prompt is None else echo_logprobs(prompt, texts, top))
+        return body
+
+
 async def answer_prompt(
     body: dict[str, Any], request: BackendRequest, fold: CompletionFold, client: AsyncClient
 ) -> None:
@@ -113,9 +155,7 @@ async def answer_prompt(
                 choice["prompt_logprobs"] = field
     if not request.echo:
         return
-    text = request.request.prompt
-    if text is None:
-        text = await client.detokenize(request.request.input_ids or [])
+    text = await echo_text(request, client)
     part = None if prompt is None else echo_logprobs(prompt, texts, request.sampling_params.logprobs or 0)
     for choice in body["choices"]:
         add_echo(choice, text, part)

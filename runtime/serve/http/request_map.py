@@ -18,7 +18,8 @@ Mapping (a field left out or null keeps SamplingParams' default):
     logit_bias (token-id string keys), min_tokens, prompt_logprobs (vLLM's extra) -> the field of the same name.
     completions: echo with logprobs -> prompt_logprobs = max(logprobs, prompt_logprobs) (the prompt's tokens come
         first in the legacy logprobs); echo with max_tokens 0 and no logprobs -> prompt_logprobs 0 (max_tokens 0 is
-        scoring: the prompt runs, nothing is generated). chat: echo is a 400 (unsupported).
+        scoring: the prompt runs, nothing is generated). chat: echo is a 400 (unsupported), and so is prompt_logprobs
+        with stream.
 """
 
 from __future__ import annotations
@@ -157,9 +158,6 @@ def completion_request(req: CompletionRequest, rid: str) -> BackendRequest:
             names["prompt_logprobs"] = "prompt_logprobs" if req.prompt_logprobs is not None else "logprobs"
         elif fields["max_tokens"] == 0 and req.prompt_logprobs is None:
             fields["prompt_logprobs"] = 0  # nothing but the prompt: it runs for its token count
-    if req.stream and (req.echo or req.prompt_logprobs is not None):
-        param = "echo" if req.echo else "prompt_logprobs"
-        raise bad_request(f"{param} is not supported with stream: true", param, "unsupported_parameter")
     include_usage = _include_usage(req)
     request = p.GenerateRequest(
         rid=rid,

@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from runtime import protocol as p
 from runtime.client.errors import ClientError
+from runtime.serve.http.echo import StreamEcho
 from runtime.serve.http.errors import OpenAIError, from_exception
 from runtime.serve.http.generation import Generation, wait_disconnect
 from runtime.serve.http.responses import chat_logprobs, completion_logprobs, usage_body
@@ -109,17 +110,21 @@ def chat_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext) -> As
     return _events(gen, first, ctx, choice)
 
 
-def completion_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext) -> AsyncGenerator[bytes, None]:
-    """The events of a streamed text completion (first: its first backend chunk, already received)."""
+def completion_events(
+    gen: Generation, first: p.StreamChunk, ctx: StreamContext, echo: StreamEcho | None = None
+) -> AsyncGenerator[bytes, None]:
+    """The events of a streamed text completion (first: its first backend chunk, already received); echo: the prompt
+    to add (echo, prompt_logprobs: runtime/serve/http/echo.py), None when not asked."""
 
-    def choice(chunk: p.StreamChunk) -> dict[str, Any]:
+    def choice(chunk: p.StreamChunk) -> dict[str, Any] | None:
         logprobs = None
         if ctx.logprobs:
             offset = gen.fold.num_chars(chunk.index) - len(chunk.text)
             logprobs = completion_logprobs(
                 chunk.token_ids, chunk.logprobs or [None] * len(chunk.token_ids), chunk.token_texts, offset
             )
-        return {"index": chunk.index, "text": chunk.text, "logprobs": logprobs, "finish_reason": chunk.finish_reason}
+        body = {"index": chunk.index, "text": chunk.text, "logprobs": logprobs, "finish_reason": chunk.finish_reason}
+        return body if echo is None else echo.choice(chunk, body)
 
     return _events(gen, first, ctx, choice)
 
@@ -130,7 +135,9 @@ async def _events(
     chunks = gen.chunks(first)
     try:
         async for chunk in chunks:
-            yield ctx.event(choice(chunk))
+            event = choice(chunk)
+            if event is not None:  # None: nothing to send (StreamEcho)
+                yield ctx.event(event)
         if ctx.include_usage:
             yield sse({**ctx.header, "choices": [], "usage": usage_body(gen.usage())})
     except (ClientError, OpenAIError) as exc:
