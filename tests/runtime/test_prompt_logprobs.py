@@ -18,14 +18,21 @@ TOL = 1e-4  # float32 logits of this model against transformers' (tests/runtime/
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_llama_dir) -> torch.Tensor:
-    """transformers' float32 log-softmax at every position of PROMPT: [len(PROMPT), vocab]."""
+def hf_model(tiny_llama_dir):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+
+
+def hf_logprobs(model, prompt: list[int]) -> torch.Tensor:
+    """transformers' float32 log-softmax at every position of prompt: [len(prompt), vocab]."""
     with torch.no_grad():
-        logits = model(torch.tensor([PROMPT])).logits[0].float()
-    return torch.log_softmax(logits, dim=-1)
+        return torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+
+
+@pytest.fixture(scope="module")
+def reference(hf_model) -> torch.Tensor:
+    return hf_logprobs(hf_model, PROMPT)
 
 
 def _engine(tiny_llama_dir, **kw) -> Engine:
@@ -33,20 +40,20 @@ def _engine(tiny_llama_dir, **kw) -> Engine:
     return Engine(model=str(tiny_llama_dir), block_size=4, dtype="float32", **kw)
 
 
-def assert_matches(prompt_lp: PromptLogprobs | None, ref: torch.Tensor, top: int = TOP) -> None:
+def assert_matches(prompt_lp: PromptLogprobs | None, ref: torch.Tensor, top: int = TOP, prompt=PROMPT) -> None:
     """Every prompt position: the token, its logprob and rank, and the top alternatives, as transformers gives them
     (values within TOL; a rank or a top set may differ only among tokens within TOL of each other)."""
     assert prompt_lp is not None
     assert prompt_lp.start == 0
-    assert prompt_lp.token_ids == PROMPT
+    assert prompt_lp.token_ids == prompt
     assert prompt_lp.logprobs[0] is None
     assert prompt_lp.ranks[0] == 0
-    assert len(prompt_lp.logprobs) == len(prompt_lp.ranks) == len(PROMPT)
-    for pos in range(1, len(PROMPT)):
+    assert len(prompt_lp.logprobs) == len(prompt_lp.ranks) == len(prompt)
+    for pos in range(1, len(prompt)):
         row = ref[pos - 1]
         entry = prompt_lp.logprobs[pos]
         assert isinstance(entry, TokenLogprobs)
-        want = float(row[PROMPT[pos]])
+        want = float(row[prompt[pos]])
         assert abs(entry.logprob - want) <= TOL, pos
         higher = int((row > want + TOL).sum())
         close = int((row > want - TOL).sum())
@@ -92,6 +99,22 @@ def test_n_samples_share_one_prompt_logprobs(tiny_llama_dir, reference):
     out = engine.generate(input_ids=[PROMPT], sampling_params=params)[0]
     assert [len(c.token_ids) for c in out.outputs] == [3, 3, 3]
     assert_matches(out.prompt_logprobs, reference, top=1)
+    assert_idle(engine)
+    engine.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_under_memory_pressure_every_position_comes_once_and_right(tiny_llama_dir, hf_model, mode):
+    prompts = [[500 + 37 * i + 3 * j for j in range(9 + i % 4)] for i in range(8)]
+    host = 64 if mode == "swap" else 0
+    engine = _engine(tiny_llama_dir, num_blocks=12, max_running_requests=6, preemption_mode=mode, num_host_blocks=host)
+    params = SamplingParams(max_tokens=8, temperature=0.0, prompt_logprobs=1)
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    assert engine.stats().num_preemptions > 0
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert len(out.token_ids) == 8
+        assert_matches(out.prompt_logprobs, hf_logprobs(hf_model, prompt), top=1, prompt=prompt)
     assert_idle(engine)
     engine.shutdown()
 
