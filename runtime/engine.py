@@ -24,6 +24,7 @@ from runtime.prompt_check import prompt_char_limit
 from runtime.protocol import (
     ERR_INVALID,
     ForwardResult,
+    PromptChunk,
     PromptLogprobs,
     ServerStats,
     StreamChunk,
@@ -290,6 +291,9 @@ class Engine:
             self.scheduler.stop(o.rid, delta.stop_keep_tokens, o.index)
         if delta.empty:
             return None
+        prompt = None
+        if delta.prompt_logprobs is not None:
+            prompt = PromptChunk(delta.prompt_logprobs, delta.prompt_token_texts)
         chunk = StreamChunk(
             rid=o.rid,
             index=o.index,
@@ -300,8 +304,7 @@ class Engine:
             finish_reason=delta.finish_reason,
             usage=delta.usage,
             score=o.score,
-            prompt_logprobs=delta.prompt_logprobs,
-            prompt_token_texts=delta.prompt_token_texts,
+            prompt_logprobs=prompt,
         )
         if live.fold.add(chunk, time.monotonic()):
             self._finish_request(o.rid)

@@ -119,7 +119,7 @@ class CompletionFold:
         outside [0, n)."""
         parts = self._parts[chunk.index]
         if chunk.prompt_logprobs is not None:
-            self._add_prompt(chunk.prompt_logprobs, chunk.prompt_token_texts)
+            self._add_prompt(chunk.prompt_logprobs.logprobs, chunk.prompt_logprobs.token_texts)
         if chunk.token_ids and self.first_token_at is None:
             self.first_token_at = now
         if chunk.text:

@@ -352,6 +352,5 @@ def _chunk(
         finish_reason=delta.finish_reason,
         usage=delta.usage,
         score=out.score,
-        prompt_logprobs=prompt,
-        prompt_token_texts=prompt_texts,
+        prompt_logprobs=None if prompt is None else p.PromptChunk(prompt, prompt_texts),
     )
