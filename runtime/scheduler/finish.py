@@ -73,6 +73,8 @@ class Finisher:
         stop_token_ids id past min_tokens, else "length" at max_tokens or max_model_len. O(1) plus finish."""
         req = seq.req
         params = req.params
+        if params.prompt_logprobs is not None and req.prompt_logprobs_sent == 0:  # a 1-token prompt scores nothing
+            self.on_prompt_logprobs(seq, PromptLogprobs(1, [], [], []))
         if params.max_tokens == 0:  # scoring (prompt_logprobs): the prompt ran, no token is generated
             self.finish(seq, "length")
             return
@@ -102,7 +104,7 @@ class Finisher:
         out = PromptLogprobs(
             computed.start + skip, computed.token_ids[skip:], computed.logprobs[skip:], computed.ranks[skip:]
         )
-        if sent == 0 and out.start == 1:
+        if sent == 0 and out.start == 1:  # position 0 first, also when nothing else comes (a 1-token prompt)
             out = PromptLogprobs(0, [req.prompt_ids[0], *out.token_ids], [None, *out.logprobs], [0, *out.ranks])
         if not out.token_ids or out.start != sent:
             return  # nothing new, or not the next positions (a recompute resumed past them: never the case)

@@ -103,6 +103,14 @@ def test_n_samples_share_one_prompt_logprobs(tiny_llama_dir, reference):
     engine.shutdown()
 
 
+def test_a_one_token_prompt_has_only_position_0(tiny_llama_dir):
+    engine = _engine(tiny_llama_dir)
+    out = engine.generate(input_ids=[[77]], sampling_params=SamplingParams(max_tokens=0, prompt_logprobs=2))[0]
+    assert out.prompt_logprobs == PromptLogprobs(0, [77], [None], [0])
+    assert (out.token_ids, out.finish_reason) == ([], "length")
+    engine.shutdown()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_under_memory_pressure_every_position_comes_once_and_right(tiny_llama_dir, hf_model, mode):
