@@ -25,6 +25,8 @@ from runtime.protocol import (
     ERR_INVALID,
     ChatOptions,
     ForwardResult,
+    PromptChunk,
+    PromptLogprobs,
     ServerStats,
     StreamChunk,
     TokenOutput,
@@ -63,7 +65,8 @@ class RequestOutput(msgspec.Struct, kw_only=True):
     (CompletionFold.usage: every field of the prompt's usage, completion_tokens summed over completions), ttft_s
     (seconds from add_request to the first chunk with tokens; None when none had any). text, token_ids and
     finish_reason are outputs[0]'s. What only the Engine knows rides beside the fold's result (the client's
-    runtime.results.Completion has no place for it): prompt_token_ids, and error: None, or why the request failed
+    runtime.results.Completion has no place for it): prompt_token_ids, prompt_logprobs (SamplingParams.
+    prompt_logprobs: the fold's, from position 0), and error: None, or why the request failed
     (the worker could not run one of its sequences, or its step failed as a whole): then every completion that had
     not finished ends with finish_reason "abort" and keeps the tokens produced before the failure."""
 
@@ -73,6 +76,7 @@ class RequestOutput(msgspec.Struct, kw_only=True):
     usage: Usage
     ttft_s: float | None = None
     error: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
     @property
     def text(self) -> str:
@@ -295,6 +299,9 @@ class Engine:
             self.scheduler.stop(o.rid, delta.stop_keep_tokens, o.index)
         if delta.empty:
             return None
+        prompt = None
+        if delta.prompt_logprobs is not None:
+            prompt = PromptChunk(delta.prompt_logprobs, delta.prompt_token_texts)
         chunk = StreamChunk(
             rid=o.rid,
             index=o.index,
@@ -305,6 +312,7 @@ class Engine:
             finish_reason=delta.finish_reason,
             usage=delta.usage,
             score=o.score,
+            prompt_logprobs=prompt,
         )
         if live.fold.add(chunk, time.monotonic()):
             self._finish_request(o.rid)
@@ -319,6 +327,7 @@ class Engine:
             usage=live.fold.usage(),
             ttft_s=live.fold.ttft_s,
             error=live.error,
+            prompt_logprobs=live.fold.prompt_logprobs,
         )
 
     def _encode(

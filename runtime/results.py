@@ -38,12 +38,16 @@ class Completion(msgspec.Struct, kw_only=True):
 
     usage: CompletionFold.usage() (every field of the prompt's usage, completion_tokens summed over the choices).
     ttft_s: seconds from sending the request to the first chunk with tokens (0.0 when no chunk had any).
+    prompt_logprobs / prompt_token_texts: the prompt's logprobs from position 0 (SamplingParams.prompt_logprobs;
+    CompletionFold.prompt_logprobs), None when not asked.
     """
 
     rid: str
     choices: list[Choice]
     usage: p.Usage
     ttft_s: float
+    prompt_logprobs: p.PromptLogprobs | None = None
+    prompt_token_texts: list[p.TokenText] | None = None
 
     @property
     def text(self) -> str:
@@ -82,7 +86,9 @@ class CompletionFold:
     logprobs adds one None per token id, and the tokens before the first chunk with logprobs get None each); so are
     token_texts (the same rule, on the chunks' token_texts);
     finish_reason, usage and score are those of the completion's last chunk (the one with finish_reason). The
-    request's usage: see usage(). Time to first token: from start to the `now` of the first chunk with token ids.
+    request's usage: see usage(). prompt_logprobs (and prompt_token_texts): the request's prompt positions from 0,
+    folded from whichever chunks carry them (None while none did). Time to first token: from start to the `now` of
+    the first chunk with token ids.
     Mutated only by add(); O(1) per token (amortised) and O(total text) for choices().
     """
 
@@ -93,6 +99,8 @@ class CompletionFold:
         self.first_token_at: float | None = None
         self._parts = [_Parts() for _ in range(n)]
         self._left = n  # completions not finished yet
+        self.prompt_logprobs: p.PromptLogprobs | None = None
+        self.prompt_token_texts: list[p.TokenText] | None = None
 
     @property
     def done(self) -> bool:
@@ -110,6 +118,8 @@ class CompletionFold:
         """Folds chunk in (now: when it arrived); returns done. O(len(chunk)). Raises IndexError for an index
         outside [0, n)."""
         parts = self._parts[chunk.index]
+        if chunk.prompt_logprobs is not None:
+            self._add_prompt(chunk.prompt_logprobs.logprobs, chunk.prompt_logprobs.token_texts)
         if chunk.token_ids and self.first_token_at is None:
             self.first_token_at = now
         if chunk.text:
@@ -125,6 +135,22 @@ class CompletionFold:
             parts.usage = chunk.usage
             parts.score = chunk.score
         return self.done
+
+    def _add_prompt(self, new: p.PromptLogprobs, texts: list[p.TokenText] | None) -> None:
+        """Append the positions of new past those folded already (a streamed chunk brings the next ones, a
+        non-streamed one all of them), and their texts when they came with them. O(len(new.token_ids))."""
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = p.PromptLogprobs(0, [], [], [])
+            self.prompt_token_texts = [] if texts is not None else None
+        folded = self.prompt_logprobs
+        skip = len(folded.token_ids) - new.start
+        if skip < 0:
+            raise ValueError(f"prompt logprobs from position {new.start}, {len(folded.token_ids)} folded so far")
+        folded.token_ids.extend(new.token_ids[skip:])
+        folded.logprobs.extend(new.logprobs[skip:])
+        folded.ranks.extend(new.ranks[skip:])
+        if self.prompt_token_texts is not None and texts is not None:
+            self.prompt_token_texts.extend(texts[skip:])
 
     def num_chars(self, index: int) -> int:
         """Characters of completion index's text so far (the offset of the next chunk's text)."""
@@ -166,7 +192,14 @@ class CompletionFold:
     def completion(self, rid: str) -> Completion:
         """The client's Completion of request rid (ttft_s 0.0 when no chunk had token ids)."""
         ttft = self.ttft_s
-        return Completion(rid=rid, choices=self.choices(), usage=self.usage(), ttft_s=0.0 if ttft is None else ttft)
+        return Completion(
+            rid=rid,
+            choices=self.choices(),
+            usage=self.usage(),
+            ttft_s=0.0 if ttft is None else ttft,
+            prompt_logprobs=self.prompt_logprobs,
+            prompt_token_texts=self.prompt_token_texts,
+        )
 
 
 def _aligned(

@@ -15,7 +15,7 @@ import msgspec
 from runtime.structured_outputs import StructuredOutputs
 
 INT32_MAX = 2**31 - 1  # largest max_tokens, top_k and stop token id: each fits the int32/int64 tensors it reaches
-SEED_LIMIT = 2**63  # seed in [0, SEED_LIMIT): packed as an unsigned 64-bit word into the draw's hash
+SEED_LIMIT = 2**63  # seed in [-SEED_LIMIT, SEED_LIMIT) (any int64): its two's-complement 64-bit word seeds the draw
 MAX_N = 64  # completions per prompt
 MAX_LOGPROBS = 20  # top alternatives returned per token
 MAX_TEMPERATURE = 1e4  # finite in float32; above it a distribution whose logits span < 100 is within 1% of uniform
@@ -30,6 +30,8 @@ MIN_REPETITION_PENALTY = 1.0 / MAX_REPETITION_PENALTY
 MIN_BEAM_WIDTH = 2  # beam search: n beams in [MIN_BEAM_WIDTH, MAX_BEAM_WIDTH]
 MAX_BEAM_WIDTH = 16
 MAX_LENGTH_PENALTY = 10.0  # length_penalty in [-10, 10]: length ** 10 of a 2**31-token length is finite in float64
+MAX_LOGIT_BIAS = 100.0  # logit_bias values in [-100, 100] (the OpenAI API's range)
+MAX_LOGIT_BIAS_TOKENS = 1024  # logit_bias entries per request: the step's bias tensor stays small
 
 
 class InvalidSamplingParams(ValueError):
@@ -41,13 +43,26 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     Fields (units), with the module constants that bound them:
         max_tokens: completion tokens to generate at most, in [1, INT32_MAX] (the scheduler also stops at the
-            model's context).
+            model's context); 0 only with prompt_logprobs set (scoring: the prompt runs, its logprobs come back, no
+            token is generated; the completion finishes "length").
+        min_tokens: completion tokens before EOS or a stop_token_ids id may end the completion, in [0, max_tokens]:
+            the sampler masks those ids to -inf until then (vLLM's semantics), and stop strings are looked for only in
+            the text after the first min_tokens tokens (runtime/text/completion_stream.py).
+        logit_bias: token id -> a bias added to that token's logit before sampling (after the penalties), in
+            [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS] = [-100, 100] (the OpenAI API's range: -100 bans a token in practice,
+            +100 forces it), at most MAX_LOGIT_BIAS_TOKENS entries, each id in [0, INT32_MAX] (checked against the
+            vocabulary where it is known: vocab_problem). Logprobs stay those of the raw logits.
+        prompt_logprobs: when set, return each prompt token's logprob given the tokens before it, its rank, and this
+            many top alternatives per prompt position (0..MAX_LOGPROBS; vLLM's prompt_logprobs). Such a request
+            computes its whole prompt (it takes nothing from the prefix cache: cached blocks have no logits).
         temperature: softmax temperature, finite, in [0, MAX_TEMPERATURE]. Below GREEDY_TEMPERATURE (1e-5, 0
             included) decoding is greedy (argmax): `greedy` is True and the sampler never divides by it.
         top_k: keep the k most likely tokens: -1 or 0 for all, else in [1, INT32_MAX] (clamped to the vocabulary).
         top_p: keep the smallest set whose probability mass reaches top_p (0 < top_p <= 1).
         min_p: drop tokens whose probability is below min_p x the top probability (0 <= min_p <= 1).
-        seed: per-request seed in [0, SEED_LIMIT); draws depend only on (seed, sample index, token index).
+        seed: per-request seed, any int64 in [-SEED_LIMIT, SEED_LIMIT) = [-2**63, 2**63); draws depend only on
+            (seed, sample index, token index). A negative seed s draws as its two's-complement 64-bit word s + 2**64
+            (seed_word), so every int64 is a distinct, reproducible seed.
         stop: stop strings (the text ends before the first one): at most MAX_STOP_STRINGS, each non-empty UTF-8
             text, MAX_STOP_CHARS characters in all.
         stop_token_ids: token ids that end the completion (the id is kept in token_ids, not in the text): at most
@@ -71,7 +86,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         (runtime/scheduler/beam_search.py): the n completions come back best first by score = cumulative logprob /
         completion_length ** length_penalty, as transformers' generate(num_beams=n, num_return_sequences=n,
         do_sample=False, early_stopping=True). Needs temperature 0; stop, stop_token_ids, logprobs and the penalties are
-        not supported with it (InvalidSamplingParams).
+        not supported with it, nor logit_bias, min_tokens or prompt_logprobs (InvalidSamplingParams).
         length_penalty: the exponent above, finite, in [-MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY] (1: the average
             logprob; 0: the plain sum; only read by beam search).
         structured_outputs: the constraint the completion must satisfy (runtime/structured_outputs.py: a JSON
@@ -102,6 +117,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     use_beam_search: bool = False
     length_penalty: float = 1.0
     structured_outputs: StructuredOutputs | None = None
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -109,13 +127,18 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def validate(self) -> None:
         """Check every field; raises InvalidSamplingParams naming the first bad one. O(len(stop) + stop chars +
         len(stop_token_ids))."""
-        _check_int("max_tokens", self.max_tokens, 1, INT32_MAX)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
+        scoring = self.prompt_logprobs is not None
+        _check_int("max_tokens", self.max_tokens, 0 if scoring else 1, INT32_MAX)
+        _check_int("min_tokens", self.min_tokens, 0, self.max_tokens, f"[0, max_tokens={self.max_tokens}]")
+        _check_logit_bias(self.logit_bias)
         _check_float("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
         _check_top_k(self.top_k)
         _check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
         _check_float("min_p", self.min_p, 0.0, 1.0)
         if self.seed is not None:
-            _check_int("seed", self.seed, 0, SEED_LIMIT - 1, "[0, 2**63)")
+            _check_int("seed", self.seed, -SEED_LIMIT, SEED_LIMIT - 1, "[-2**63, 2**63)")
         _check_int("n", self.n, 1, MAX_N)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
@@ -140,6 +163,20 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return self.temperature < GREEDY_TEMPERATURE
 
     @property
+    def seed_word(self) -> int | None:
+        """The seed as the unsigned 64-bit word the draws hash: seed mod 2**64 (a negative seed's two's complement);
+        None without a seed."""
+        return None if self.seed is None else self.seed & (2**64 - 1)
+
+    def vocab_problem(self, vocab_size: int) -> str | None:
+        """Why these params cannot run on a vocabulary of vocab_size ids (a logit_bias id outside [0, vocab_size)),
+        or None. The tokenizer process and the scheduler call it, where the vocabulary is known. O(len(logit_bias))."""
+        if self.logit_bias and max(self.logit_bias) >= vocab_size:
+            bad = sorted(t for t in self.logit_bias if t >= vocab_size)[:8]
+            return f"logit_bias token ids outside the vocabulary [0, {vocab_size}): {bad}"
+        return None
+
+    @property
     def has_penalties(self) -> bool:
         """True when any of frequency_penalty, presence_penalty, repetition_penalty is on (the worker then keeps the
         completion's token counts)."""
@@ -161,6 +198,9 @@ def _check_beam_search(p: SamplingParams) -> None:
             ("stop_token_ids", bool(p.stop_token_ids)),
             ("logprobs", p.logprobs is not None),
             ("penalties", p.has_penalties),
+            ("logit_bias", bool(p.logit_bias)),
+            ("min_tokens", p.min_tokens != 0),
+            ("prompt_logprobs", p.prompt_logprobs is not None),
         )
         if on
     ]
@@ -248,3 +288,16 @@ def _check_stop_token_ids(ids: object) -> None:
             raise InvalidSamplingParams(
                 f"stop_token_ids must be ints in [0, {INT32_MAX}], stop_token_ids[{i}] is {_show(t)}"
             )
+
+
+def _check_logit_bias(bias: object) -> None:
+    if bias is None:
+        return
+    if not isinstance(bias, dict):
+        raise InvalidSamplingParams(f"logit_bias must be a map of token id to bias, got {type(bias).__name__}")
+    if len(bias) > MAX_LOGIT_BIAS_TOKENS:
+        raise InvalidSamplingParams(f"logit_bias has {len(bias)} entries, at most {MAX_LOGIT_BIAS_TOKENS} are allowed")
+    for token, value in bias.items():
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token <= INT32_MAX:
+            raise InvalidSamplingParams(f"logit_bias keys must be token ids in [0, {INT32_MAX}], got {_show(token)}")
+        _check_float(f"logit_bias[{token}]", value, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)

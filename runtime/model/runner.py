@@ -23,10 +23,11 @@ from runtime.model.kv_cache import KVCache
 from runtime.model.loader import load_config, load_tokenizer, load_weights, resolve_model
 from runtime.model.models import build_model
 from runtime.model.penalties import PenaltyState
+from runtime.model.prompt_logprobs import prompt_logprobs, prompt_rows
 from runtime.model.sampler import Sampler, SampleRequest
 from runtime.model.threads import set_cpu_threads
 from runtime.model.worker_seqs import StepInputs, WorkerSeq, WorkerSeqs
-from runtime.protocol import ForwardBatch, ForwardResult, Ready, ScheduledSeq, TokenLogprobs
+from runtime.protocol import ForwardBatch, ForwardResult, PromptLogprobs, Ready, ScheduledSeq, TokenLogprobs
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ class ModelRunner:
             cfg.vocab_size,
             self.device,
         )
+        self.step_prompt_logprobs: dict[int, PromptLogprobs] = {}  # this step's, until finish_step takes them
         self.live = WorkerSeqs(
             self.num_blocks, self.block_size, self.max_model_len, self.penalties, self.grammars, self.device
         )
@@ -178,20 +180,32 @@ class ModelRunner:
         Mutates: the KV caches, the per-sequence block tables and penalty state (a failed sequence's entries are
         removed; each sampled token is counted once for a sequence with penalties), the sampler's generator.
         Returns one token id per sequence with sample=True that did not fail, in batch order (logprobs where
-        asked), and the failed sequences with their errors ("ExceptionType: message"; INVALID_DELTA for a delta).
+        asked), the prompt logprobs of the positions run for the sequences that ask (prompt_logprobs), and the failed
+        sequences with their errors ("ExceptionType: message"; INVALID_DELTA for a delta).
         Raises: whatever applying the drops, swaps or copies raises (the step failed as a whole).
         """
         step = self.apply_structure(batch)
         failed = {seq_id: f"{INVALID_DELTA}: {problem}" for seq_id, problem in step.invalid.items()}
+        self.step_prompt_logprobs = {}
         sampled: dict[int, Sampled] = {}
         if step.runnable:
             run_isolated(step.runnable, self._run, sampled, failed)
         return self.finish_step(batch.step_id, step.runnable, sampled, failed)
 
     def _run(self, seqs: list[ScheduledSeq]) -> dict[int, Sampled]:
-        """Forward + sample seqs: seq_id -> Sampled of each sequence that samples."""
+        """Forward + sample seqs: seq_id -> Sampled of each sequence that samples. The prompt logprobs of the
+        sequences that ask go to self.step_prompt_logprobs (a re-run writes the same entries again)."""
         inputs = self.prepare(seqs)
+        plan = prompt_rows(seqs, self.seqs)
+        if plan is not None:  # their rows' logits come after the sampled rows'
+            meta = inputs.meta
+            assert meta.logits_indices is not None
+            meta.logits_indices = torch.cat([meta.logits_indices, plan.rows.to(meta.logits_indices.device)])
         logits = self.model(inputs.input_ids, inputs.meta, self.kv.k_cache, self.kv.v_cache)
+        if plan is not None:
+            num_sampled = len(inputs.sample_seqs)
+            self.step_prompt_logprobs.update(prompt_logprobs(logits[num_sampled:], plan))
+            logits = logits[:num_sampled]
         return self.sample(logits, inputs.sample_seqs)
 
     def finish_step(
@@ -210,6 +224,8 @@ class ModelRunner:
         token_ids = [sampled[seq_id].token_id for seq_id in order]
         self.penalties.record(order, token_ids)  # each sampled token once, whatever the isolation re-ran
         logprobs = [sampled[seq_id].logprobs for seq_id in order]
+        prompt = {seq_id: lp for seq_id, lp in self.step_prompt_logprobs.items() if seq_id not in failed}
+        self.step_prompt_logprobs = {}
         return ForwardResult(
             step_id=step_id,
             seq_ids=order,
@@ -218,6 +234,7 @@ class ModelRunner:
             num_forward_tokens=sum(len(s.token_ids) for s in runnable if s.seq_id not in failed),
             failed_seq_ids=list(failed),
             failed_errors=list(failed.values()),
+            prompt_logprobs=prompt or None,
         )
 
     @torch.inference_mode()

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from runtime.model.grammar import GrammarRows, apply_token_bitmask
+from runtime.model.logit_bias import apply_logit_bias
 from runtime.model.penalties import PenaltyRows
 from runtime.protocol import TokenLogprobs
 from runtime.sampling_params import SamplingParams
@@ -47,8 +48,9 @@ class SamplerOutput(NamedTuple):
 
 
 def seeded_uniform(seed: int, sample_index: int, token_index: int) -> float:
-    """A uniform float in [0, 1) that depends only on (seed, sample_index, token_index) (53 random bits)."""
-    key = struct.pack("<QQQ", seed, sample_index & (2**64 - 1), token_index & (2**64 - 1))
+    """A uniform float in [0, 1) that depends only on (seed, sample_index, token_index) (53 random bits); a negative
+    seed is taken as its two's-complement 64-bit word (SamplingParams.seed_word)."""
+    key = struct.pack("<QQQ", seed & (2**64 - 1), sample_index & (2**64 - 1), token_index & (2**64 - 1))
     bits = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 11
     return bits / _TWO_POW_53
 
@@ -104,7 +106,7 @@ class Sampler:
         Rows whose params are greedy (temperature below GREEDY_TEMPERATURE, 0 included) take the argmax: the
         sampler never divides by such a temperature (logits / 1e-38 overflows float32 into inf/nan, whose draw is
         junk). Every int of the params that enters a tensor is clamped to the vocabulary first (top_k, logprobs);
-        SamplingParams bounds the rest (temperature in [1e-5, 1e4] here, seed < 2**63).
+        SamplingParams bounds the rest (temperature in [1e-5, 1e4] here, seed an int64).
         Logprobs are the natural log-softmax of the raw logits (before penalties, temperature and filters: vLLM's
         default logprobs_mode "raw_logprobs").
         Raises ValueError when the row count differs from len(rows).
@@ -112,6 +114,7 @@ class Sampler:
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sample requests")
         scores = logits if penalties is None else penalties.apply(logits)
+        scores = apply_logit_bias(scores, rows, self.eos_token_ids)  # stage 3: logit_bias and min_tokens
         scores = apply_token_bitmask(scores, token_bitmask, owned=scores is not logits)
         token_ids = row_argmax(scores)
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]

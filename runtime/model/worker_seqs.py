@@ -32,6 +32,7 @@ class WorkerSeq:
     prompt_len: int
     sample_index: int
     row: int
+    prompt_token_ids: list[int] | None = None  # with params.prompt_logprobs: the prompt (runtime/model/prompt_logprobs)
 
 
 class StepInputs(NamedTuple):
@@ -87,7 +88,9 @@ class WorkerSeqs:
         self.forget(child_id)
         table = parent.block_table[:shared]
         row = self.block_tables.add(table)
-        self.seqs[child_id] = WorkerSeq(table, parent.params, parent.prompt_len, parent.sample_index, row)
+        self.seqs[child_id] = WorkerSeq(
+            table, parent.params, parent.prompt_len, parent.sample_index, row, parent.prompt_token_ids
+        )
 
     def forget(self, seq_id: int) -> None:
         """Drop seq_id's entry in seqs, its block-table row, its penalty state and its grammar matcher (each a no-op
@@ -110,14 +113,29 @@ class WorkerSeqs:
             self.forget(s.seq_id)
             row = self.block_tables.add(s.new_block_ids)
             table = list(s.new_block_ids)
-            self.seqs[s.seq_id] = WorkerSeq(table, s.sampling_params, s.prompt_len, s.sample_index, row)
-            return self._register_penalties(s, s.sampling_params)
+            self.seqs[s.seq_id] = WorkerSeq(
+                table, s.sampling_params, s.prompt_len, s.sample_index, row, s.prompt_token_ids
+            )
+            return self._register_penalties(s, s.sampling_params) or self._check_prompt_ids(s, s.sampling_params)
         state = self.seqs.get(s.seq_id)
         if state is None:
             return f"seq {s.seq_id} is not known to the worker and carries no sampling_params"
         if s.new_block_ids:
             state.block_table.extend(s.new_block_ids)
             self.block_tables.extend(state.row, s.new_block_ids)
+        return None
+
+    def _check_prompt_ids(self, s: ScheduledSeq, params: SamplingParams) -> str | None:
+        """The problem of s's prompt_token_ids, if any: missing or not prompt_len long while params ask for prompt
+        logprobs, or an id outside the vocabulary. O(prompt_len)."""
+        if params.prompt_logprobs is None:
+            return None
+        ids = s.prompt_token_ids
+        if ids is None or len(ids) != s.prompt_len:
+            return f"seq {s.seq_id} asks for prompt_logprobs without its {s.prompt_len} prompt_token_ids"
+        vocab = self.penalties.vocab_size
+        if ids and not (0 <= min(ids) and max(ids) < vocab):
+            return f"seq {s.seq_id}: prompt_token_ids outside the vocabulary [0, {vocab})"
         return None
 
     def _register_penalties(self, s: ScheduledSeq, params: SamplingParams) -> str | None:

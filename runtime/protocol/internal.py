@@ -15,7 +15,7 @@ from runtime.protocol.public import (
     StatsResponse,
     Usage,
 )
-from runtime.protocol.worker import Ready, TokenLogprobs
+from runtime.protocol.worker import PromptLogprobs, Ready, TokenLogprobs
 from runtime.sampling_params import SamplingParams
 
 
@@ -44,7 +44,8 @@ class TokenOutput(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     finish_reason: None while running; "stop", "length" or "abort" when it ended. usage is set with finish_reason
     (and on the first output, so the tokenizer knows prompt and cached tokens early). score: a beam search
     completion's length-penalised cumulative logprob (runtime/scheduler/beam_search.py), set on its one, final output;
-    else None.
+    else None. prompt_logprobs: the request's prompt logprobs computed this step (SamplingParams.prompt_logprobs; on
+    completion 0, each prompt position once and in order, position 0 first with None), else None.
     """
 
     rid: str
@@ -54,6 +55,7 @@ class TokenOutput(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     usage: Usage | None = None
     logprobs: list[TokenLogprobs | None] | None = None
     score: float | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class TokenOutputs(msgspec.Struct, tag="token_outputs", forbid_unknown_fields=True):

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import msgspec
 
 from radix.events import KvSnapshot
-from runtime.protocol.worker import TokenLogprobs
+from runtime.protocol.worker import PromptLogprobs, TokenLogprobs
 from runtime.sampling_params import SamplingParams
 
 MAX_RID_CHARS = 256
@@ -192,6 +192,15 @@ class TokenText(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     top_texts: list[str] = []
 
 
+class PromptChunk(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """Prompt logprobs in a StreamChunk: logprobs (PromptLogprobs: the positions, their tokens, logprobs, ranks and
+    top alternatives) and token_texts, aligned with logprobs.token_ids when the server has a tokenizer (each prompt
+    token's and its alternatives' TokenText), else None."""
+
+    logprobs: PromptLogprobs
+    token_texts: list[TokenText] | None = None
+
+
 class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fields=True):
     """Part of completion `index` (0..n-1) of request rid.
 
@@ -206,6 +215,10 @@ class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fiel
         the scheduler reported the prompt's; final on the last chunk (the one clients fold).
     score: a beam search completion's length-penalised cumulative logprob (SamplingParams.use_beam_search), on its
         last chunk; else None. Beam search completions come in one chunk each, best first by index.
+    prompt_logprobs: the request's prompt logprobs (SamplingParams.prompt_logprobs) and their texts (PromptChunk), on
+        completion 0's chunks only: streamed, the positions new since the previous chunk (a chunk may carry nothing
+        else); not streamed, all of them (PromptLogprobs.start 0, position 0's entry None). One field, so a chunk of
+        a request without them pays one key and a nil.
     """
 
     rid: str
@@ -217,6 +230,7 @@ class StreamChunk(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fiel
     finish_reason: str | None = None
     usage: Usage | None = None
     score: float | None = None
+    prompt_logprobs: PromptChunk | None = None
 
 
 # ErrorResponse codes. The client maps each to an exception class (runtime/client.py).

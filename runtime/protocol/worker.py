@@ -31,6 +31,9 @@ class ScheduledSeq(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
         repetition_penalty != 1, else the output so far alone. The worker then counts the
         tokens it samples itself, so they are sent once per registration (first step, resume after recompute or
         swap); a sequence without penalties adds one nil byte to the message.
+    prompt_token_ids: with sampling_params whose prompt_logprobs is set, else None: the whole prompt, so the worker
+        knows the next prompt token of every position it runs, across chunks (runtime/model/prompt_logprobs.py); sent
+        once per registration, one nil byte for every other sequence.
     """
 
     seq_id: int
@@ -42,6 +45,7 @@ class ScheduledSeq(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     prompt_len: int = 0
     sample_index: int = 0
     penalty_token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class ForwardBatch(msgspec.Struct, tag="forward_batch", forbid_unknown_fields=True):
@@ -84,11 +88,29 @@ class TokenLogprobs(msgspec.Struct, array_like=True, forbid_unknown_fields=True)
     top_logprobs: list[float]
 
 
+class PromptLogprobs(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """The logprobs of consecutive prompt tokens (SamplingParams.prompt_logprobs), vLLM's prompt_logprobs.
+
+    start: the prompt position of token_ids[0]. token_ids: those prompt tokens. logprobs: aligned, each token's
+    TokenLogprobs (its natural-log probability given the prompt before it, from the raw logits of the position
+    before, and the top prompt_logprobs alternatives there, best first), None for position 0 (nothing precedes it).
+    ranks: aligned, the token's rank among the vocabulary there (1: the most likely; 1 + the number of tokens with
+    a strictly higher logprob), 0 for position 0.
+    """
+
+    start: int
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+    ranks: list[int]
+
+
 class ForwardResult(msgspec.Struct, tag="forward_result", forbid_unknown_fields=True):
     """The worker's answer to one ForwardBatch.
 
     seq_ids / token_ids: one sampled token per sequence that had sample=True, in batch order.
     logprobs: aligned with seq_ids when any of them asked for logprobs (else None).
+    prompt_logprobs: seq_id -> the PromptLogprobs of the prompt positions its chunk ran this step, for the sequences
+        that asked (SamplingParams.prompt_logprobs); None when none did, so other steps pay one nil byte.
     num_forward_tokens: tokens run through the model this step for the sequences that succeeded, each counted once
         (prompt tokens actually computed + decode tokens; re-runs while isolating a failure are not counted).
     failed_seq_ids / failed_errors: the sequences the worker could not run this step (an invalid delta, or a forward
@@ -106,6 +128,7 @@ class ForwardResult(msgspec.Struct, tag="forward_result", forbid_unknown_fields=
     error: str | None = None
     failed_seq_ids: list[int] = []
     failed_errors: list[str] = []
+    prompt_logprobs: dict[int, PromptLogprobs] | None = None
 
 
 class Ready(msgspec.Struct, tag="ready", forbid_unknown_fields=True):

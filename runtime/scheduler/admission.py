@@ -2,7 +2,9 @@
 WaitingQueue's order (fcfs, or lpm with a starvation guard). A newcomer whose next uncached prompt block another
 running sequence is computing now waits a step for it (inflight_chain_ids) instead of computing it twice. Host tier:
 a sequence admitted onto blocks still loading is planned from the next step (its loads run in this one), so attention
-never reads a block before its copy lands. Pure Python (no torch)."""
+never reads a block before its copy lands. A request asking for prompt logprobs takes nothing from the cache (cached
+blocks have no logits; vLLM does the same) and waits for no one: it computes its whole prompt, and its full blocks
+are cached after it as anyone's. Pure Python (no torch)."""
 
 from __future__ import annotations
 
@@ -78,8 +80,16 @@ class Admission:
             req = seq.req
             if match is None or not self._manager.is_current(match):
                 match = self._manager.match_prefix(req.block_keys.extended(seq.token_ids))  # + output if preempted
+            if req.params.prompt_logprobs is not None:  # cached blocks have no logits: compute the whole prompt
+                match = match._replace(block_ids=[], num_tokens=0, last_node=None, host_nodes=[])
             matched_blocks = match.num_tokens // block_size
-            if inflight and matched_blocks < len(match.keys) and match.keys.chain_ids[matched_blocks] in inflight:
+            hits = req.params.prompt_logprobs is None
+            if (
+                hits
+                and inflight
+                and matched_blocks < len(match.keys)
+                and match.keys.chain_ids[matched_blocks] in inflight
+            ):
                 continue  # another sequence computes this block now: wait a step, then hit it
             first_time = req.cached_tokens is None
             need = cdiv(seq.target, block_size) - len(match.block_ids)  # host-only blocks need device blocks

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable
 
 from radix.manager import KVCacheManager
-from runtime.protocol import TokenLogprobs, TokenOutput
+from runtime.protocol import PromptLogprobs, TokenLogprobs, TokenOutput
 from runtime.scheduler.beam_scores import PRUNED, beam_outputs
 from runtime.scheduler.registry import SequenceRegistry
 from runtime.scheduler.request import RequestFailure, RequestState, SchedulerSeq, SeqStatus
@@ -70,13 +70,19 @@ class Finisher:
     def on_token(self, seq: SchedulerSeq, token: int, logprobs: TokenLogprobs | None) -> None:
         """Append the token the worker sampled for seq (to its tokens and its block table's token count) and emit
         its delta (the first carries seq's usage); finish seq "stop" on EOS (unless ignore_eos) or a
-        stop_token_ids id, else "length" at max_tokens or max_model_len. O(1) plus finish."""
+        stop_token_ids id past min_tokens, else "length" at max_tokens or max_model_len. O(1) plus finish."""
         req = seq.req
         params = req.params
+        if params.prompt_logprobs is not None and req.prompt_logprobs_sent == 0:  # a 1-token prompt scores nothing
+            self.on_prompt_logprobs(seq, PromptLogprobs(1, [], [], []))
+        if params.max_tokens == 0:  # scoring (prompt_logprobs): the prompt ran, no token is generated
+            self.finish(seq, "length")
+            return
         seq.token_ids.append(token)
         self._manager.append_tokens(seq.seq_id, [token])
         self.count_tokens(req, 1)
-        stop = (token in self._eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids
+        ending = (token in self._eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids
+        stop = ending and seq.num_output > params.min_tokens  # the sampler masks them before (runtime/model/logit_bias)
         length = seq.num_output >= params.max_tokens or len(seq.token_ids) >= self._max_model_len
         out = TokenOutput(req.rid, seq.index, [token], logprobs=[logprobs] if params.logprobs is not None else None)
         if not seq.usage_sent:
@@ -87,6 +93,23 @@ class Finisher:
             self.finish(seq, "stop")
         elif length:
             self.finish(seq, "length")
+
+    def on_prompt_logprobs(self, seq: SchedulerSeq, computed: PromptLogprobs) -> None:
+        """Emit the prompt logprobs the worker computed for seq this step (on completion 0), each prompt position once
+        and in order: position 0 (None) goes first, positions already sent (run again after a recompute) are
+        skipped. O(len(computed.token_ids))."""
+        req = seq.req
+        sent = req.prompt_logprobs_sent
+        skip = max(0, sent - computed.start)
+        out = PromptLogprobs(
+            computed.start + skip, computed.token_ids[skip:], computed.logprobs[skip:], computed.ranks[skip:]
+        )
+        if sent == 0 and out.start == 1:  # position 0 first, also when nothing else comes (a 1-token prompt)
+            out = PromptLogprobs(0, [req.prompt_ids[0], *out.token_ids], [None, *out.logprobs], [0, *out.ranks])
+        if not out.token_ids or out.start != sent:
+            return  # nothing new, or not the next positions (a recompute resumed past them: never the case)
+        req.prompt_logprobs_sent = out.start + len(out.token_ids)
+        self._outputs.append(TokenOutput(req.rid, 0, [], prompt_logprobs=out))
 
     def emit(self, outputs: list[TokenOutput]) -> None:
         """Queue deltas made elsewhere (a beam request's final outputs) behind those already queued."""

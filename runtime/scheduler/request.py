@@ -66,6 +66,7 @@ class RequestState:
     seqs: list[SchedulerSeq] = field(default_factory=list)  # emptied when the last one finishes (docstring)
     live: int = 0
     beam: BeamState | None = None  # use_beam_search: the beams and their scores (runtime/scheduler/beam_search.py)
+    prompt_logprobs_sent: int = 0  # prompt positions whose logprobs went out (a recompute runs them again)
 
 
 @dataclass(eq=False)

@@ -30,8 +30,8 @@ from operator import attrgetter
 
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
-from runtime.prompt_check import check_prompt
-from runtime.protocol import ForwardBatch, ForwardResult, ServerStats, TokenOutput
+from runtime.prompt_check import PromptProblem, check_prompt
+from runtime.protocol import ERR_INVALID, ForwardBatch, ForwardResult, ServerStats, TokenOutput
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.admission import Admission
 from runtime.scheduler.beam_search import BeamSearch
@@ -154,6 +154,9 @@ class Scheduler:
             raise ValueError(f"duplicate request id {rid!r}")
         prompt = [int(t) for t in prompt_ids]
         problem = check_prompt(prompt, self._max_model_len, self.vocab_size, self.block_size, self.manager.num_blocks)
+        if problem is None and self.vocab_size is not None:
+            bias_problem = params.vocab_problem(self.vocab_size)
+            problem = None if bias_problem is None else PromptProblem(ERR_INVALID, bias_problem)
         if problem is not None:
             self.counters.num_rejected += 1
             raise RequestRejected(*problem)
@@ -250,6 +253,8 @@ class Scheduler:
             if seq.status != SeqStatus.RUNNING:
                 continue  # aborted or stopped while the step ran
             self.manager.commit_computed(seq.seq_id, start + num_tokens)
+            if result.prompt_logprobs and seq.seq_id in result.prompt_logprobs:
+                self._finisher.on_prompt_logprobs(seq, result.prompt_logprobs[seq.seq_id])
             if sample and seq.req.beam is not None:
                 self.beam.offer(seq, logprobs.get(seq.seq_id), self._step_id)
             elif sample:

@@ -54,7 +54,8 @@ class StepPlan:
         is_decode: bool,
     ) -> None:
         """Schedule tokens [start, start + num_tokens) of seq. first: seq is new to the worker, so the entry carries
-        its SamplingParams, prompt length, sample index and (with penalties) penalty_token_ids. A chunk that is not a
+        its SamplingParams, prompt length, sample index, (with penalties) penalty_token_ids and (with
+        prompt_logprobs) the prompt. A chunk that is not a
         decode spends prefill_budget. Mutates seqs, inflight and prefill_budget only; O(num_tokens +
         len(new_block_ids)), plus O(prompt + output) for a first entry with penalties."""
         req = seq.req
@@ -69,6 +70,7 @@ class StepPlan:
                 len(req.prompt_ids) if first else 0,
                 seq.index if first else 0,
                 seq.penalty_token_ids() if first else None,
+                req.prompt_ids if first and req.params.prompt_logprobs is not None else None,
             )
         )
         self.inflight.append(InflightChunk(seq, start, num_tokens, sample))

@@ -8,7 +8,7 @@ import bisect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from runtime.protocol import TokenLogprobs, TokenOutput, TokenText, Usage
+from runtime.protocol import PromptLogprobs, TokenLogprobs, TokenOutput, TokenText, Usage
 from runtime.text.detokenizer import Detokenizer
 from runtime.text.stop_strings import StopChecker
 from runtime.text.token_text import TokenTextCache
@@ -28,6 +28,8 @@ class CompletionDelta(NamedTuple):
         far (on the last delta: len(CompletionStream.token_ids)).
     stop_keep_tokens: set when a stop string ended the completion while the scheduler still runs it: the caller must
         tell the scheduler to finish it keeping this many completion tokens (Scheduler.stop / protocol.Stop).
+    prompt_logprobs / prompt_token_texts: the prompt logprobs that came with this output (SamplingParams.
+        prompt_logprobs, completion 0 only) and, with a tokenizer, the TokenText of each of their tokens.
     """
 
     text: str
@@ -37,11 +39,13 @@ class CompletionDelta(NamedTuple):
     finish_reason: str | None
     usage: Usage | None
     stop_keep_tokens: int | None
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_texts: list[TokenText] | None = None
 
     @property
     def empty(self) -> bool:
-        """True when there is nothing to send (no text, no token, not the last delta)."""
-        return not self.text and not self.token_ids and self.finish_reason is None
+        """True when there is nothing to send (no text, no token, no prompt logprobs, not the last delta)."""
+        return not self.text and not self.token_ids and self.finish_reason is None and self.prompt_logprobs is None
 
 
 class CompletionStream:
@@ -52,10 +56,11 @@ class CompletionStream:
           completion on the id with finish_reason "stop". The id stays in token_ids (it was generated and counts as a
           completion token) and adds no text, special token or not. Nothing is told to the scheduler.
         - A stop string (params.stop): finish_reason "stop"; text ends right before the stop string's first
-          occurrence, even when it begins inside a token; token_ids (and logprobs) keep the fewest tokens whose text
-          covers that text (StopChecker: the token in which the stop string begins is kept; an EOS / stop id after it
-          is dropped); while the scheduler still runs the completion, the delta's stop_keep_tokens says how many
-          tokens it must keep (it caches no block past them). A stop string found in the step the scheduler finished
+          occurrence after the text of the first params.min_tokens tokens, even when it begins inside a token;
+          token_ids (and logprobs) keep the fewest tokens whose text covers that text (StopChecker: the token in
+          which the stop string begins is kept; an EOS / stop id after it is dropped); while the scheduler still
+          runs the completion, the delta's stop_keep_tokens says how many tokens it must keep (it caches no block
+          past them). A stop string found in the step the scheduler finished
           the completion ("length", EOS) still wins: "stop", truncated.
         - Otherwise ("length", "abort"): text and token_ids are everything generated; held-back text is released.
         - Special tokens are skipped in text. Without a tokenizer text is "" and stop strings are not applied.
@@ -82,13 +87,17 @@ class CompletionStream:
         )
         self._detok = Detokenizer(tokenizer) if tokenizer is not None else None
         self._stop = StopChecker(params.stop) if params.stop and tokenizer is not None else None
+        self._min_tokens = params.min_tokens  # stop strings only in the text after this many tokens (vLLM's rule)
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprobs | None] | None = [] if params.logprobs is not None else None
         self._texts: TokenTextCache | None = None
         self.token_texts: list[TokenText] | None = None
-        if params.logprobs is not None and tokenizer is not None:
+        wants_texts = params.logprobs is not None or params.prompt_logprobs is not None
+        if wants_texts and tokenizer is not None:
             self._texts = texts if texts is not None else TokenTextCache(tokenizer)
-            self.token_texts = []
+            self.token_texts = [] if params.logprobs is not None else None
+        self.prompt_logprobs: PromptLogprobs | None = None  # every position so far (start 0), once some came
+        self.prompt_token_texts: list[TokenText] | None = None
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self._end = 0  # characters of the decoded text released (a stop string's start once stopped)
@@ -109,6 +118,7 @@ class CompletionStream:
             return CompletionDelta("", [], None, None, None, None, None)
         if out.usage is not None:
             self.usage = out.usage
+        prompt_texts = self._add_prompt_logprobs(out.prompt_logprobs)
         ids = out.token_ids
         self.token_ids.extend(ids)
         if self.logprobs is not None:
@@ -123,7 +133,9 @@ class CompletionStream:
         if detok is not None:
             if ids:
                 detok.step(ids, self._hidden)
-            if self._stop is None:
+            if self._stop is not None and self._min_tokens:
+                self._skip_min_tokens(detok.token_ends)
+            if self._stop is None or len(self.token_ids) <= self._min_tokens:
                 self._end = len(detok.text)
             else:
                 check = self._stop.update(detok.text, detok.token_ends)
@@ -152,7 +164,37 @@ class CompletionStream:
         text = detok.text[start : self._end] if detok is not None else ""
         logprobs = self.logprobs[sent : self._sent] if self.logprobs is not None else None
         token_texts = self.token_texts[sent : self._sent] if self.token_texts is not None else None
-        return CompletionDelta(text, self.token_ids[sent : self._sent], logprobs, token_texts, finish, usage, keep)
+        new_ids = self.token_ids[sent : self._sent]
+        prompt = out.prompt_logprobs
+        return CompletionDelta(text, new_ids, logprobs, token_texts, finish, usage, keep, prompt, prompt_texts)
+
+    def _add_prompt_logprobs(self, new: PromptLogprobs | None) -> list[TokenText] | None:
+        """Append new (the next prompt positions) to prompt_logprobs and their texts to prompt_token_texts; returns
+        the new texts (None without a tokenizer or without new). O(len(new.token_ids) x (1 + alternatives))."""
+        if new is None:
+            return None
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = PromptLogprobs(0, [], [], [])
+            self.prompt_token_texts = [] if self._texts is not None else None
+        self.prompt_logprobs.token_ids.extend(new.token_ids)
+        self.prompt_logprobs.logprobs.extend(new.logprobs)
+        self.prompt_logprobs.ranks.extend(new.ranks)
+        if self._texts is None or self.prompt_token_texts is None:
+            return None
+        texts = list(map(self._texts.token_text, new.token_ids, new.logprobs))
+        self.prompt_token_texts.extend(texts)
+        return texts
+
+    def _skip_min_tokens(self, token_ends: Sequence[int]) -> None:
+        """Once more than min_tokens tokens exist, start the stop check after the text of the first min_tokens of
+        them (before that, feed releases all text and checks nothing). vLLM checks its stop strings only once
+        min_tokens is passed, too; it also finds one that begins before that point and ends after it, which this
+        check does not."""
+        if len(self.token_ids) > self._min_tokens and self._stop is not None:
+            base = token_ends[self._min_tokens - 1]
+            self._stop.skip_to(base)
+            self._end = max(self._end, base)
+            self._min_tokens = 0
 
     def _releasable(self) -> int:
         """How many token ids no later stop string can drop: all without stop strings; with them, the tokens whose

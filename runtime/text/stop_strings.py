@@ -139,6 +139,15 @@ class StopChecker:
         self._emitted = max(self._emitted, safe)
         return StopCheck(new_text, False, len(token_ends), None)
 
+    def skip_to(self, pos: int) -> None:
+        """Look for stop strings only from character pos on: text before it counts as emitted and scanned, and no
+        stop string begins in it (min_tokens: runtime/text/completion_stream.py). O(1); no-op once stopped."""
+        if self.stopped or pos <= self._scanned:
+            return
+        self._node = 0
+        self._scanned = pos
+        self._emitted = max(self._emitted, pos)
+
     def _scan(self, text: str) -> int | None:
         """Feeds text[scanned:] to the automaton; the start of the earliest stop string it completes, else None.
 

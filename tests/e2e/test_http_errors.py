@@ -168,7 +168,7 @@ CASES = {
     "temperature -1": (CHAT, chat(temperature=-1), {}, 400, INVALID, "invalid_value", "temperature"),
     "top_p 5": (CHAT, chat(top_p=5), {}, 400, INVALID, "invalid_value", "top_p"),
     "n 0": (CHAT, chat(n=0), {}, 400, INVALID, "invalid_value", "n"),
-    "seed -1": (CHAT, chat(seed=-1), {}, 400, INVALID, "invalid_value", "seed"),
+    "seed 2**63": (CHAT, chat(seed=2**63), {}, 400, INVALID, "invalid_value", "seed"),
     "top_logprobs 21": (CHAT, chat(logprobs=True, top_logprobs=21), {}, 400, INVALID, "invalid_value", "top_logprobs"),
     "top_logprobs without logprobs": (CHAT, chat(top_logprobs=2), {}, 400, INVALID, "invalid_value", "top_logprobs"),
     "presence_penalty 3": (CHAT, chat(presence_penalty=3), {}, 400, INVALID, "invalid_value", "presence_penalty"),

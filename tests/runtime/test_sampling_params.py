@@ -41,7 +41,26 @@ BOUNDS = {
     "temperature negative": ({"temperature": -0.5}, "temperature must be finite and in [0, 10000], got -0.5"),
     "top_p 0": ({"top_p": 0.0}, "top_p must be finite and in (0, 1], got 0.0"),
     "min_p nan": ({"min_p": float("nan")}, "min_p must be finite and in [0, 1], got nan"),
-    "seed 2**63": ({"seed": 2**63}, "seed must be in [0, 2**63), got 9223372036854775808"),
+    "seed 2**63": ({"seed": 2**63}, "seed must be in [-2**63, 2**63), got 9223372036854775808"),
+    "min_tokens over max_tokens": (
+        {"max_tokens": 4, "min_tokens": 5},
+        "min_tokens must be in [0, max_tokens=4], got 5",
+    ),
+    "min_tokens negative": ({"min_tokens": -1}, "min_tokens must be in [0, max_tokens=16], got -1"),
+    "logit_bias 101": ({"logit_bias": {7: 101.0}}, "logit_bias[7] must be finite and in [-100, 100], got 101.0"),
+    "logit_bias negative id": (
+        {"logit_bias": {-1: 5.0}},
+        "logit_bias keys must be token ids in [0, 2147483647], got -1",
+    ),
+    "1025 logit_bias entries": (
+        {"logit_bias": dict.fromkeys(range(1025), 1.0)},
+        "logit_bias has 1025 entries, at most 1024 are allowed",
+    ),
+    "prompt_logprobs 21": ({"prompt_logprobs": 21}, "prompt_logprobs must be in [0, 20], got 21"),
+    "beam search with logit_bias": (
+        {"use_beam_search": True, "n": 2, "temperature": 0.0, "logit_bias": {1: 1.0}, "prompt_logprobs": 0},
+        "use_beam_search does not support logit_bias, prompt_logprobs",
+    ),
     "n 65": ({"n": 65}, "n must be in [1, 64], got 65"),
     "logprobs 21": ({"logprobs": 21}, "logprobs must be in [0, 20], got 21"),
     "frequency_penalty 2.5": ({"frequency_penalty": 2.5}, "frequency_penalty must be finite and in [-2, 2], got 2.5"),
@@ -101,6 +120,7 @@ PYTHON_ONLY = {  # values msgpack cannot carry or the client passes by mistake: 
         {"temperature": 10**400},
         "temperature must be finite and in [0, 10000], got an int of 1329 bits",
     ),
+    "seed below -2**63": ({"seed": -(2**63) - 1}, "seed must be in [-2**63, 2**63), got -9223372036854775809"),
     "lone surrogate stop": ({"stop": ["ok", "\ud800"]}, "stop[1] is not valid UTF-8 text (a lone surrogate)"),
     "stop as a string": ({"stop": "\n"}, "stop must be a list of strings, got str"),
     "temperature as a string": ({"temperature": "hot"}, "temperature must be a number, got str"),
@@ -130,6 +150,15 @@ def test_the_limits_themselves_are_accepted():
         seed=2**63 - 1,
         n=64,
         logprobs=20,
+        min_tokens=I32,
+        logit_bias={t: (-100.0 if t % 2 else 100) for t in range(1023)} | {I32: 0.5},
+        prompt_logprobs=20,
+    )
+    assert SamplingParams(max_tokens=0, prompt_logprobs=0).max_tokens == 0  # scoring: the prompt only
+    assert SamplingParams(seed=-(2**63)).seed_word == 2**63
+    assert SamplingParams(seed=-1).seed_word == 2**64 - 1
+    assert SamplingParams(logit_bias={49151: 1.0, 49152: 2.0, 90000: 3.0}).vocab_problem(49152) == (
+        "logit_bias token ids outside the vocabulary [0, 49152): [49152, 90000]"
     )
     assert (params.max_tokens, params.top_k, len(params.stop), len(params.stop_token_ids)) == (I32, I32, 64, 1024)
     assert (sp.INT32_MAX, sp.MAX_STOP_STRINGS, sp.MAX_STOP_CHARS, sp.MAX_STOP_TOKEN_IDS) == (I32, 64, 4096, 1024)

@@ -36,6 +36,7 @@ from runtime.serve.http.auth import ApiKeyMiddleware
 from runtime.serve.http.backend import Backend
 from runtime.serve.http.config import HttpConfig
 from runtime.serve.http.drain import Drain, DrainMiddleware
+from runtime.serve.http.echo import StreamEcho, answer_prompt, echo_text
 from runtime.serve.http.errors import INVALID, OpenAIError, from_exception, not_found, too_large, unavailable
 from runtime.serve.http.generation import ClientDisconnected, Generation, race_disconnect
 from runtime.serve.http.generation_group import AnyGeneration, GenerationGroup
@@ -115,16 +116,22 @@ class Routes:
         try:
             if req.stream:
                 first = await race_disconnect(gen.first(), request.receive)
-                return self._event_stream(chat, rid, created, backend_req, gen, first, request)
+                echo = None
+                if backend_req.echo or backend_req.prompt_logprobs is not None:
+                    text = await echo_text(backend_req, client) if backend_req.echo else ""
+                    echo = StreamEcho(backend_req, gen.fold, text)
+                return self._event_stream(chat, rid, created, backend_req, gen, first, request, echo)
             choices = await race_disconnect(gen.collect(), request.receive)
+            if chat:
+                body = chat_response(rid, created, model, choices, gen.usage(), backend_req.tools)
+            else:
+                body = completion_response(rid, created, model, choices, gen.usage())
+            if backend_req.echo or backend_req.prompt_logprobs is not None:
+                await answer_prompt(body, backend_req, gen.fold, client)
         except ClientDisconnected:
             return Response(status_code=499)  # nobody reads it: the client is gone, its request aborted
         except ClientError as exc:
             raise from_exception(exc, backend_req.param_names, backend_req.prompt_param) from None
-        if chat:
-            body = chat_response(rid, created, model, choices, gen.usage(), backend_req.tools)
-        else:
-            body = completion_response(rid, created, model, choices, gen.usage())
         return _json(body)
 
     def _event_stream(
@@ -136,8 +143,9 @@ class Routes:
         gen: AnyGeneration,
         first: p.StreamChunk,
         request: Request,
+        echo: StreamEcho | None = None,
     ) -> EventStream:
-        """The SSE answer of a streamed request whose first backend chunk arrived."""
+        """The SSE answer of a streamed request whose first backend chunk arrived (echo: completions' prompt)."""
         model = self.config.model_name
         logprobs = backend_req.sampling_params.logprobs is not None
         usage = backend_req.include_usage
@@ -149,7 +157,7 @@ class Routes:
         ctx = StreamContext(f"cmpl-{rid}", "text_completion", created, model, logprobs, usage)
         ctx.scope = request.scope
         ctx.continuous_usage = backend_req.continuous_usage
-        return EventStream(completion_events(gen, first, ctx))
+        return EventStream(completion_events(gen, first, ctx, echo))
 
     def card(self) -> dict[str, Any]:
         """The model card /v1/models lists: id (the served name), root (the model argument), max_model_len (the

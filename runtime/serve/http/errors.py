@@ -82,7 +82,7 @@ def too_large(size: int | None, limit: int) -> OpenAIError:
     )
 
 
-_PATH = re.compile(r" - at `\$\.?(.*)`$")
+_PATH = re.compile(r" - at (?:`key` in )?`\$\.?(.*)`$")  # "at `key` in `$.logit_bias`": a map's key
 _FIELD = re.compile(r"(?:unknown|missing required) field `([^`]*)`")
 
 
@@ -127,6 +127,8 @@ def from_exception(exc: BaseException, params: dict[str, str], prompt_param: str
         if exc.message.startswith("structured_outputs") and "structured_outputs" in params:  # it did not compile
             param = params["structured_outputs"]
             return bad_request(param + exc.message[exc.message.find(" ") :], param, exc.code)
+        if exc.message.startswith("logit_bias"):  # SamplingParams.vocab_problem: checked where the vocabulary is
+            param = "logit_bias"
         return bad_request(exc.message, param, exc.code)
     if isinstance(exc, (ServerShutdownError, ServerGoneError)):
         return unavailable(f"the backend is unavailable: {exc.message}")

@@ -5,8 +5,7 @@ Which fields are accepted (the rule, documented in the README):
     - Harmless OpenAI fields that change nothing about the completion are accepted and ignored: user, metadata, store,
       service_tier, safety_identifier, prompt_cache_key, prompt_cache_retention, stream_options.include_obfuscation.
     - Known OpenAI (or vLLM) fields this server does not implement are a 400 unsupported_parameter naming the field
-      when they are set to anything but their neutral value (logit_bias: {} or null, best_of: 1, echo: false, ...): see
-      UNSUPPORTED.
+      when they are set to anything but their neutral value (best_of: 1, chat's echo: false, ...): see UNSUPPORTED.
     - Any other field (at the top level, in a message, in a text content part, in stream_options) is ignored with a
       warning logged once per name, as vLLM does (runtime.serve.http.extra_fields): clients send other servers'
       extras and newer OpenAI fields.
@@ -66,6 +65,9 @@ class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None  # JSON keys are token-id strings ("50256"), as OpenAI sends them
+    min_tokens: int | None = None
+    prompt_logprobs: int | None = None  # vLLM's extra field
     use_beam_search: bool | None = None  # vLLM's extra fields: beam search of width n
     length_penalty: float | None = None
     response_format: Any = None  # structured outputs (runtime.serve.http.structured): OpenAI's and vLLM's fields
@@ -86,9 +88,7 @@ class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     # not implemented: a 400 unless neutral (UNSUPPORTED)
-    logit_bias: Any = None
     skip_special_tokens: Any = None
-    min_tokens: Any = None
     include_stop_str_in_output: Any = None
 
 
@@ -126,7 +126,7 @@ class CompletionRequest(_Common, kw_only=True, forbid_unknown_fields=True):
 
     prompt: str | list[Any]
     logprobs: int | None = None
-    echo: Any = None
+    echo: bool | None = None  # the prompt before each choice's text (and its logprobs first, with logprobs)
     suffix: Any = None
     best_of: Any = None
 
@@ -154,9 +154,7 @@ def _none_or(*neutral: Any):
 
 # field -> is its value neutral (as if not given)? Anything else is a 400 unsupported_parameter naming the field.
 UNSUPPORTED: dict[str, Any] = {
-    "logit_bias": _none_or({}),
     "skip_special_tokens": _none_or(True),
-    "min_tokens": _none_or(0),
     "include_stop_str_in_output": _none_or(False),
     "functions": _none_or([]),
     "function_call": _none_or("none"),
@@ -169,7 +167,7 @@ UNSUPPORTED: dict[str, Any] = {
     "moderation": _none_or(),
     "prompt_cache_options": _none_or(),
     "chat_template": _none_or(),
-    "echo": _none_or(False),
+    "echo": _none_or(False),  # chat only: completions implement it (CompletionRequest.echo is a bool)
     "suffix": _none_or(""),
     "best_of": _none_or(1),
 }
@@ -200,7 +198,7 @@ def decode(body: bytes, cls: type[Any]) -> Any:
     except msgspec.DecodeError as exc:
         raise from_decode_error(exc) from None
     for name in req.__struct_fields__:
-        neutral = UNSUPPORTED.get(name)
+        neutral = None if cls is CompletionRequest and name == "echo" else UNSUPPORTED.get(name)
         if neutral is not None and not neutral(getattr(req, name)):
             raise _unsupported(name)
     return req

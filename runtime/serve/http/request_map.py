@@ -24,6 +24,11 @@ Mapping (a field left out or null keeps SamplingParams' default):
         they exclude response_format and the other constraint fields); chat_template_kwargs, add_generation_prompt
         (default: true, false when continue_final_message is true), continue_final_message -> ChatOptions (both
         true is a 400, as vLLM answers).
+    logit_bias (token-id string keys), min_tokens, prompt_logprobs (vLLM's extra) -> the field of the same name.
+    completions: echo with logprobs -> prompt_logprobs = max(logprobs, prompt_logprobs) (the prompt's tokens come
+        first in the legacy logprobs); echo with max_tokens 0 and no logprobs -> prompt_logprobs 0 (max_tokens 0 is
+        scoring: the prompt runs, nothing is generated). chat: echo is a 400 (unsupported), and so is prompt_logprobs
+        with stream.
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ _SAME_NAME = (
     "repetition_penalty",
     "use_beam_search",
     "length_penalty",
+    "logit_bias",
+    "min_tokens",
+    "prompt_logprobs",
 )
 
 
@@ -67,6 +75,8 @@ class BackendRequest(NamedTuple):
     prompt_param: the request field holding the prompt ("messages" or "prompt"). include_usage: stream_options';
     continuous_usage: include_usage and stream_options.continuous_usage_stats (vLLM's rule).
     tools: how the answer's tool calls are parsed (None: they are not).
+    echo: completions' echo (the answer puts the prompt first: runtime/serve/http/echo.py). prompt_logprobs: the
+        top alternatives the request's own prompt_logprobs field asked for (None: no such field in the answer).
     """
 
     request: p.GenerateRequest
@@ -75,6 +85,8 @@ class BackendRequest(NamedTuple):
     include_usage: bool
     continuous_usage: bool = False
     tools: ToolSetup | None = None
+    echo: bool = False
+    prompt_logprobs: int | None = None
 
     @property
     def sampling_params(self) -> SamplingParams:
@@ -94,7 +106,7 @@ def _same_name_fields(req: ChatCompletionRequest | CompletionRequest) -> dict[st
     fields: dict[str, Any] = {}
     for name in _SAME_NAME:
         value = getattr(req, name)
-        if value is not None:
+        if value is not None and value != {}:  # logit_bias {} is none
             fields[name] = value
     if isinstance(req.stop, str):
         fields["stop"] = [req.stop]
@@ -155,6 +167,10 @@ def chat_request(
             )
         fields["structured_outputs"] = tools.setup.constraint
         names["structured_outputs"] = "tool_choice"
+    if req.stream and req.prompt_logprobs is not None:
+        raise bad_request(
+            "prompt_logprobs is not supported with stream: true", "prompt_logprobs", "unsupported_parameter"
+        )
     include_usage = _include_usage(req)
     request = p.GenerateRequest(
         rid=rid,
@@ -164,7 +180,15 @@ def chat_request(
         cache_salt=req.cache_salt,
         chat_options=_chat_options(req, tools.tools),
     )
-    return BackendRequest(request, names, "messages", include_usage, _continuous_usage(req), tools.setup)
+    return BackendRequest(
+        request,
+        names,
+        "messages",
+        include_usage,
+        _continuous_usage(req),
+        tools.setup,
+        prompt_logprobs=req.prompt_logprobs,
+    )
 
 
 def _chat_options(req: ChatCompletionRequest, tools: list[dict[str, Any]] | None) -> p.ChatOptions | None:
@@ -190,8 +214,8 @@ def _chat_options(req: ChatCompletionRequest, tools: list[dict[str, Any]] | None
 
 def completion_requests(req: CompletionRequest, rid: str) -> list[BackendRequest]:
     """The backend requests of a (text) completion under rid, one per prompt (rid, or rid-0, rid-1, ... for a list
-    of prompts), sharing one validated SamplingParams. Raises OpenAIError (400) for a bad prompt list,
-    stream_options without stream, an out-of-range sampling parameter."""
+    of prompts), sharing one validated SamplingParams. Raises OpenAIError (400) for a bad prompt list, echo or
+    prompt_logprobs with several prompts, stream_options without stream, an out-of-range sampling parameter."""
     prompts = completion_prompts(req.prompt)
     fields = _same_name_fields(req)
     if req.max_tokens is not None:
@@ -201,9 +225,17 @@ def completion_requests(req: CompletionRequest, rid: str) -> list[BackendRequest
     if req.logprobs is not None:
         fields["logprobs"] = req.logprobs
     names: dict[str, str] = {}
+    if req.echo:
+        if req.logprobs is not None:
+            fields["prompt_logprobs"] = max(req.logprobs, req.prompt_logprobs or 0)
+            names["prompt_logprobs"] = "prompt_logprobs" if req.prompt_logprobs is not None else "logprobs"
+        elif fields["max_tokens"] == 0 and req.prompt_logprobs is None:
+            fields["prompt_logprobs"] = 0  # nothing but the prompt: it runs for its token count
     _constraint(req, fields, names)
     include_usage = _include_usage(req)
     params = _sampling_params(fields, names, "prompt")
+    if len(prompts) > 1 and (req.echo or params.prompt_logprobs is not None):
+        raise bad_request("echo and prompt_logprobs take a single prompt per request", "prompt")
     out = []
     for i, prompt in enumerate(prompts):
         request = p.GenerateRequest(
@@ -214,5 +246,14 @@ def completion_requests(req: CompletionRequest, rid: str) -> list[BackendRequest
             stream=True,
             cache_salt=req.cache_salt,
         )
-        out.append(BackendRequest(request, names, "prompt", include_usage, _continuous_usage(req)))
+        backend = BackendRequest(
+            request,
+            names,
+            "prompt",
+            include_usage,
+            _continuous_usage(req),
+            echo=bool(req.echo),
+            prompt_logprobs=req.prompt_logprobs,
+        )
+        out.append(backend)
     return out

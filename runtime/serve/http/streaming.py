@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from runtime import protocol as p
 from runtime.client.errors import ClientError
+from runtime.serve.http.echo import StreamEcho
 from runtime.serve.http.errors import OpenAIError, from_exception
 from runtime.serve.http.generation import wait_disconnect
 from runtime.serve.http.generation_group import AnyGeneration
@@ -149,11 +150,14 @@ def chat_events(
     return _events(gen, first, ctx, choices)
 
 
-def completion_events(gen: AnyGeneration, first: p.StreamChunk, ctx: StreamContext) -> AsyncGenerator[bytes, None]:
-    """The events of a streamed text completion (first: its first backend chunk, already received)."""
+def completion_events(
+    gen: AnyGeneration, first: p.StreamChunk, ctx: StreamContext, echo: StreamEcho | None = None
+) -> AsyncGenerator[bytes, None]:
+    """The events of a streamed text completion (first: its first backend chunk, already received); echo: the prompt
+    to add (echo, prompt_logprobs: runtime/serve/http/echo.py), None when not asked."""
 
     def choice(chunk: p.StreamChunk) -> list[dict[str, Any]]:
-        if _says_nothing(chunk, ctx.logprobs):
+        if echo is None and _says_nothing(chunk, ctx.logprobs):
             return []
         logprobs = None
         if ctx.logprobs:
@@ -161,7 +165,11 @@ def completion_events(gen: AnyGeneration, first: p.StreamChunk, ctx: StreamConte
             logprobs = completion_logprobs(
                 chunk.token_ids, chunk.logprobs or [None] * len(chunk.token_ids), chunk.token_texts, offset
             )
-        return [{"index": chunk.index, "text": chunk.text, "logprobs": logprobs, "finish_reason": chunk.finish_reason}]
+        body = {"index": chunk.index, "text": chunk.text, "logprobs": logprobs, "finish_reason": chunk.finish_reason}
+        if echo is None:
+            return [body]
+        echoed = echo.choice(chunk, body)
+        return [] if echoed is None else [echoed]
 
     return _events(gen, first, ctx, choice)
 

@@ -115,5 +115,8 @@ class PromptPrep:
         if problem is not None:
             raise RequestRejected(*problem)
         sp = req.sampling_params
+        bias_problem = sp.vocab_problem(r.vocab_size)  # logit_bias ids: the vocabulary is known here
+        if bias_problem is not None:
+            raise RequestRejected(p.ERR_INVALID, bias_problem)
         msg = p.TokenizedRequest(rid=internal, input_ids=ids, sampling_params=sp, cache_salt=req.cache_salt)
         return Prepared(msg, [CompletionStream(self.tokenizer, sp, r.eos_token_ids, self.texts) for _ in range(sp.n)])

@@ -331,6 +331,8 @@ def _chunk(
         token_ids = delta.token_ids
         logprobs = delta.logprobs
         token_texts = delta.token_texts
+        prompt = delta.prompt_logprobs
+        prompt_texts = delta.prompt_token_texts
     else:
         if delta.finish_reason is None:
             return None
@@ -338,6 +340,8 @@ def _chunk(
         token_ids = completion.token_ids
         logprobs = completion.logprobs
         token_texts = completion.token_texts
+        prompt = completion.prompt_logprobs
+        prompt_texts = completion.prompt_token_texts
     return p.StreamChunk(
         rid=req.rid,
         index=out.index,
@@ -348,4 +352,5 @@ def _chunk(
         finish_reason=delta.finish_reason,
         usage=delta.usage,
         score=out.score,
+        prompt_logprobs=None if prompt is None else p.PromptChunk(prompt, prompt_texts),
     )

@@ -116,7 +116,7 @@ def test_logprobs_of_sampled_token_and_top_alternatives():
         {"max_tokens": 0},
         {"n": 0},
         {"logprobs": 21},
-        {"seed": -1},
+        {"seed": -(2**63) - 1},
         {"stop": [""]},
         {"stop_token_ids": [-1]},
     ],

@@ -55,7 +55,8 @@ def error_of(body: bytes, cls=ChatCompletionRequest) -> tuple[int, str, str | No
         (b'{"max_tokens": 3}', "missing_required_parameter", "messages"),
         (b'{"messages": [], "functions": [{"name": "f"}]}', "unsupported_parameter", "functions"),
         (b'{"messages": [], "prediction": {"type": "content", "content": "x"}}', "unsupported_parameter", "prediction"),
-        (b'{"messages": [], "logit_bias": {"5": 10}}', "unsupported_parameter", "logit_bias"),
+        (b'{"messages": [], "logit_bias": {"five": 10}}', "invalid_type", "logit_bias"),
+        (b'{"messages": [], "echo": true}', "unsupported_parameter", "echo"),
         (b'{"messages": [], "audio": {"voice": "x"}}', "unsupported_parameter", "audio"),
         (b'{"messages": [], "modalities": ["text", "audio"]}', "unsupported_parameter", "modalities"),
         (b'{"messages": [], "prediction": {"type": "content", "content": "x"}}', "unsupported_parameter", "prediction"),
@@ -69,7 +70,7 @@ def test_bad_chat_bodies_are_400_naming_the_field(body, code, param):
 @pytest.mark.parametrize(
     ("body", "code", "param"),
     [
-        (b'{"prompt": "a", "echo": true}', "unsupported_parameter", "echo"),
+        (b'{"prompt": "a", "echo": 1}', "invalid_type", "echo"),
         (b'{"prompt": "a", "best_of": 3}', "unsupported_parameter", "best_of"),
         (b'{"prompt": "a", "suffix": "z"}', "unsupported_parameter", "suffix"),
         (b'{"prompt": "a", "logprobs": true}', "invalid_type", "logprobs"),
