@@ -179,12 +179,15 @@ _decoders = {
 def decode(body: bytes, cls: type[Any]) -> Any:
     """body decoded as cls (one of the request Structs), its unsupported fields checked. O(len(body)).
 
-    Raises OpenAIError (400): invalid_json, invalid_type, missing_required_parameter, unknown_parameter,
-    unsupported_parameter (each naming the field)."""
+    Raises OpenAIError (400): invalid_json (also for JSON nested too deep for the decoder's recursion: msgspec raises
+    RecursionError), invalid_type, missing_required_parameter, unknown_parameter, unsupported_parameter (each naming
+    the field)."""
     try:
         req = _decoders[cls].decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise from_decode_error(exc) from None
+    except RecursionError:
+        raise bad_request("the body is not valid JSON: it nests too deeply", None, "invalid_json") from None
     for name in req.__struct_fields__:
         neutral = UNSUPPORTED.get(name)
         if neutral is not None and not neutral(getattr(req, name)):
