@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from runtime.serve.http.exposure import ExposureLimits
 
 MAX_BODY_BYTES = 8 * 2**20  # default request body limit (bytes): larger bodies get 413
 
@@ -22,6 +24,8 @@ class HttpConfig:
     max_body_bytes: largest request body (bytes); a larger one is answered 413 before it is read in full.
     health_timeout_s: seconds a health probe of the backend may take before /health answers 503.
     on_ready: called with the bound port once the server listens and the backend answered a health probe.
+    exposure: the connection limits (header timeout, keep-alive, connection cap, header size and count):
+        runtime.serve.http.exposure.
     """
 
     backend: str = "tcp://127.0.0.1:5557"
@@ -33,6 +37,7 @@ class HttpConfig:
     max_body_bytes: int = MAX_BODY_BYTES
     health_timeout_s: float = 5.0
     on_ready: Callable[[int], None] | None = None
+    exposure: ExposureLimits = field(default_factory=ExposureLimits)
 
     @property
     def model_name(self) -> str:

@@ -22,6 +22,13 @@ import uvloop
 
 from runtime.serve.http.app import build_app
 from runtime.serve.http.config import MAX_BODY_BYTES, HttpConfig
+from runtime.serve.http.exposure import (
+    ExposedConfig,
+    add_exposure_flags,
+    connection_cap,
+    exposure_limits,
+    raise_fd_limit,
+)
 from runtime.serve.http.metrics import HttpMetrics
 
 __all__ = ["HttpConfig", "build_parser", "main", "serve"]
@@ -53,13 +60,18 @@ def url_host(host: str) -> str:
 
 async def _serve(config: HttpConfig) -> None:
     app = build_app(config, HttpMetrics(config.model_name))
+    fd_limit = raise_fd_limit()
+    max_connections = connection_cap(config.exposure, fd_limit)
+    if max_connections < config.exposure.max_connections:
+        logger.warning("at most %d connections: the file-descriptor limit is %d", max_connections, fd_limit)
     server = _Server(
-        uvicorn.Config(
+        ExposedConfig(
             app,
+            config.exposure,
+            max_connections,
             host=config.host,
             port=config.port,
             loop="none",
-            http="httptools",
             lifespan="on",
             access_log=False,
             log_level="warning",
@@ -96,7 +108,7 @@ def serve(config: HttpConfig) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI: --backend, --host, --port, --api-key, --model, --served-model-name, --max-body-bytes,
-    --health-timeout-s, --log-level."""
+    --health-timeout-s, --log-level, and the connection limits (exposure.add_exposure_flags)."""
     parser = argparse.ArgumentParser(
         prog="python -m runtime.serve.http",
         description="OpenAI-compatible HTTP server in front of a radixserve endpoint.",
@@ -120,12 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a health probe of the backend may take before /health answers 503",
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_exposure_flags(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: serves until Ctrl-C / SIGTERM; returns the exit status (1 when the port cannot be bound)."""
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        exposure = exposure_limits(ns)
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=ns.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = HttpConfig(
         backend=ns.backend,
@@ -136,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         served_model_name=ns.served_model_name,
         max_body_bytes=ns.max_body_bytes,
         health_timeout_s=ns.health_timeout_s,
+        exposure=exposure,
     )
     try:
         serve(config)
