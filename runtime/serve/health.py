@@ -1,11 +1,13 @@
 """WorkerHealth: the scheduler's half of a health check that reaches the worker (docs/ARCHITECTURE.md, "Processes and
 sockets").
 
-A HealthRequest from the tokenizer sends a WorkerProbe down the worker's link (one probe at a time: requests that
-arrive while one is out wait for the same reply). The probe queues behind the step in flight and the worker's own loop
-answers it between steps, so every request waiting is answered "ok" when the reply comes; a request that waited
-timeout_s seconds without one is answered "worker unresponsive for N s" (N: seconds since the probe went out), whether
-the worker is idle and frozen or stuck in a step that does not come back.
+A health request never waits behind a step: while a step is in flight the worker is busy, not dead, and the answer
+comes at once from the step's age (step_status): "ok" while the step is younger than timeout_s, "worker unresponsive
+for N s" once it is older (no step progress for N s: wedged). An idle worker is probed: a HealthRequest from the
+tokenizer sends a WorkerProbe down the worker's link (one probe at a time: requests that arrive while one is out wait
+for the same reply), which the worker's loop answers at once, so every request waiting is answered "ok" when the reply
+comes; a request that waited timeout_s seconds without one is answered "worker unresponsive for N s" (N: seconds since
+the probe went out). A router in front (router/) keeps a busy replica in rotation and takes a wedged one out.
 """
 
 from __future__ import annotations
@@ -24,6 +26,15 @@ class WorkerHealth:
         self.probe_id = 0
         self.probe_sent: float | None = None  # monotonic time of the unanswered probe (None: none is out)
         self.waiting: dict[str, float] = {}  # rid -> arrival time, in arrival order
+
+    def step_status(self, step_sent: float | None, now: float) -> str | None:
+        """The answer to a health request while a step sent at step_sent (monotonic seconds; None: no step in
+        flight) runs: "ok" while it is younger than timeout_s, "worker unresponsive for N s" once it is older; None
+        when no step is in flight (the caller probes the worker). O(1)."""
+        if step_sent is None:
+            return None
+        age = now - step_sent
+        return "ok" if age < self.timeout_s else f"worker unresponsive for {age:.1f} s"
 
     def on_request(self, rid: str, now: float) -> p.WorkerProbe | None:
         """Registers health request rid (arrived at `now`, monotonic seconds). Returns the probe to send to the
