@@ -11,6 +11,7 @@ answer is complete aborts its backend request.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -33,6 +34,7 @@ from runtime.serve.http.backend import Backend
 from runtime.serve.http.config import HttpConfig
 from runtime.serve.http.errors import INVALID, OpenAIError, from_exception, not_found, too_large, unavailable
 from runtime.serve.http.generation import ClientDisconnected, Generation, race_disconnect
+from runtime.serve.http.keepalive import start_first
 from runtime.serve.http.metrics import CONTENT_TYPE, HttpMetrics
 from runtime.serve.http.request_map import BackendRequest, chat_request, completion_request
 from runtime.serve.http.responses import chat_response, completion_response
@@ -103,7 +105,7 @@ class Routes:
         model = self.config.model_name
         try:
             if req.stream:
-                first = await race_disconnect(gen.first(), request.receive)
+                first = await start_first(gen, request.receive)  # headers within KEEPALIVE_S (keepalive.py)
                 return self._event_stream(chat, rid, created, backend_req, gen, first)
             choices = await race_disconnect(gen.collect(), request.receive)
         except ClientDisconnected:
@@ -117,9 +119,15 @@ class Routes:
         return _json(body)
 
     def _event_stream(
-        self, chat: bool, rid: str, created: int, backend_req: BackendRequest, gen: Generation, first: p.StreamChunk
+        self,
+        chat: bool,
+        rid: str,
+        created: int,
+        backend_req: BackendRequest,
+        gen: Generation,
+        first: asyncio.Task[p.StreamChunk],
     ) -> EventStream:
-        """The SSE answer of a streamed request whose first backend chunk arrived."""
+        """The SSE answer of a streamed request (first: its first backend chunk's task, done or not yet)."""
         model = self.config.model_name
         logprobs = backend_req.sampling_params.logprobs is not None
         usage = backend_req.include_usage

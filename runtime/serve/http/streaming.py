@@ -3,7 +3,8 @@
 Each backend StreamChunk becomes one chat.completion.chunk (or text_completion chunk) of its choice; the first
 chunk of each choice carries delta.role. With stream_options.include_usage every chunk has "usage": null and a
 last chunk with empty choices carries the usage. An error after the answer started is sent as an `{"error": ...}`
-event (the openai SDK raises it), then [DONE].
+event (the openai SDK raises it), then [DONE]. While the first chunk is awaited, a `: keep-alive` comment goes out
+every KEEPALIVE_S (runtime.serve.http.keepalive).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from runtime import protocol as p
 from runtime.client.errors import ClientError
 from runtime.serve.http.errors import OpenAIError, from_exception
 from runtime.serve.http.generation import Generation, wait_disconnect
+from runtime.serve.http.keepalive import KEEPALIVE, wait_first
 from runtime.serve.http.responses import chat_logprobs, completion_logprobs, usage_body
 
 DONE = b"data: [DONE]\n\n"
@@ -90,8 +92,8 @@ class StreamContext:
         return sse(body)
 
 
-def chat_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext) -> AsyncGenerator[bytes, None]:
-    """The events of a streamed chat completion (first: its first backend chunk, already received)."""
+def chat_events(gen: Generation, first: asyncio.Task[p.StreamChunk], ctx: StreamContext) -> AsyncGenerator[bytes, None]:
+    """The events of a streamed chat completion (first: the task of its first backend chunk, done or not yet)."""
     started: set[int] = set()
 
     def choice(chunk: p.StreamChunk) -> dict[str, Any]:
@@ -109,8 +111,10 @@ def chat_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext) -> As
     return _events(gen, first, ctx, choice)
 
 
-def completion_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext) -> AsyncGenerator[bytes, None]:
-    """The events of a streamed text completion (first: its first backend chunk, already received)."""
+def completion_events(
+    gen: Generation, first: asyncio.Task[p.StreamChunk], ctx: StreamContext
+) -> AsyncGenerator[bytes, None]:
+    """The events of a streamed text completion (first: the task of its first backend chunk, done or not yet)."""
 
     def choice(chunk: p.StreamChunk) -> dict[str, Any]:
         logprobs = None
@@ -125,9 +129,16 @@ def completion_events(gen: Generation, first: p.StreamChunk, ctx: StreamContext)
 
 
 async def _events(
-    gen: Generation, first: p.StreamChunk, ctx: StreamContext, choice: Any
+    gen: Generation, first: asyncio.Task[p.StreamChunk], ctx: StreamContext, choice: Any
 ) -> AsyncGenerator[bytes, None]:
-    chunks = gen.chunks(first)
+    try:
+        async for _ in wait_first(first):
+            yield KEEPALIVE
+        chunks = gen.chunks(first.result())
+    except (ClientError, OpenAIError) as exc:
+        yield sse(from_exception(exc, gen.request.param_names, gen.request.prompt_param).body())
+        yield DONE
+        return
     try:
         async for chunk in chunks:
             yield ctx.event(choice(chunk))
