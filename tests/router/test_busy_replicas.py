@@ -12,6 +12,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from runtime.client import Client
 from tests.e2e.processes import role_pids
 from tests.router.router_cases import start_router
@@ -21,6 +23,7 @@ LONG = {"max_tokens": 80, "temperature": 0.0, "ignore_eos": True}
 STREAMS = 8
 
 
+@pytest.mark.slow
 def test_a_slow_step_under_full_load_fails_no_stream(replicas, tiny_llama_dir, tmp_path):
     router = start_router(
         tiny_llama_dir,
