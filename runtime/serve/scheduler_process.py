@@ -134,6 +134,8 @@ class SchedulerServer:
         whole) gets RequestFailed(rid, ERR_SERVER, why) instead of its TokenOutputs (clients see an error, not a
         quiet "abort"); every other request's outputs go on unchanged."""
         self.in_flight = False
+        if self.step_sent is not None:
+            self.health.on_step(time.monotonic() - self.step_sent)
         self.step_sent = None
         outputs = self.scheduler.process_result(result)
         failures = self.scheduler.drain_failures()
