@@ -1,7 +1,8 @@
 """The HTTP server under hostile connections (issue 28, classes 1 and 2), with its limits lowered by flag so the test
 stays fast: connections that never finish their headers are closed after --header-timeout-s (408 when part of a
 request came, silently when nothing did); past --max-connections a new connection gets a 503 in the OpenAI shape at
-once, and /health answers again once the idle ones timed out; a request line and headers over --max-header-bytes,
+once when every connection is answering a request, and takes the place of the oldest idle one otherwise (idle
+connections cannot keep /health out); a request line and headers over --max-header-bytes,
 or more than --max-headers fields, get a 431; each refusal class is logged, and the server keeps serving.
 
 Before: no flag existed; idle connections stayed open for good (until the fd limit refused every client) and a
@@ -92,21 +93,35 @@ def test_connections_without_headers_are_closed_after_the_timeout(server):
     assert time.monotonic() - start < 3 * TIMEOUT_S + 2
 
 
-def test_past_the_cap_new_connections_get_503_then_serve_again(server):
+def test_at_the_cap_a_new_connection_takes_the_place_of_the_oldest_idle_one(server):
     wait_served(server.url)
     idle = [open_socket(server.url) for _ in range(CAP)]
     time.sleep(0.2)
+    start = time.monotonic()
+    assert http("GET", server.url + "/health", timeout=5)[0] == 200  # an idle connection made room
+    assert time.monotonic() - start < 1.0
+    assert read_all(idle[0]) == b""  # the oldest idle one was closed for it
+    for sock in idle:
+        sock.close()
+
+
+def test_past_the_cap_with_every_connection_busy_a_new_one_gets_503(server):
+    wait_served(server.url)
+    body = json.dumps({"prompt": "hi", "max_tokens": 1000, "ignore_eos": True, "stream": True}).encode()
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+    busy = [open_socket(server.url) for _ in range(CAP)]
+    for sock in busy:
+        sock.sendall(f"{head}\r\n\r\n".encode() + body)
+    for sock in busy:
+        assert sock.recv(12) == b"HTTP/1.1 200"  # each answering a stream
     extra = open_socket(server.url)
     extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-    start = time.monotonic()
     status, error = status_and_error(read_all(extra))
-    assert time.monotonic() - start < 1.0  # refused at once, not when a slot frees
-    assert (status, error["code"], error["type"]) == (503, "too_many_connections", "service_unavailable_error")
     extra.close()
-    assert wait_served(server.url) < TIMEOUT_S + 3  # the idle ones timed out and freed their slots
-    for sock in idle:
-        assert read_all(sock) == b""
-        sock.close()
+    for sock in busy:
+        sock.close()  # the client leaves: each request is aborted
+    assert (status, error["code"], error["type"]) == (503, "too_many_connections", "service_unavailable_error")
+    assert wait_served(server.url) < 5.0
 
 
 @pytest.mark.parametrize(
@@ -135,5 +150,5 @@ def test_oversized_headers_get_431(server, headers):
 
 def test_each_refusal_class_is_logged(server):
     log = server.log.read_text()
-    for kind in ("header timeout", "connection cap", "headers too large"):
+    for kind in ("header timeout", "idle connection closed at the cap", "connection cap", "headers too large"):
         assert f"({kind})" in log, log[-2000:]

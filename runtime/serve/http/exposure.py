@@ -8,8 +8,10 @@ out of file descriptors. ExposedHttpProtocol adds, per connection:
 - a header-read timeout: a request's headers must be complete header_timeout_s after the connection opened or the
   request began (trickling bytes does not extend it); past it the connection is closed (408 when part of a request
   arrived, silently when nothing did). Idle keep-alive connections close after keep_alive_s (uvicorn's own timer).
-- a cap on open connections: past max_connections a new connection gets a 503 at once and is closed, so idle or
-  slow connections cannot take the file descriptors every other client (and /health) needs.
+- a cap on open connections, below the file-descriptor limit: at the cap a new connection takes the place of the
+  connection idle longest (no request being answered: it never sent one, is still sending its headers, or waits
+  between requests), which is closed; when every connection is answering a request, the new one gets a 503 at
+  once. Idle or slow connections cannot keep a client (or /health) out.
 - a header size and count limit: more than max_header_bytes before the headers are complete (request line
   included), or more than max_headers header fields, is a 431 and the connection is closed.
 
@@ -25,6 +27,7 @@ import logging
 import resource
 import sys
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,6 +131,7 @@ class ExposedHttpProtocol(HttpToolsProtocol):
         super().__init__(config, server_state, app_state, _loop)
         self.limits: ExposureLimits = config.limits
         self.max_connections: int = config.max_connections
+        self.idle_connections: OrderedDict[ExposedHttpProtocol, None] = config.idle_connections
         self.logger = _QUIET
         self._header_timer: asyncio.TimerHandle | None = None
         self._headers_pending = True  # between a request's start and its headers' end (and on a fresh connection)
@@ -139,16 +143,37 @@ class ExposedHttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
-            self.connections.discard(self)
-            REFUSALS.refused("connection cap", f"{self.max_connections} connections open (--max-connections)")
-            message = f"the server holds its limit of {self.max_connections} connections; retry later"
-            self._refuse("connection cap", error_answer(503, message, "too_many_connections"))
-            return
+            detail = f"{self.max_connections} connections open (--max-connections)"
+            victim = next(iter(self.idle_connections), None)
+            if victim is None:
+                self.connections.discard(self)
+                REFUSALS.refused("connection cap", detail)
+                message = f"the server holds its limit of {self.max_connections} connections; retry later"
+                self._refuse("connection cap", error_answer(503, message, "too_many_connections"))
+                return
+            REFUSALS.refused("idle connection closed at the cap", detail)
+            victim.close_idle()
+        self.idle_connections[self] = None
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        self.idle_connections.pop(self, None)
         super().connection_lost(exc)
+
+    def close_idle(self) -> None:
+        """Closes this idle connection to make room for a new one (at the connection cap)."""
+        self._refused = "closed at the cap"
+        self._cancel_header_timer()
+        self._unset_keepalive_if_required()
+        self.connections.discard(self)
+        self.idle_connections.pop(self, None)
+        self.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._idle() and self._refused is None and not self.transport.is_closing():
+            self.idle_connections[self] = None  # idle again, now the most recent
 
     def data_received(self, data: bytes) -> None:
         if self._refused is not None:
@@ -186,6 +211,7 @@ class ExposedHttpProtocol(HttpToolsProtocol):
         self._headers_pending = False
         self._header_bytes = 0
         self._cancel_header_timer()
+        self.idle_connections.pop(self, None)
         super().on_headers_complete()
 
     def send_400_response(self, msg: str) -> None:
@@ -217,6 +243,7 @@ class ExposedHttpProtocol(HttpToolsProtocol):
         self._cancel_header_timer()
         self._unset_keepalive_if_required()
         self.connections.discard(self)
+        self.idle_connections.pop(self, None)
         if self.transport.is_closing():
             return
         self.transport.write(answer)
@@ -244,9 +271,7 @@ class ExposedHttpProtocol(HttpToolsProtocol):
         timeout = self.limits.header_timeout_s
         REFUSALS.refused("header timeout", f"headers not complete within {timeout} s (--header-timeout-s)")
         if self._header_bytes == 0:
-            self._refused = "header timeout"
-            self.connections.discard(self)
-            self.transport.close()  # nothing was asked: nothing to answer
+            self.close_idle()  # nothing was asked: nothing to answer
             return
         self._refuse("header timeout", error_answer(408, f"request headers not complete within {timeout} s", "timeout"))
 
@@ -281,9 +306,11 @@ def exposure_limits(ns: argparse.Namespace) -> ExposureLimits:
 
 class ExposedConfig(uvicorn.Config):
     """uvicorn.Config serving with ExposedHttpProtocol under limits (keep_alive_s becomes timeout_keep_alive).
-    max_connections: the cap in force (connection_cap of the process's fd limit)."""
+    max_connections: the cap in force (connection_cap of the process's fd limit). idle_connections: the server's
+    connections that answer no request, oldest idle first (the next closed at the cap); O(1) per change."""
 
     def __init__(self, app: Any, limits: ExposureLimits, max_connections: int, **kwargs: Any) -> None:
         super().__init__(app, http=ExposedHttpProtocol, timeout_keep_alive=int(max(1, limits.keep_alive_s)), **kwargs)
         self.limits = limits
         self.max_connections = max_connections
+        self.idle_connections: OrderedDict[Any, None] = OrderedDict()  # oldest idle first
