@@ -63,6 +63,7 @@ class SchedulerServer:
         self.health = WorkerHealth(worker_probe_timeout_s)
         self.in_flight = False
         self.step_sent: float | None = None  # monotonic time the step in flight was sent (None: none in flight)
+        self.step_tokens = 0  # input tokens of the step in flight
         self._encoder = msgspec.msgpack.Encoder()
         self._last_stats = (time.monotonic(), 0)  # (time, forward tokens) at the last published stats
         self._tokens_per_s = 0.0
@@ -91,7 +92,7 @@ class SchedulerServer:
                 pass
         elif isinstance(msg, p.HealthRequest):
             now = time.monotonic()
-            status = self.health.step_status(self.step_sent, now)  # a busy worker answers at once, not after its step
+            status = self.health.step_status(self.step_sent, self.step_tokens, now)  # at once: no wait for the step
             if status is not None:
                 self._send(p.HealthResponse(msg.rid, status))
                 return
@@ -126,6 +127,7 @@ class SchedulerServer:
             self.to_worker.send(self._encoder.encode(batch), copy=False)
             self.in_flight = True
             self.step_sent = time.monotonic()
+            self.step_tokens = sum(len(s.token_ids) for s in batch.seqs)
         self.flush_outputs(self.scheduler.drain_outputs())
 
     def on_result(self, result: p.ForwardResult) -> None:
@@ -135,7 +137,7 @@ class SchedulerServer:
         quiet "abort"); every other request's outputs go on unchanged."""
         self.in_flight = False
         if self.step_sent is not None:
-            self.health.on_step(time.monotonic() - self.step_sent)
+            self.health.on_step(time.monotonic() - self.step_sent, self.step_tokens)
         self.step_sent = None
         outputs = self.scheduler.process_result(result)
         failures = self.scheduler.drain_failures()

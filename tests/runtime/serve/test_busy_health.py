@@ -16,7 +16,7 @@ from runtime import protocol as p
 from runtime.config import ServerArgs
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.scheduler import Scheduler
-from runtime.serve.health import WorkerHealth
+from runtime.serve.health import FIRST_STEP_S, WorkerHealth
 from runtime.serve.scheduler_process import SchedulerServer
 
 
@@ -42,16 +42,19 @@ def drain(pull: zmq.Socket, msg_type) -> list:
     return out
 
 
-def test_step_status_by_the_age_of_the_step():
+def test_step_status_by_the_age_and_size_of_the_step():
     health = WorkerHealth(timeout_s=5.0)
-    assert health.step_status(None, 100.0) is None
-    assert health.step_status(96.0, 100.0) == "ok"
-    assert health.step_status(95.0, 100.0) == "worker unresponsive for 5.0 s"
-    for seconds in (0.5, 2.0, 1.0):  # an overloaded machine: slow steps are progress
-        health.on_step(seconds)
-    assert health.step_limit_s == 8.0  # STEP_SLACK x the slowest recent step
-    assert health.step_status(92.5, 100.0) == "ok"
-    assert health.step_status(92.0, 100.0) == "worker unresponsive for 8.0 s"
+    assert health.step_status(None, 10, 100.0) is None
+    assert health.step_limit_s(10) == FIRST_STEP_S  # nothing timed yet: the first steps also warm up
+    assert health.step_status(100.0 - FIRST_STEP_S, 10, 100.0) == f"worker unresponsive for {FIRST_STEP_S:.1f} s"
+    health.on_step(0.01, 1)
+    assert health.step_status(96.0, 1, 100.0) == "ok"
+    assert health.step_status(95.0, 1, 100.0) == "worker unresponsive for 5.0 s"  # never below timeout_s
+    for seconds, tokens in ((0.5, 10), (2.0, 8), (1.0, 100)):  # an overloaded machine: slow steps are progress
+        health.on_step(seconds, tokens)
+    assert health.step_limit_s(16) == 16.0  # STEP_SLACK x 16 tokens x the slowest 0.25 s per token
+    assert health.step_status(84.5, 16, 100.0) == "ok"
+    assert health.step_status(84.0, 16, 100.0) == "worker unresponsive for 16.0 s"
 
 
 def test_a_busy_worker_is_answered_at_once_and_a_wedged_one_after_the_timeout(ctx):
@@ -69,6 +72,7 @@ def test_a_busy_worker_is_answered_at_once_and_a_wedged_one_after_the_timeout(ct
     server.on_tokenizer_message(p.HealthRequest("busy"))
     assert drain(from_tok, p.TokenizerInput) == [p.HealthResponse("busy", "ok")]  # no probe behind the step
     assert drain(from_scheduler, p.WorkerInput) == []
+    server.health.on_step(0.001, 1)  # steps take a millisecond a token here
     server.step_sent -= 6.0  # the step has run 6 s: no progress
     server.on_tokenizer_message(p.HealthRequest("wedged"))
     [answer] = drain(from_tok, p.TokenizerInput)
