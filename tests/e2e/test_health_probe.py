@@ -79,7 +79,7 @@ def test_frozen_idle_worker_is_reported_unresponsive(server):
 
 def test_frozen_busy_worker_is_reported_unresponsive_and_the_stream_resumes(server):
     srv, pids = server
-    with srv.client(timeout=60) as c, srv.client(timeout=60) as probe:
+    with srv.client(timeout=120) as c, srv.client(timeout=120) as probe:  # the freeze lasts the step limit
         stream = c.stream(input_ids=[1, 2, 3], ignore_eos=True, temperature=0.0, max_tokens=300)
         first = next(stream)
         os.kill(pids["worker"], signal.SIGSTOP)  # a step in flight (or about to be sent) does not come back
