@@ -12,12 +12,14 @@ import socket
 import time
 import urllib.parse
 
+import pytest
+
 from runtime.serve.http.keepalive import KEEPALIVE_S
 from tests.e2e.http_servers import MODEL
 from tests.e2e.http_servers import http as request
 
 PROMPT = list(range(700, 720))
-BEAM = {"use_beam_search": True, "n": 4, "temperature": 0.0, "max_tokens": 150, "ignore_eos": True}
+BEAM = {"use_beam_search": True, "n": 4, "temperature": 0.0, "max_tokens": 900, "ignore_eos": True}
 
 
 def timed_lines(url: str, body: dict) -> list[tuple[float, str]]:
@@ -38,6 +40,7 @@ def timed_lines(url: str, body: dict) -> list[tuple[float, str]]:
     return out
 
 
+@pytest.mark.slow
 def test_a_beam_search_stream_starts_at_once_and_stays_alive(http, tiny_server):
     lines = timed_lines(http.url, {"model": MODEL, "prompt": PROMPT, "stream": True, **BEAM})
     status_at, status = lines[0]
