@@ -28,7 +28,9 @@ class RouterArgs:
     load_metric: str = "requests"  # "requests" (in flight) or "tokens" (prompt tokens of requests not yet started)
     balance_threshold: int = 4  # cache_aware: load difference (in load_metric units) that overrides the prefix
     health_interval_s: float = 0.5  # seconds between health probes of a replica
-    health_timeout_s: float = 3.0  # a replica that leaves a probe unanswered this long is taken out of rotation
+    # a replica that leaves a probe unanswered this long is taken for dead: longer than a replica's own worker-probe
+    # timeout (5 s), so a replica's "worker unresponsive" answer comes first (it suspends the replica, fails nothing)
+    health_timeout_s: float = 10.0
     pending_timeout_s: float = 30.0  # a request that finds no replica in rotation for this long fails
     max_message_bytes: int = 8 * 2**20
     startup_timeout_s: float = 300.0  # seconds to wait for every backend before reporting ready anyway

@@ -4,9 +4,12 @@ snapshots), a SUB to its KV events (TCP), its ReplicaIndex, and whether it is in
 Life cycle: a replica starts out of rotation. Every health_interval_s the router asks it for a KvSnapshotResponse;
 the first answer names its events port, so the SUB connects and a second snapshot is asked (now that the SUB
 listens, no event between the snapshot and the stream is lost; a lost one shows as a seq gap). Loading that snapshot
-puts the replica in rotation. In rotation it is probed with HealthRequest; a probe unanswered for health_timeout_s
-takes it out (`mark_down`): its DEALER is replaced, so requests queued for a dead peer are never delivered to a
-replica that comes back on the same endpoint, and its index is cleared until a fresh snapshot.
+puts the replica in rotation. In rotation it is probed with HealthRequest. A replica that answers is never taken for
+dead: a busy one answers "ok" at once (runtime/serve/health.py); one that answers anything else (its worker made no
+step progress: wedged) is `suspend`ed: out of rotation for new requests, still connected, its streams left to it, and
+back in rotation at its next "ok". A probe unanswered for health_timeout_s (dead, or the whole replica frozen) takes
+it out (`mark_down`): its DEALER is replaced, so requests queued for a dead peer are never delivered to a replica
+that comes back on the same endpoint, and its index is cleared until a fresh snapshot.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ _event_decoder = msgspec.msgpack.Decoder(KvEvent)
 
 
 class Replica:
-    """One backend. `up`: in rotation. `in_flight`: internal rids of requests it serves. `load_tokens`: prompt
+    """One backend. `up`: in rotation. `suspended`: why it is out of rotation while it still answers (None: it is
+    not). `in_flight`: internal rids of requests it serves. `load_tokens`: prompt
     tokens of its requests that produced no output yet. Mutates its own sockets and index only.
 
     endpoint: "tcp://HOST:PORT" of the replica's public endpoint; the KV events are read from tcp://HOST:<events
@@ -48,6 +52,7 @@ class Replica:
         self.block_size = 0
         self.index = ReplicaIndex()
         self.up = False
+        self.suspended: str | None = None
         self.in_flight: set[str] = set()
         self.load_tokens = 0
         self.probe_rid: str | None = None  # the health probe or snapshot request awaiting its answer
@@ -71,17 +76,23 @@ class Replica:
             return False
         return True
 
+    @property
+    def reachable(self) -> bool:
+        """In rotation, or suspended (it answers): requests it holds are its own to end."""
+        return self.up or self.suspended is not None
+
     def tick(self, now: float, interval_s: float, timeout_s: float) -> bool:
-        """Sends the next probe when due. Returns False when the replica is in rotation and its probe has been
+        """Sends the next probe when due. Returns False when the replica is reachable and its probe has been
         unanswered for timeout_s seconds (the caller takes it out of rotation)."""
         if self.probe_rid is not None:
             if now - self.probe_sent <= timeout_s:
                 return True
-            if self.up:
+            if self.reachable:
                 return False
         elif now < self.next_probe:
             return True
-        msg_type = p.HealthRequest if self.up and not self.index.syncing else p.KvSnapshotRequest
+        healthy = (self.up and not self.index.syncing) or self.suspended is not None
+        msg_type = p.HealthRequest if healthy else p.KvSnapshotRequest
         self._probe(msg_type, now)
         self.next_probe = now + interval_s
         return True
@@ -104,7 +115,12 @@ class Replica:
             return False  # the answer to an older probe, overtaken
         self.probe_rid = None
         if isinstance(msg, p.HealthResponse):
-            return False
+            if msg.status != "ok" or self.suspended is None:
+                return False
+            logger.info("replica %s back in rotation (its health probe answers ok)", self.endpoint)
+            self.suspended = None
+            self.up = True
+            return True
         self.block_size = msg.block_size
         if msg.events_port and msg.events_port != self.events_port:
             self._connect_events(msg.events_port)
@@ -156,9 +172,16 @@ class Replica:
                 logger.error("replica %s: undecodable KV event dropped: %s", self.endpoint, exc)
         return events
 
+    def suspend(self, reason: str) -> None:
+        """Out of rotation while it still answers (reason: its health answer): its connection, index and the
+        requests it holds are kept; an "ok" health answer puts it back (on_probe_answer)."""
+        self.up = False
+        self.suspended = reason
+
     def mark_down(self, now: float) -> None:
         """Out of rotation: forget its index and in-flight set, replace the DEALER (dropping queued messages)."""
         self.up = False
+        self.suspended = None
         self.index.clear()
         self.in_flight.clear()
         self.load_tokens = 0

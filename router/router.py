@@ -8,10 +8,11 @@ replica does not tokenize twice. Replies are streamed back under the client's ri
 TokenizeRequest or DetokenizeRequest is answered from the router's own tokenizer (router/text.py: the replicas' rule,
 with ROUTER_TOKENIZE_CHARS as its limit), so an HTTP server in front of the router needs no tokenizer either.
 
-Failures: a replica out of rotation (router/replica.py: an unanswered probe, or ERR_SHUTDOWN / ERR_SERVER for a
-request it had not started) has its requests split: those that sent nothing to the client yet are re-sent to another
-replica (the client sees only latency), those already streaming fail with ErrorResponse(ERR_SERVER). A request that
-finds no replica in rotation waits up to pending_timeout_s, then fails with ERR_SERVER.
+Failures: a replica out of rotation (router/replica.py: an unanswered probe, a health answer other than "ok", or
+ERR_SHUTDOWN / ERR_SERVER for a request it had not started) has its requests that sent nothing to the client yet
+re-sent to another replica (the client sees only latency); those already streaming fail with ErrorResponse(ERR_SERVER)
+only when the replica is taken for dead (no answer at all): a replica that answers (wedged, suspended) ends its own
+streams. A request that finds no replica in rotation waits up to pending_timeout_s, then fails with ERR_SERVER.
 """
 
 from __future__ import annotations
@@ -233,7 +234,7 @@ class Router:
     def abort(self, internal: str) -> None:
         """Forgets a request and forwards AbortRequest to its replica (if it has one)."""
         req = self._forget(internal)
-        if req is not None and req.replica is not None and req.replica.up:
+        if req is not None and req.replica is not None and req.replica.reachable:
             req.replica.send(p.AbortRequest(internal))
 
     def _forget(self, internal: str) -> _Request | None:
@@ -336,7 +337,7 @@ class Router:
             return  # the router asks replicas for neither
         if isinstance(msg, p.HealthResponse) and msg.status != "ok" and msg.rid == replica.probe_rid and replica.up:
             replica.probe_rid = None
-            self.replica_failed(replica, f"its health probe answered {msg.status!r}", now)
+            self.replica_failed(replica, f"its health probe answered {msg.status!r}", now, answering=True)
             return
         if isinstance(msg, (p.HealthResponse, p.KvSnapshotResponse)):
             if replica.on_probe_answer(msg, now):
@@ -364,14 +365,18 @@ class Router:
                 self._forget(msg.rid)
         self.clients.send(req.identity, msgspec.structs.replace(msg, rid=req.rid))
 
-    def replica_failed(self, replica: Replica, reason: str, now: float) -> None:
+    def replica_failed(self, replica: Replica, reason: str, now: float, answering: bool = False) -> None:
         """Takes a replica out of rotation: its unstarted requests go back to the front of the queue (and are
-        dispatched elsewhere now), its started ones fail with ERR_SERVER, its share of stats fan-outs is dropped."""
+        dispatched elsewhere now), its share of stats fan-outs is dropped; its started ones fail with ERR_SERVER,
+        unless answering (it answered its probe, wedged): then they are left to it and it is suspended, not marked
+        down (router/replica.py)."""
         logger.warning("replica %s out of rotation: %s", replica.endpoint, reason)
         self.stats.failures += 1
         requeue = []
         for internal in sorted(replica.in_flight, key=lambda rid: self.requests[rid].since):
             req = self.requests[internal]
+            if req.started and answering:
+                continue
             if req.started:
                 self._forget(internal)
                 self.clients.send(
@@ -380,9 +385,14 @@ class Router:
                 )
             else:
                 replica.send(p.AbortRequest(internal))  # in case it is only slow
+                replica.in_flight.discard(internal)  # off the replica's books (a suspended one keeps them)
+                replica.load_tokens -= req.num_tokens
                 req.replica = None
                 requeue.append(internal)
-        replica.mark_down(now)
+        if answering:
+            replica.suspend(reason)
+        else:
+            replica.mark_down(now)
         self.stats.resent += len(requeue)
         self.pending.extendleft(reversed(requeue))
         self.fanout.drop_replica(replica.position)

@@ -8,7 +8,8 @@ each counts CHAT_MESSAGE_CHARS characters beyond its role and content, so that w
 
 Error codes (runtime.protocol): ERR_INVALID for an empty prompt, an id outside the vocabulary, text over the
 character limit or too many messages, ERR_CONTEXT for a prompt that leaves no room to generate under max_model_len or
-needs more KV blocks than the whole pool.
+needs more KV blocks than the whole pool, and (check_pool_fit, at admission) for a request whose max_tokens ends within
+max_model_len but past what the whole pool holds: the pool, not its max_tokens, would end it, so it is refused.
 """
 
 from __future__ import annotations
@@ -103,6 +104,30 @@ def check_prompt_length(
                 ERR_CONTEXT, f"prompt of {num_tokens} tokens needs {blocks} KV blocks; the pool has {usable}"
             )
     return None
+
+
+def check_pool_fit(
+    num_prompt: int, max_tokens: int, max_model_len: int, block_size: int, num_blocks: int
+) -> PromptProblem | None:
+    """ERR_CONTEXT when a sequence of num_prompt prompt tokens could never reach its max_tokens completion tokens on
+    the whole KV pool (num_blocks - 1 usable blocks of block_size tokens), though max_model_len allows them; else
+    None. O(1).
+
+    A sequence that ends at max_tokens holds KV for num_prompt + max_tokens - 1 tokens (its last token is sampled,
+    never written). A request that asks past max_model_len (the chat default: "until the context") is not refused
+    here: it ends "length" at the context, or at the pool when that is smaller, as the README says."""
+    total = num_prompt + max_tokens
+    if total > max_model_len:
+        return None
+    pool_tokens = (num_blocks - 1) * block_size
+    if total - 1 <= pool_tokens:
+        return None
+    fits = pool_tokens + 1 - num_prompt
+    return PromptProblem(
+        ERR_CONTEXT,
+        f"prompt of {num_prompt} tokens with max_tokens {max_tokens} needs KV for {total - 1} tokens; the KV pool "
+        f"holds {pool_tokens} ({num_blocks - 1} blocks of {block_size}): max_tokens may be at most {fits}",
+    )
 
 
 def check_prompt(

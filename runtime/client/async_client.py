@@ -2,7 +2,9 @@
 frame to the sans-IO ClientCore (runtime/client/core.py), which routes it by rid, and wakes the coroutine waiting on
 that rid; the coroutines only send and wait. Semantics as the synchronous Client's (runtime/client/client.py):
 errors, timeouts (the request is aborted on the server), liveness, and a stream left early (cancellation, aclose())
-sends an AbortRequest.
+sends an AbortRequest. One more than the synchronous face: a socket monitor fails every request in flight with
+ServerGoneError the moment the connection to the server drops (its process died), not liveness_s later; the HTTP
+server's streams end with an error event at once when the tokenizer process dies.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+import zmq.utils.monitor
 
 from runtime import protocol as p
 from runtime.client.core import LIVENESS_S, ClientCore, ControlRequest, CoreSettings, Outgoing, Reply, expect
@@ -37,9 +40,13 @@ class AsyncClient(CoreSettings):
         self._sock.connect(endpoint)
         self._arrived: dict[str, asyncio.Event] = {}  # rid -> set when a reply to it is routed
         self._reader: asyncio.Task[None] | None = None
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._watcher: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncClient:
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+        loop = asyncio.get_running_loop()
+        self._reader = loop.create_task(self._read())
+        self._watcher = loop.create_task(self._watch())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -50,9 +57,12 @@ class AsyncClient(CoreSettings):
         for rid in self._core.open_rids():
             self._arrived.pop(rid, None)
             self._sock.send(self._core.abort(rid), flags=zmq.NOBLOCK)
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+        for task in (self._reader, self._watcher):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._sock.disable_monitor()
+        self._monitor.close(linger=0)
         self._sock.close(linger=100)
 
     async def _read(self) -> None:
@@ -62,6 +72,19 @@ class AsyncClient(CoreSettings):
             arrived = None if rid is None else self._arrived.get(rid)
             if arrived is not None:
                 arrived.set()
+
+    async def _watch(self) -> None:
+        """Fails every request in flight at once when the connection to the server drops (its process died: a
+        tokenizer crash, a killed server), instead of after liveness_s of silence."""
+        while True:
+            event = zmq.utils.monitor.parse_monitor_message(await self._monitor.recv_multipart())
+            if event["event"] != zmq.EVENT_DISCONNECTED:
+                continue
+            reason = f"the connection to {self._core.endpoint} closed: the server is gone"
+            for rid in self._core.lost(reason):
+                arrived = self._arrived.get(rid)
+                if arrived is not None:
+                    arrived.set()
 
     async def _send(self, out: Outgoing) -> None:
         """Sends an opened request's frame; the caller's cleanup must _close(out.rid), also if this is cancelled."""

@@ -65,6 +65,7 @@ class _Open:
         self.inbox: collections.deque[Reply] = collections.deque()
         self.n = n
         self.finished: set[int] = set()
+        self.lost: str | None = None  # why the connection it was sent on closed (then no reply can come)
 
     @property
     def done(self) -> bool:
@@ -201,12 +202,24 @@ class ClientCore:
         req.inbox.append(msg)
         return msg.rid
 
+    def lost(self, reason: str) -> list[str]:
+        """The face saw the connection to the server close (the server process is gone: its replies, and the
+        requests it held, are lost): every open request fails with ServerGoneError(reason) once the replies already
+        routed to it are taken. Returns their rids (the face wakes their callers). O(open)."""
+        for req in self._open.values():
+            req.lost = reason
+        return list(self._open)
+
     def pop(self, rid: str) -> Reply | None:
         """The next reply routed to rid (None: none waiting). A StreamChunk with finish_reason marks its completion
         finished; a control reply ends its request. Raises the ServerError of an ErrorResponse (rid is then closed:
-        the server ended it) and KeyError when rid is not open."""
+        the server ended it), ServerGoneError once its connection was lost (rid closed) and KeyError when rid is not
+        open."""
         req = self._open[rid]
         if not req.inbox:
+            if req.lost is not None:
+                self._open.pop(rid, None)
+                raise ServerGoneError(rid, p.ERR_SERVER, req.lost)
             return None
         msg = req.inbox.popleft()
         if isinstance(msg, p.ErrorResponse):

@@ -30,7 +30,7 @@ from operator import attrgetter
 
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
-from runtime.prompt_check import PromptProblem, check_prompt
+from runtime.prompt_check import PromptProblem, check_pool_fit, check_prompt
 from runtime.protocol import ERR_INVALID, ForwardBatch, ForwardResult, ServerStats, TokenOutput
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.admission import Admission
@@ -148,8 +148,9 @@ class Scheduler:
     def add_request(
         self, rid: str, prompt_ids: Sequence[int], params: SamplingParams, cache_salt: str | None = None
     ) -> None:
-        """Queue a request (O(len(prompt))). Raises RequestRejected when it can never run (nothing is queued), and
-        ValueError for a duplicate rid."""
+        """Queue a request (O(len(prompt))). Raises RequestRejected when it can never run (nothing is queued): the
+        prompt check, or a max_tokens the whole KV pool cannot hold (check_pool_fit); ValueError for a duplicate
+        rid."""
         if rid in self.requests:
             raise ValueError(f"duplicate request id {rid!r}")
         prompt = [int(t) for t in prompt_ids]
@@ -157,6 +158,10 @@ class Scheduler:
         if problem is None and self.vocab_size is not None:
             bias_problem = params.vocab_problem(self.vocab_size)
             problem = None if bias_problem is None else PromptProblem(ERR_INVALID, bias_problem)
+        if problem is None:
+            problem = check_pool_fit(
+                len(prompt), params.max_tokens, self._max_model_len, self.block_size, self.manager.num_blocks
+            )
         if problem is not None:
             self.counters.num_rejected += 1
             raise RequestRejected(*problem)

@@ -5,8 +5,10 @@ launcher (ProcessReady); a start-up failure (a socket that cannot bind, such as 
 scheduler cannot size) is reported as ProcessFailed with its cause on one line. Then one step at a time: when no batch
 is in flight, `schedule()` and send the ForwardBatch; while the worker runs it, handle the tokenizer's messages (new
 requests, aborts, stops, health, stats); on the ForwardResult, `process_result()` and send the step's TokenOutputs to
-the tokenizer in one message. A health request probes the worker (runtime.serve.health.WorkerHealth): "ok" once the
-worker's loop answered, "worker unresponsive for N s" after worker_probe_timeout_s without an answer. KV events and
+the tokenizer in one message. A health request is answered at once while a step is in flight ("ok" while the step is
+younger than worker_probe_timeout_s, "worker unresponsive for N s" after), and probes an idle worker
+(runtime.serve.health.WorkerHealth): "ok" once the worker's loop answered, "worker unresponsive for N s" after
+worker_probe_timeout_s without an answer. KV events and
 ServerStats are published on a PUB socket (topics b"kv" and b"stats"). The loop blocks on zmq.Poller with a timeout
 (an idle server sleeps) and exits when the launcher dies.
 """
@@ -60,6 +62,8 @@ class SchedulerServer:
         self.events_port = events_port  # TCP port of pub for routers (0: ipc only)
         self.health = WorkerHealth(worker_probe_timeout_s)
         self.in_flight = False
+        self.step_sent: float | None = None  # monotonic time the step in flight was sent (None: none in flight)
+        self.step_tokens = 0  # input tokens of the step in flight
         self._encoder = msgspec.msgpack.Encoder()
         self._last_stats = (time.monotonic(), 0)  # (time, forward tokens) at the last published stats
         self._tokens_per_s = 0.0
@@ -87,7 +91,12 @@ class SchedulerServer:
             except UnknownRequestError:
                 pass
         elif isinstance(msg, p.HealthRequest):
-            probe = self.health.on_request(msg.rid, time.monotonic())
+            now = time.monotonic()
+            status = self.health.step_status(self.step_sent, self.step_tokens, now)  # at once: no wait for the step
+            if status is not None:
+                self._send(p.HealthResponse(msg.rid, status))
+                return
+            probe = self.health.on_request(msg.rid, now)
             if probe is not None:
                 self.to_worker.send(self._encoder.encode(probe))
         elif isinstance(msg, p.StatsRequest):
@@ -117,6 +126,8 @@ class SchedulerServer:
         if batch is not None:
             self.to_worker.send(self._encoder.encode(batch), copy=False)
             self.in_flight = True
+            self.step_sent = time.monotonic()
+            self.step_tokens = sum(len(s.token_ids) for s in batch.seqs)
         self.flush_outputs(self.scheduler.drain_outputs())
 
     def on_result(self, result: p.ForwardResult) -> None:
@@ -125,6 +136,9 @@ class SchedulerServer:
         whole) gets RequestFailed(rid, ERR_SERVER, why) instead of its TokenOutputs (clients see an error, not a
         quiet "abort"); every other request's outputs go on unchanged."""
         self.in_flight = False
+        if self.step_sent is not None:
+            self.health.on_step(time.monotonic() - self.step_sent, self.step_tokens)
+        self.step_sent = None
         outputs = self.scheduler.process_result(result)
         failures = self.scheduler.drain_failures()
         if failures:

@@ -50,3 +50,18 @@ def descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def role_pids(launcher_pid: int) -> dict[str, int]:
+    """role ("worker", "scheduler", "tokenizer", "http") -> pid of a launcher's children (their ChildSpec JSON on
+    the command line names the role)."""
+    out = {}
+    for pid in descendants(launcher_pid):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        for role in ("worker", "scheduler", "tokenizer", "http"):
+            if f'"role":"{role}"'.encode() in cmd:
+                out[role] = pid
+    return out

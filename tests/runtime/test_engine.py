@@ -97,7 +97,7 @@ def test_c4_eviction_then_recompute(make_engine, cold):
     assert engine.generate(input_ids=[a], sampling_params=greedy(1))[0].token_ids == cold(a, 1)
     assert engine.manager.stats().cached_blocks == 2
     b = list(range(40, 56))
-    out_b = engine.generate(input_ids=[b], sampling_params=greedy(3))[0]
+    out_b = engine.generate(input_ids=[b], sampling_params=greedy(1))[0]
     assert out_b.finish_reason == "length" and out_b.token_ids == cold(b, 1)  # 16 tokens fill the pool
     out_c = engine.generate(input_ids=[a], sampling_params=greedy(2))[0]
     assert out_c.usage.cached_tokens == 0 and out_c.token_ids == cold(a, 2)
@@ -149,7 +149,9 @@ def test_c7_prompt_beyond_the_pool_is_rejected_and_others_run(make_engine, cold)
     assert engine.generate(input_ids=[[1, 2, 3, 4]], sampling_params=greedy(2))[0].token_ids == cold([1, 2, 3, 4], 2)
     with pytest.raises(RequestRejected):
         engine.generate(input_ids=[list(range(100, 137))])
-    out = engine.generate(input_ids=[list(range(100, 136))], sampling_params=greedy(30))[0]
+    with pytest.raises(RequestRejected, match="max_tokens may be at most 1"):
+        engine.generate(input_ids=[list(range(100, 136))], sampling_params=greedy(20))
+    out = engine.generate(input_ids=[list(range(100, 136))], sampling_params=greedy(30))[0]  # past max_model_len
     assert out.finish_reason == "length" and len(out.token_ids) == 1
     long = engine.generate(input_ids=[list(range(1, 9))], sampling_params=greedy(60))[0]
     assert long.finish_reason == "length" and len(long.token_ids) == 29  # 36 slots - 8 prompt + 1 sampled last

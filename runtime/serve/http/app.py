@@ -14,6 +14,7 @@ preflights and adds the Access-Control headers.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -40,6 +41,7 @@ from runtime.serve.http.echo import StreamEcho, answer_prompt, echo_text
 from runtime.serve.http.errors import INVALID, OpenAIError, from_exception, not_found, too_large, unavailable
 from runtime.serve.http.generation import ClientDisconnected, Generation, race_disconnect
 from runtime.serve.http.generation_group import AnyGeneration, GenerationGroup
+from runtime.serve.http.keepalive import start_first
 from runtime.serve.http.metrics import CONTENT_TYPE, HttpMetrics
 from runtime.serve.http.request_id import RequestIdMiddleware, backend_rid, log_rejected, request_id_of
 from runtime.serve.http.request_map import BackendRequest, chat_request, completion_requests
@@ -115,7 +117,7 @@ class Routes:
         model = self.config.model_name
         try:
             if req.stream:
-                first = await race_disconnect(gen.first(), request.receive)
+                first = await start_first(gen, request.receive)  # headers within KEEPALIVE_S (keepalive.py)
                 echo = None
                 if backend_req.echo or backend_req.prompt_logprobs is not None:
                     text = await echo_text(backend_req, client) if backend_req.echo else ""
@@ -141,11 +143,12 @@ class Routes:
         created: int,
         backend_req: BackendRequest,
         gen: AnyGeneration,
-        first: p.StreamChunk,
+        first: asyncio.Task[p.StreamChunk],
         request: Request,
         echo: StreamEcho | None = None,
     ) -> EventStream:
-        """The SSE answer of a streamed request whose first backend chunk arrived (echo: completions' prompt)."""
+        """The SSE answer of a streamed request (first: its first backend chunk's task, done or not yet; echo:
+        completions' prompt)."""
         model = self.config.model_name
         logprobs = backend_req.sampling_params.logprobs is not None
         usage = backend_req.include_usage

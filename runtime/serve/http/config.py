@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from runtime.serve.http.exposure import ExposureLimits
 
 MAX_BODY_BYTES = 8 * 2**20  # default request body limit (bytes): larger bodies get 413
 
@@ -30,6 +32,8 @@ class HttpConfig:
         stops (drain.py).
     tool_call_parser: how tool calls are read in chat answers (runtime.text.tool_parsers.TOOL_PARSERS).
     on_ready: called with the bound port once the server listens and the backend answered a health probe.
+    exposure: the connection limits (header timeout, keep-alive, connection cap, header size and count):
+        runtime.serve.http.exposure.
     """
 
     backend: str = "tcp://127.0.0.1:5557"
@@ -47,6 +51,7 @@ class HttpConfig:
     shutdown_timeout_s: float = 30.0
     tool_call_parser: str = "hermes"
     on_ready: Callable[[int], None] | None = None
+    exposure: ExposureLimits = field(default_factory=ExposureLimits)
 
     @property
     def model_name(self) -> str:

@@ -187,8 +187,8 @@ def decode(body: bytes, cls: type[Any]) -> Any:
     """body decoded as cls (one of the request Structs), its undeclared fields dropped (extra_fields: each name
     logged once), its unsupported fields checked. O(len(body)).
 
-    Raises OpenAIError (400): invalid_json, invalid_type, missing_required_parameter, unsupported_parameter (each
-    naming the field)."""
+    Raises OpenAIError (400): invalid_json (also for JSON nested too deep for the decoder's recursion: msgspec raises
+    RecursionError), invalid_type, missing_required_parameter, unsupported_parameter (each naming the field)."""
     try:
         req = _typed_decoders[cls].decode(body)
     except msgspec.ValidationError as exc:
@@ -197,6 +197,8 @@ def decode(body: bytes, cls: type[Any]) -> Any:
         req = _decode_dropping_unknown(body, cls)
     except msgspec.DecodeError as exc:
         raise from_decode_error(exc) from None
+    except RecursionError:
+        raise bad_request("the body is not valid JSON: it nests too deeply", None, "invalid_json") from None
     for name in req.__struct_fields__:
         neutral = None if cls is CompletionRequest and name == "echo" else UNSUPPORTED.get(name)
         if neutral is not None and not neutral(getattr(req, name)):

@@ -24,6 +24,13 @@ import uvloop
 from runtime.serve.http.app import build_app
 from runtime.serve.http.config import MAX_BODY_BYTES, HttpConfig, parse_origins
 from runtime.serve.http.drain import Drain
+from runtime.serve.http.exposure import (
+    ExposedConfig,
+    add_exposure_flags,
+    connection_cap,
+    exposure_limits,
+    raise_fd_limit,
+)
 from runtime.serve.http.metrics import HttpMetrics
 from runtime.text.tool_parsers import TOOL_PARSERS
 
@@ -82,13 +89,18 @@ def url_host(host: str) -> str:
 
 async def _serve(config: HttpConfig) -> None:
     app = build_app(config, HttpMetrics(config.model_name))
+    fd_limit = raise_fd_limit()
+    max_connections = connection_cap(config.exposure, fd_limit)
+    if max_connections < config.exposure.max_connections:
+        logger.warning("at most %d connections: the file-descriptor limit is %d", max_connections, fd_limit)
     server = _Server(
-        uvicorn.Config(
+        ExposedConfig(
             app,
+            config.exposure,
+            max_connections,
             host=config.host,
             port=config.port,
             loop="none",
-            http="httptools",
             lifespan="on",
             access_log=False,
             log_level="warning",
@@ -129,7 +141,7 @@ def serve(config: HttpConfig) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The CLI: --backend, --host, --port, --api-key, --model, --served-model-name, --max-body-bytes,
     --health-timeout-s, --max-model-len, --allowed-origins, --max-queued-requests, --max-running-requests,
-    --shutdown-timeout, --tool-call-parser, --log-level."""
+    --shutdown-timeout, --tool-call-parser, --log-level, and the connection limits (exposure.add_exposure_flags)."""
     parser = argparse.ArgumentParser(
         prog="python -m runtime.serve.http",
         description="OpenAI-compatible HTTP server in front of a radixserve endpoint.",
@@ -180,12 +192,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="how tool calls are read in chat answers (runtime.text.tool_parsers)",
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_exposure_flags(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: serves until Ctrl-C / SIGTERM; returns the exit status (1 when the port cannot be bound)."""
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        exposure = exposure_limits(ns)
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=ns.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = HttpConfig(
         backend=ns.backend,
@@ -202,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         max_running_requests=ns.max_running_requests,
         shutdown_timeout_s=ns.shutdown_timeout,
         tool_call_parser=ns.tool_call_parser,
+        exposure=exposure,
     )
     try:
         serve(config)

@@ -7,6 +7,7 @@ stream_options.include_usage every chunk has "usage": null and a last chunk with
 with continuous_usage_stats as well, every chunk carries its choice's usage so far (prompt tokens, and the choice's
 completion tokens up to this chunk), as vLLM sends it.
 An error after the answer started is sent as an `{"error": ...}` event (the openai SDK raises it), then [DONE].
+While the first chunk is awaited, a `: keep-alive` comment goes out every KEEPALIVE_S (runtime.serve.http.keepalive).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from runtime.serve.http.echo import StreamEcho
 from runtime.serve.http.errors import OpenAIError, from_exception
 from runtime.serve.http.generation import wait_disconnect
 from runtime.serve.http.generation_group import AnyGeneration
+from runtime.serve.http.keepalive import KEEPALIVE, wait_first
 from runtime.serve.http.request_id import log_rejected
 from runtime.serve.http.responses import chat_logprobs, completion_logprobs, usage_body
 from runtime.serve.http.tool_answer import ToolCallStream
@@ -109,10 +111,10 @@ def _says_nothing(chunk: p.StreamChunk, logprobs: bool) -> bool:
 
 
 def chat_events(
-    gen: AnyGeneration, first: p.StreamChunk, ctx: StreamContext, tools: ToolSetup | None = None
+    gen: AnyGeneration, first: asyncio.Task[p.StreamChunk], ctx: StreamContext, tools: ToolSetup | None = None
 ) -> AsyncGenerator[bytes, None]:
-    """The events of a streamed chat completion (first: its first backend chunk, already received); tools: how tool
-    calls are read (runtime.serve.http.tool_answer; None: the text is all content)."""
+    """The events of a streamed chat completion (first: the task of its first backend chunk, done or not yet);
+    tools: how tool calls are read (runtime.serve.http.tool_answer; None: the text is all content)."""
     started: set[int] = set()
     calls: dict[int, ToolCallStream] = {}
 
@@ -151,10 +153,10 @@ def chat_events(
 
 
 def completion_events(
-    gen: AnyGeneration, first: p.StreamChunk, ctx: StreamContext, echo: StreamEcho | None = None
+    gen: AnyGeneration, first: asyncio.Task[p.StreamChunk], ctx: StreamContext, echo: StreamEcho | None = None
 ) -> AsyncGenerator[bytes, None]:
-    """The events of a streamed text completion (first: its first backend chunk, already received); echo: the prompt
-    to add (echo, prompt_logprobs: runtime/serve/http/echo.py), None when not asked."""
+    """The events of a streamed text completion (first: the task of its first backend chunk, done or not yet); echo:
+    the prompt to add (echo, prompt_logprobs: runtime/serve/http/echo.py), None when not asked."""
 
     def choice(chunk: p.StreamChunk) -> list[dict[str, Any]]:
         if echo is None and _says_nothing(chunk, ctx.logprobs):
@@ -175,10 +177,20 @@ def completion_events(
 
 
 async def _events(
-    gen: AnyGeneration, first: p.StreamChunk, ctx: StreamContext, choices: Any
+    gen: AnyGeneration, first: asyncio.Task[p.StreamChunk], ctx: StreamContext, choices: Any
 ) -> AsyncGenerator[bytes, None]:
-    """One event per choice dict choices(chunk) returns for each chunk (none for []), then the usage chunk, [DONE]."""
-    chunks = gen.chunks(first)
+    """Keep-alive comments until the first chunk (keepalive.wait_first), then one event per choice dict
+    choices(chunk) returns for each chunk (none for []), then the usage chunk, [DONE]."""
+    try:
+        async for _ in wait_first(first):
+            yield KEEPALIVE
+        chunks = gen.chunks(first.result())
+    except (ClientError, OpenAIError) as exc:
+        error = from_exception(exc, gen.request.param_names, gen.request.prompt_param)
+        log_rejected(ctx.scope, error.status, f"before its first chunk: {error.message}")
+        yield sse(error.body())
+        yield DONE
+        return
     try:
         async for chunk in chunks:
             for body in choices(chunk):

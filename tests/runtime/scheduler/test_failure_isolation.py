@@ -181,12 +181,12 @@ def test_a_failed_decode_keeps_the_tokens_sent_before_it():
 
 def test_the_length_finish_of_a_sequence_alone_in_a_full_pool_is_logged(caplog):
     h = Harness(num_blocks=10, block_size=4, max_model_len=64)
-    h.add("r36", list(range(100, 136)), max_tokens=20)
+    h.add("r36", list(range(100, 136)), max_tokens=100)  # past max_model_len: "until the context", not refused
     with caplog.at_level("WARNING", logger="runtime.scheduler.scheduler"):
         h.run()
     assert h.finish[("r36", 0)] == "length" and len(h.tokens[("r36", 0)]) == 1
     assert [r.getMessage() for r in caplog.records] == [
-        'request r36 finishes "length" at 1 of max_tokens 20 completion tokens: alone, it fills the KV pool '
+        'request r36 finishes "length" at 1 of max_tokens 100 completion tokens: alone, it fills the KV pool '
         "(9 usable blocks of 4 = 36 tokens)"
     ]
 

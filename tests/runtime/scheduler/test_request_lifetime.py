@@ -45,10 +45,10 @@ def test_every_way_a_request_ends_frees_its_state_without_the_cycle_collector(no
         h.add(f"long{i}", [i * 50 + j for j in range(1, 10)], max_tokens=10)
         _track(h, f"long{i}", refs)
     h.add("n3", [300 + j for j in range(1, 10)], max_tokens=3, n=3, temperature=1.0, seed=1)  # forks after prefill
-    h.add("stop_token", [400, 401, 402], max_tokens=50, stop_token_ids=[reference([400, 401, 402], 2)[1]])
+    h.add("stop_token", [400, 401, 402], max_tokens=40, stop_token_ids=[reference([400, 401, 402], 2)[1]])
     h.add("abort_waiting", [500 + j for j in range(1, 30)], max_tokens=5)
-    h.add("abort_running", [600, 601, 602], max_tokens=50)
-    h.add("stopped", [700, 701, 702], max_tokens=50)
+    h.add("abort_running", [600, 601, 602], max_tokens=40)
+    h.add("stopped", [700, 701, 702], max_tokens=40)
     for rid in ("n3", "stop_token", "abort_waiting", "abort_running", "stopped"):
         _track(h, rid, refs)
     h.sched.abort("abort_waiting")

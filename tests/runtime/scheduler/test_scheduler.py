@@ -176,7 +176,9 @@ def test_c7_prompt_that_never_fits_is_rejected_and_others_run():
     assert h.tokens[("small", 0)] == reference([1, 2, 3, 4], 2)
     with pytest.raises(RequestRejected):
         h.add("37", list(range(100, 137)))
-    h.add("36", list(range(100, 136)), max_tokens=20)
+    with pytest.raises(RequestRejected, match="max_tokens may be at most 1"):  # the pool, not max_tokens, would end it
+        h.add("36", list(range(100, 136)), max_tokens=20)
+    h.add("36", list(range(100, 136)), max_tokens=100)  # past max_model_len: "until the context"
     h.run()
     assert h.finish[("36", 0)] == "length"
     assert h.tokens[("36", 0)] == reference(list(range(100, 136)), 1)  # the 37th token has no block left

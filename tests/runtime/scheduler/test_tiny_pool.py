@@ -44,7 +44,7 @@ def test_a_prompt_that_fills_the_pool_gets_as_many_tokens_on_a_cache_hit():
     h = Harness(num_blocks=6, block_size=BS)
     prompt = [43] * 64  # 4 blocks: 16 more positions fit, so 17 tokens (the 17th needs no KV slot)
     want = reference(prompt, 17)
-    assert _run(h, "cold", prompt, 20) == (want, "length", Usage(64, 0, 17))
+    assert _run(h, "cold", prompt, 17) == (want, "length", Usage(64, 0, 17))
     assert _blocks(h) == (0, 5, 5)
-    assert _run(h, "hit", prompt, 20) == (want, "length", Usage(64, 48, 17))  # was 1 token: 5 blocks held for 4
+    assert _run(h, "hit", prompt, 17) == (want, "length", Usage(64, 48, 17))  # was 1 token: 5 blocks held for 4
     assert _blocks(h) == (0, 5, 5)
