@@ -21,7 +21,7 @@ from runtime.serve.http.openai_schema import (
     TokenizeRequest,
     decode,
 )
-from runtime.serve.http.request_map import chat_request, completion_request
+from runtime.serve.http.request_map import chat_request, completion_requests
 
 CLASSES = (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
 ints = st.integers(-(2**70), 2**70) | st.sampled_from([-1, 0, 1, 20, 21, 2**31 - 1, 2**31, 2**63, 2**64])
@@ -81,7 +81,7 @@ def check(body: bytes) -> None:
             if cls is ChatCompletionRequest:
                 chat_request(req, "rid")
             elif cls is CompletionRequest:
-                completion_request(req, "rid")
+                completion_requests(req, "rid")
         except OpenAIError as exc:
             assert exc.status == 400, exc.body()
             assert set(exc.body()["error"]) == {"message", "type", "param", "code"}
