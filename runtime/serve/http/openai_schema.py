@@ -198,7 +198,7 @@ def decode(body: bytes, cls: type[Any]) -> Any:
     except msgspec.DecodeError as exc:
         raise from_decode_error(exc) from None
     except RecursionError:
-        raise bad_request("the body is not valid JSON: it nests too deeply", None, "invalid_json") from None
+        raise _too_deep() from None
     for name in req.__struct_fields__:
         neutral = None if cls is CompletionRequest and name == "echo" else UNSUPPORTED.get(name)
         if neutral is not None and not neutral(getattr(req, name)):
@@ -216,6 +216,12 @@ def _decode_dropping_unknown(body: bytes, cls: type[Any]) -> Any:
         return msgspec.convert(obj, cls)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise from_decode_error(exc) from None
+    except RecursionError:
+        raise _too_deep() from None
+
+
+def _too_deep() -> OpenAIError:
+    return bad_request("the body is not valid JSON: it nests too deeply", None, "invalid_json")
 
 
 def _unsupported(param: str) -> OpenAIError:
