@@ -18,10 +18,10 @@ None]`, then `index_add_`). Neither family has a shared expert (Qwen2-MoE's shar
 
 Execution: the (token, expert) pairs are sorted by expert, the rows gathered once, and each active expert runs one
 gate_up and one down matmul over its contiguous slice (vLLM's and SGLang's fused-MoE kernels group the same way);
-the weighted rows are scatter-added back per token, so a token's contributions are summed in expert order as in
-transformers. The Python loop is over active experts (at most E per layer), never over tokens. Experts are GatedMLP
-modules, so quantization "int8" / "int4" gives each its weight-only copies (runtime.model.quant.Linear); the router
-stays dense.
+the outputs are put back in (token, rank) order, weighted, and summed over each token's top_k ranks (transformers
+index_adds them in expert order: the sums agree to float rounding). The Python loop is over active experts (at most
+E per layer), never over tokens. Experts are GatedMLP modules, so quantization "int8" / "int4" gives each its
+weight-only copies (runtime.model.quant.Linear); the router stays dense.
 """
 
 from __future__ import annotations
@@ -96,21 +96,23 @@ class SparseMoeBlock(torch.nn.Module):
     def run_experts(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
         """x [T, hidden] through the experts `routing` picks, grouped by expert: [T, hidden] in x.dtype.
 
-        Cost: one argsort of T * top_k ids, one gather and one scatter-add of T * top_k rows, and one gate_up and
-        one down matmul per expert with at least one row.
+        Cost: two argsorts of T * top_k ids, two gathers of T * top_k rows and one gate_up and one down matmul per
+        expert with at least one row. The expert outputs are put back in (token, rank) order by the inverse
+        permutation and summed over the top_k ranks (torch's CPU index_add_ / scatter_add_ took ~100 ms for a few
+        rows under load, so no scatter is used).
         """
-        if x.shape[0] == 0:
+        tokens = x.shape[0]
+        if tokens == 0:
             return torch.zeros_like(x)
         flat_ids = routing.ids.reshape(-1)
         order = torch.argsort(flat_ids, stable=True)
-        token_of_row = torch.div(order, self.top_k, rounding_mode="floor")
+        rows = x.index_select(0, torch.div(order, self.top_k, rounding_mode="floor"))
         counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
-        rows = x.index_select(0, token_of_row)
         outputs = []
         start = 0
         for expert, count in enumerate(counts):
             if count:
                 outputs.append(self.experts[expert](rows[start : start + count]))
                 start += count
-        weighted = torch.cat(outputs) * routing.weights.reshape(-1)[order, None]
-        return torch.zeros_like(x).index_add_(0, token_of_row, weighted.to(x.dtype))
+        per_rank = torch.cat(outputs).index_select(0, torch.argsort(order)).view(tokens, self.top_k, -1)
+        return (per_rank * routing.weights[..., None]).to(x.dtype).sum(dim=1)
