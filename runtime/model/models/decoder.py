@@ -134,6 +134,8 @@ class CausalLM(torch.nn.Module):
     Raises CorruptModelError (a tensor is missing), ValueError (an unknown quantization).
     """
 
+    embed_scale: torch.Tensor | None  # sqrt(hidden) in the model dtype (Gemma), a 0-d buffer; None: not scaled
+
     def __init__(
         self,
         family: Family,
@@ -149,7 +151,10 @@ class CausalLM(torch.nn.Module):
         self.config = cfg
         self.embed_weight = frozen(embed)
         # transformers' Gemma rounds sqrt(hidden) to the model dtype before it multiplies (bfloat16: 55.4256 -> 55.5)
-        self.embed_scale = cfg.hidden_size**0.5 if family.scale_embeddings else None
+        scale = None
+        if family.scale_embeddings:
+            scale = torch.tensor(cfg.hidden_size**0.5, dtype=torch.float32).to(device=embed.device, dtype=embed.dtype)
+        self.register_buffer("embed_scale", scale, persistent=False)
         rotary_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
         self.rotary = RotaryEmbedding(
             rotary_dim, max_positions, cfg.rope_theta, cfg.rope_type, cfg.rope_scaling, embed.dtype, embed.device
@@ -186,7 +191,7 @@ class CausalLM(torch.nn.Module):
         """
         x = F.embedding(input_ids, self.embed_weight)
         if self.embed_scale is not None:
-            x = x * torch.tensor(self.embed_scale, dtype=torch.float32).to(x.dtype)
+            x = x * self.embed_scale
         for i, layer in enumerate(self.layers):
             x = layer(x, meta, k_cache[i], v_cache[i])
         if meta.logits_indices is not None:

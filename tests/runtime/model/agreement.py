@@ -114,7 +114,7 @@ def transformers_logits(
 
     quantization "int8" / "int4" first replaces each linear weight, loaded in weight_dtype (the ModelRunner's model
     dtype; default dtype), by what our quantized linears multiply for few rows (_as_quantized; under "int4" the head
-    is int8, as runtime.model.models.llama builds it), untying the head from the embedding table, then casts the
+    is int8, as runtime.model.models.decoder builds it), untying the head from the embedding table, then casts the
     model to dtype: the same quantized model at the reference's precision.
     """
     from transformers import AutoModelForCausalLM
