@@ -7,6 +7,7 @@ active_experts: distinct experts per sparse layer per decode step, averaged). Ev
 decodes greedily through ModelRunner.execute (benchmarks.decode_throughput.run_runner), best of --repeats.
 
     .venv/bin/python -m benchmarks.moe_decode            # top-k 1 2 4 8 of 16 experts, B = 1, 8; context 128; 32 steps
+    .venv/bin/python -m benchmarks.moe_decode --threads 1 --out benchmarks/results/moe_decode.json   # as recorded
     .venv/bin/python -m benchmarks.moe_decode --quantization int8 --out /tmp/moe_int8.json
     .venv/bin/python -m benchmarks.moe_decode --smoke    # seconds; top-k 1 2, B = 1; writes nothing unless --out
 """
@@ -97,6 +98,8 @@ def measure(folder: Path, top_k: int, batch: int, args: argparse.Namespace, cont
         model=str(folder), num_blocks=blocks, dtype=cast(Any, args.dtype), quantization=cast(Any, args.quantization)
     )
     runner = ModelRunner(server_args)
+    if args.threads:  # after the runner, which sets its own default (runtime.model.runner.set_cpu_threads)
+        torch.set_num_threads(args.threads)
     prompts = make_prompts(batch, context, runner.config.vocab_size, seed=batch)
     limit = server_args.max_prefill_tokens
     times = [run_runner(runner, prompts, steps, limit, 1000 * (r + 1)) for r in range(args.repeats)]
@@ -121,6 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quantization", choices=["none", "int8", "int4"], default="none")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--threads", type=int, help="torch threads (default: set_cpu_threads; 1 on a loaded machine)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.smoke:
@@ -151,6 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
         "context": context,
         "decode_steps": steps,
         "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
         "machine": machine_facts(),
         "rows": rows,
     }
