@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from runtime.model.hf_config import load_config
-from runtime.model.models.mixtral import MIXTRAL_RULE
+from runtime.model.models.mixtral import MIXTRAL_RULE, mixtral_moe
 from runtime.model.models.moe import RouterRule, SparseMoeBlock
 from runtime.model.models.moe_weights import MIXTRAL_EXPERT_NAMES, QWEN_EXPERT_NAMES, sparse_moe_block
 from runtime.model.models.weights import WeightSource
@@ -175,3 +175,27 @@ def test_a_batch_that_uses_every_expert_runs_each_once(family):
 def test_a_router_and_experts_that_disagree_raise():
     with pytest.raises(ValueError, match="router over 3 experts"):
         SparseMoeBlock(torch.zeros(3, HIDDEN), [], 1, MIXTRAL_RULE)
+
+
+@pytest.mark.parametrize("layout", ["hub", "transformers"])
+@torch.inference_mode()
+def test_mixtral_builder_reads_the_hub_and_the_transformers_names(layout):
+    hf = hf_block("mixtral")
+    gate_up = hf.experts.gate_up_proj.detach().clone()
+    down = hf.experts.down_proj.detach().clone()
+    if layout == "hub":  # block_sparse_moe.experts.E.{w1,w3,w2}
+        prefix = "model.layers.0.block_sparse_moe"
+        weights = {f"{prefix}.gate.weight": hf.gate.weight.detach().clone()}
+        for e in range(NUM_EXPERTS):
+            gate, up = gate_up[e].chunk(2)
+            weights |= {f"{prefix}.experts.{e}.w1.weight": gate, f"{prefix}.experts.{e}.w3.weight": up}
+            weights[f"{prefix}.experts.{e}.w2.weight"] = down[e]
+    else:  # transformers 5.x's in-memory names: mlp.gate, fused mlp.experts.*
+        prefix = "model.layers.0.mlp"
+        weights = {f"{prefix}.gate.weight": hf.gate.weight.detach().clone()}
+        weights |= {f"{prefix}.experts.gate_up_proj": gate_up, f"{prefix}.experts.down_proj": down}
+    src = WeightSource(weights)
+    block = mixtral_moe(load_config_of("mixtral", hf), src, "model.layers.0.mlp", 0, "none")
+    assert not src.weights
+    x = torch.randn(9, HIDDEN, generator=torch.Generator().manual_seed(6))
+    torch.testing.assert_close(block(x), hf(x[None])[0])
