@@ -4,7 +4,9 @@ One random model (transformers' Qwen3MoeConfig, saved once into a temporary fold
 weights are the same, only num_experts_per_tok changes, so the figures show what each further active expert costs
 a decode step (at batch 1 a layer runs top-k experts; at batch B up to min(E, B * top-k), counted and recorded as
 active_experts: distinct experts per sparse layer per decode step, averaged). Every run prefills random prompts and
-decodes greedily through ModelRunner.execute (benchmarks.decode_throughput.run_runner), best of --repeats.
+decodes greedily through ModelRunner.execute (benchmarks.decode_throughput.run_runner), best of --repeats, timed
+by the wall clock and by this process's CPU time (with --threads 1 the CPU time is the work done, which a machine
+shared with other jobs stretches less than the wall clock).
 
     .venv/bin/python -m benchmarks.moe_decode            # top-k 1 2 4 8 of 16 experts, B = 1, 8; context 128; 32 steps
     .venv/bin/python -m benchmarks.moe_decode --threads 1 --out benchmarks/results/moe_decode.json   # as recorded
@@ -105,12 +107,15 @@ def measure(folder: Path, top_k: int, batch: int, args: argparse.Namespace, cont
     times = [run_runner(runner, prompts, steps, limit, 1000 * (r + 1)) for r in range(args.repeats)]
     prefill = min(t[0][0] for t in times)
     decode = min(t[1][0] for t in times)
+    decode_cpu = min(t[1][1] for t in times)
     return {
         "top_k": top_k,
         "batch": batch,
         "active_experts": active_experts(runner, prompts, min(steps, 4)),
         "decode_tok_s": round(batch * steps / decode, 1),
         "decode_ms_per_step": round(1000 * decode / steps, 2),
+        "decode_tok_per_cpu_s": round(batch * steps / decode_cpu, 1),
+        "decode_cpu_ms_per_step": round(1000 * decode_cpu / steps, 2),
         "prefill_tok_s": round(batch * context / prefill, 1),
     }
 

@@ -15,6 +15,7 @@ def test_smoke_rows_per_top_k(tmp_path: Path):
     assert json.loads(out.read_text()) == result
     assert [(r["top_k"], r["batch"]) for r in result["rows"]] == [(1, 1), (2, 1)]
     assert [r["active_experts"] for r in result["rows"]] == [1.0, 2.0]
-    assert all(r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 for r in result["rows"])
+    figures = ("decode_tok_s", "decode_tok_per_cpu_s", "prefill_tok_s")
+    assert all(r[f] > 0 for r in result["rows"] for f in figures)
     assert result["model"]["family"] == "Qwen3MoeForCausalLM" and result["quantization"] == "none"
     assert {"cpu_model", "cpu_capability", "cores", "load_average"} <= set(result["machine"])
