@@ -1,11 +1,12 @@
 """ModelConfig: the fields of a Hugging Face config.json that the decoder families use, read without torch.
 
 Each family writes its attention layout its own way; load_config reads them all into one form: layer_types (one
-"full_attention" or "sliding_attention" per layer) and sliding_window (tokens). Llama has no window; Mistral and
-Phi-3 apply their sliding_window to every layer; Qwen2 / Qwen3 only with use_sliding_window (layers from
-max_window_layers on, unless layer_types says otherwise); Gemma 3 interleaves local and global layers (layer_types,
-or the older sliding_window_pattern: every pattern-th layer global). Rope parameters come in transformers 5's
-rope_parameters (per layer type for Gemma 3) or the older rope_theta / rope_scaling / rope_local_base_freq keys.
+"full_attention" or "sliding_attention" per layer) and sliding_window (tokens). Llama has no window; Mistral,
+Mixtral and Phi-3 apply their sliding_window to every layer, Qwen3-MoE too when use_sliding_window; Qwen2 / Qwen3
+only with use_sliding_window (layers from max_window_layers on, unless layer_types says otherwise); Gemma 3
+interleaves local and global layers (layer_types, or the older sliding_window_pattern: every pattern-th layer
+global). Rope parameters come in transformers 5's rope_parameters (per layer type for Gemma 3) or the older
+rope_theta / rope_scaling / rope_local_base_freq keys. The experts of Qwen3-MoE and Mixtral: runtime.model.moe_config.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.model.errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
+from runtime.model.moe_config import MIXTRAL, QWEN3_MOE, MoeConfig, read_moe
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -24,6 +26,8 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3ForCausalLM",
     "Phi3ForCausalLM",
     "Gemma3ForCausalLM",
+    QWEN3_MOE,
+    MIXTRAL,
 )
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -45,7 +49,8 @@ class ModelConfig:
     layer_types: FULL_ATTENTION or SLIDING_ATTENTION per layer; sliding_window: tokens a query sees on a sliding layer
     (itself included), None when no layer slides. query_pre_attn_scalar: attention scale is its -1/2 power (None:
     head_dim's). final_logit_softcapping: logits = cap * tanh(logits / cap) when set. hidden_act: the GLU's
-    activation, one of SUPPORTED_ACTIVATIONS.
+    activation, one of SUPPORTED_ACTIVATIONS. moe: the experts of a mixture-of-experts architecture
+    (runtime.model.moe_config), None for a dense one.
     """
 
     architecture: str
@@ -70,6 +75,7 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None
     final_logit_softcapping: float | None = None
     hidden_act: str = "silu"
+    moe: MoeConfig | None = None
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window (tokens) of layer `layer`, or None for a full-attention layer."""
@@ -133,6 +139,7 @@ def load_config(folder: Path) -> ModelConfig:
         query_pre_attn_scalar=_optional_float(raw, "query_pre_attn_scalar", 256.0 if arch == _GEMMA3 else None),
         final_logit_softcapping=_optional_float(raw, "final_logit_softcapping", None),
         hidden_act=_activation(raw, arch, path),
+        moe=read_moe(raw, arch, path),
     )
 
 
@@ -197,12 +204,12 @@ def _local_theta(local: dict[str, Any], raw: dict[str, Any], path: Path) -> floa
 def _attention_layout(raw: dict[str, Any], arch: str, layers: int) -> tuple[tuple[str, ...], int | None]:
     """(layer type per layer, sliding window or None): see the module docstring for each family's keys."""
     window = raw.get("sliding_window", 4096 if arch == _GEMMA3 else None)  # transformers' Gemma 3 default
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and not raw.get("use_sliding_window", False):
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", QWEN3_MOE) and not raw.get("use_sliding_window", False):
         window = None
     if arch == "LlamaForCausalLM" or window is None:
         return (FULL_ATTENTION,) * layers, None
     given = raw.get("layer_types")
-    if arch in ("MistralForCausalLM", "Phi3ForCausalLM"):
+    if arch in ("MistralForCausalLM", "Phi3ForCausalLM", MIXTRAL, QWEN3_MOE):
         types = [SLIDING_ATTENTION] * layers
     elif given:
         types = list(given)

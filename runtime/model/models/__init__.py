@@ -12,8 +12,10 @@ from runtime.model.models.decoder import CausalLM, Family
 from runtime.model.models.gemma3 import GEMMA3
 from runtime.model.models.llama import LLAMA
 from runtime.model.models.mistral import MISTRAL
+from runtime.model.models.mixtral import MIXTRAL
 from runtime.model.models.phi3 import PHI3
 from runtime.model.models.qwen3 import QWEN3
+from runtime.model.models.qwen3_moe import QWEN3_MOE
 from runtime.model.quant import QUANTIZATIONS
 
 __all__ = ["FAMILIES", "AttentionMetadata", "CausalLM", "build_model"]
@@ -26,6 +28,8 @@ FAMILIES: dict[str, Family] = {
     "Qwen3ForCausalLM": QWEN3,
     "Phi3ForCausalLM": PHI3,
     "Gemma3ForCausalLM": GEMMA3,
+    "Qwen3MoeForCausalLM": QWEN3_MOE,
+    "MixtralForCausalLM": MIXTRAL,
 }
 assert set(FAMILIES) == set(SUPPORTED_ARCHITECTURES), "the registry and the config reader disagree"
 
