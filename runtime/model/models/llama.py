@@ -3,9 +3,9 @@
 Touvron et al. 2023 (Llama 2): pre-norm decoder with RMSNorm (Zhang & Sennrich 2019), rotary embeddings, grouped-query
 attention (Ainslie et al. 2023) and a SwiGLU MLP (Shazeer 2020). Attention reads and writes the paged KV cache through
 kernels.store_kv and kernels.paged_attention; q/k/v and gate/up projections are fused into one matmul each. Every
-projection and the head is a runtime.model.quant.Linear: with quantization="int8" steps of few rows read int8 weights;
-with "int4" the projections read int4 (groups of 32) and the head int8 (an int4 head loses top-1 agreement: 0.845 vs
-float32 on the test text, against 0.96 with an int8 head).
+projection and the head is a runtime.model.quant.Linear, its scheme from the QuantPlan (runtime.model.quant_plan): with
+"int8" steps of few rows read int8 weights; with "int4" the projections read int4 (groups of 32) and the head int8
+(an int4 head loses top-1 agreement: 0.845 vs float32 on the test text, against 0.96 with an int8 head).
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from runtime.model.loader import CorruptModelError, ModelConfig
 from runtime.model.models.batch import AttentionMetadata
 from runtime.model.models.rotary import RotaryEmbedding
 from runtime.model.quant import Linear
+from runtime.model.quant_plan import NO_QUANTIZATION, QuantPlan
+
+HEAD_NAMES = {False: "lm_head.weight", True: "model.embed_tokens.weight"}  # the head's weight, by tied or not
 
 
 def _frozen(t: torch.Tensor) -> torch.nn.Parameter:
@@ -66,7 +69,7 @@ class Attention(torch.nn.Module):
         prefix: str,
         rotary: RotaryEmbedding,
         backend: str | None,
-        quantization: str = "none",
+        quantization: QuantPlan = NO_QUANTIZATION,
     ) -> None:
         super().__init__()
         self.num_heads = cfg.num_attention_heads
@@ -79,8 +82,9 @@ class Attention(torch.nn.Module):
         biases = [src.take_optional(f"{n}.bias") for n in names]
         present = [b for b in biases if b is not None]
         qkv_bias = torch.cat(present) if len(present) == len(biases) else None
-        self.qkv_proj = Linear(qkv_weight, qkv_bias, quantization)
-        self.o_proj = Linear(src.take(f"{prefix}.o_proj.weight"), None, quantization)
+        self.qkv_proj = Linear(qkv_weight, qkv_bias, quantization.scheme(*(f"{n}.weight" for n in names)))
+        o_name = f"{prefix}.o_proj.weight"
+        self.o_proj = Linear(src.take(o_name), None, quantization.scheme(o_name))
         self.rotary = rotary
         self.scale = self.head_dim**-0.5
         self.backend = backend
@@ -115,13 +119,14 @@ class Attention(torch.nn.Module):
 class MLP(torch.nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)), gate and up fused into one matmul."""
 
-    def __init__(self, src: WeightSource, prefix: str, quantization: str = "none") -> None:
+    def __init__(self, src: WeightSource, prefix: str, quantization: QuantPlan = NO_QUANTIZATION) -> None:
         super().__init__()
-        gate = src.take(f"{prefix}.gate_proj.weight")
-        up = src.take(f"{prefix}.up_proj.weight")
+        names = [f"{prefix}.{p}_proj.weight" for p in ("gate", "up", "down")]
+        gate = src.take(names[0])
+        up = src.take(names[1])
         self.inter = gate.shape[0]
-        self.gate_up_proj = Linear(torch.cat([gate, up]), None, quantization)
-        self.down_proj = Linear(src.take(f"{prefix}.down_proj.weight"), None, quantization)
+        self.gate_up_proj = Linear(torch.cat([gate, up]), None, quantization.scheme(*names[:2]))
+        self.down_proj = Linear(src.take(names[2]), None, quantization.scheme(names[2]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
@@ -140,7 +145,7 @@ class DecoderLayer(torch.nn.Module):
         prefix: str,
         rotary: RotaryEmbedding,
         backend: str | None,
-        quantization: str = "none",
+        quantization: QuantPlan = NO_QUANTIZATION,
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(src.take(f"{prefix}.input_layernorm.weight"), cfg.rms_norm_eps)
@@ -161,9 +166,9 @@ class LlamaForCausalLM(torch.nn.Module):
 
     Built from a Hugging Face state dict (names as in transformers' LlamaForCausalLM / Qwen2ForCausalLM /
     MistralForCausalLM); the dict is emptied as tensors are taken. Tied embeddings reuse embed_tokens for the head.
-    quantization "int8" gives every projection and the head an int8 copy (runtime.model.quant.Linear) used for steps
-    of few rows; "int4" gives the projections int4 copies (groups of 32) and the head an int8 one. The embedding
-    lookup keeps the dense table. Raises ValueError for an unknown quantization.
+    quantization (runtime.model.quant_plan.QuantPlan) gives each projection and the head its scheme by the names of
+    its weights: "int8" an int8 copy (runtime.model.quant.Linear) used for steps of few rows, "int4" int4 copies
+    (groups of 32), the head never below int8. The embedding lookup keeps the dense table.
     """
 
     def __init__(
@@ -172,7 +177,7 @@ class LlamaForCausalLM(torch.nn.Module):
         weights: dict[str, torch.Tensor],
         max_positions: int,
         attention_backend: str | None = None,
-        quantization: str = "none",
+        quantization: QuantPlan = NO_QUANTIZATION,
     ) -> None:
         super().__init__()
         src = WeightSource(weights)
@@ -191,9 +196,10 @@ class LlamaForCausalLM(torch.nn.Module):
         head = src.take_optional("lm_head.weight")
         if head is None and not cfg.tie_word_embeddings:
             raise CorruptModelError("the checkpoint has no 'lm_head.weight' and its embeddings are not tied")
-        head_weight = self.embed_weight if head is None or cfg.tie_word_embeddings else _frozen(head)
+        tied = head is None or cfg.tie_word_embeddings
+        head_weight = self.embed_weight if head is None or tied else _frozen(head)
         # The head stays int8 under "int4": its 49152 rows of logits lose too much at 4 bits (see the module doc).
-        self.lm_head = Linear(head_weight, None, "int8" if quantization == "int4" else quantization)
+        self.lm_head = Linear(head_weight, None, quantization.head_scheme(HEAD_NAMES[tied]))
 
     @torch.inference_mode()
     def forward(
