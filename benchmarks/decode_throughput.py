@@ -22,6 +22,9 @@ Figures from a machine shared with other work are disturbed: compare the rows of
     .venv/bin/python -m benchmarks.decode_throughput --smoke    # seconds; B = 1, 2; context 32; 2 decode steps;
                                                                 # writes nothing unless --out is given
     .venv/bin/python -m benchmarks.decode_throughput --dtypes auto --quantization int8 --out /tmp/int8.json
+    .venv/bin/python -m benchmarks.decode_throughput --quick --architectures llama qwen3 phi3 mistral gemma3
+        # a random model of each supported architecture, one shape (benchmarks/family_models.py); rows per
+        # architecture into results/decode_throughput_architectures.json
 Target: ratio_vs_transformers >= 1.5 (goal 2).
 """
 
@@ -37,6 +40,7 @@ from typing import Any, cast
 import torch
 
 from benchmarks.cli import output_path
+from benchmarks.family_models import ARCHITECTURES
 from radix.blocks import cdiv
 from runtime.config import MIN_USABLE_BLOCKS, ServerArgs
 from runtime.model.loader import resolve_model
@@ -45,6 +49,7 @@ from runtime.protocol import ForwardBatch, ScheduledSeq
 from runtime.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).parent / "results" / "decode_throughput.json"
+RESULTS_ARCHITECTURES = Path(__file__).parent / "results" / "decode_throughput_architectures.json"
 Times = tuple[float, float]  # (wall-clock seconds, CPU seconds of this process)
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4096)
 
@@ -192,6 +197,87 @@ def dtype_ratios(rows: list[dict], dtypes: list[str]) -> dict[str, dict]:
     return out
 
 
+def measure_model(
+    model: str, args: argparse.Namespace, batches: list[int], context: int, decode_steps: int, repeats: int, dtypes
+) -> dict:
+    """The benchmark's result for one model (name, folder or .gguf): rows per batch, ratios, the machine."""
+    from transformers import AutoModelForCausalLM
+
+    from runtime.model.cpu_features import machine_facts
+
+    max_prefill_tokens = ServerArgs().max_prefill_tokens
+    blocks = max(MIN_USABLE_BLOCKS + 1, 1 + max(batches) * cdiv(context + decode_steps, 16))
+    runners = {
+        dtype: ModelRunner(
+            ServerArgs(
+                model=model, num_blocks=blocks, dtype=cast(Any, dtype), quantization=cast(Any, args.quantization)
+            )
+        )
+        for dtype in dtypes
+    }
+    hf = AutoModelForCausalLM.from_pretrained(str(resolve_model(model)), dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    if args.threads:  # after the runners, which set their own default (runtime.model.runner.set_cpu_threads)
+        torch.set_num_threads(args.threads)
+    rows = []
+    for batch in batches:
+        rows += measure_batch(runners, hf, batch, context, decode_steps, repeats, max_prefill_tokens)
+        logging.getLogger(__name__).warning("batch %d: %s", batch, rows[-len(runners) - 1 :])
+    ratios = dtype_ratios(rows, dtypes)
+    main_dtype = "auto" if "auto" in dtypes else dtypes[0]
+    return {
+        "model": model,
+        "dtypes": dtypes,
+        "quantization": args.quantization,
+        "device": "cpu",
+        "threads": torch.get_num_threads(),
+        "machine": machine_facts(),
+        "context": context,
+        "decode_steps": decode_steps,
+        "rows": rows,
+        "ratios": ratios,
+        "ratio_vs_transformers": ratios[main_dtype]["vs_transformers"][str(batches[-1])],
+        "ratio_vs_transformers_cpu_time": ratios[main_dtype]["vs_transformers_cpu_time"][str(batches[-1])],
+        "ratio_dtype": main_dtype,
+        "ratio_batch": batches[-1],
+        "target_ratio": 1.5,
+    }
+
+
+def measure_architectures(
+    args: argparse.Namespace, batches: list[int], context: int, decode_steps: int, repeats: int, dtypes
+) -> dict:
+    """measure_model on a random model of each of args.architectures (benchmarks.family_models, one shape for all);
+    `rows` holds one row per architecture, dtype and batch (radixserve's decode_tok_s and transformers')."""
+    import tempfile
+
+    from benchmarks.family_models import save_family_model
+
+    per_arch = {}
+    with tempfile.TemporaryDirectory(prefix="families-") as tmp:
+        for name in args.architectures:
+            folder = save_family_model(name, Path(tmp) / name, small=args.smoke)
+            per_arch[name] = measure_model(str(folder), args, batches, context, decode_steps, repeats, dtypes)
+            per_arch[name]["model"] = name
+    rows = []
+    for name, result in per_arch.items():
+        ref = {r["batch"]: r["decode_tok_s"] for r in result["rows"] if r["engine"] == "transformers"}
+        for r in result["rows"]:
+            if r["engine"] == "radixserve":
+                row = {
+                    "architecture": name,
+                    "dtype": r["dtype"],
+                    "batch": r["batch"],
+                    "decode_tok_s": r["decode_tok_s"],
+                }
+                rows.append({**row, "transformers_decode_tok_s": ref[r["batch"]]})
+    first = next(iter(per_arch.values()))
+    shared = {
+        k: first[k] for k in ("dtypes", "quantization", "device", "threads", "machine", "context", "decode_steps")
+    }
+    return {**shared, "architectures": list(args.architectures), "rows": rows, "per_architecture": per_arch}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -211,6 +297,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--threads", type=int, help="torch threads of every engine (default: set_cpu_threads)")
     parser.add_argument("--model", default="smollm2", help="model name, folder or .gguf (default: the embedded one)")
+    parser.add_argument(
+        "--architectures",
+        nargs="+",
+        choices=ARCHITECTURES,
+        help="instead of --model: a random model of each architecture (benchmarks/family_models.py), a row each",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.smoke:
@@ -220,49 +312,12 @@ def main(argv: list[str] | None = None) -> dict:
     batches = args.batches or batches
     repeats = args.repeats or repeats
     dtypes = list(dict.fromkeys(args.dtypes))
-    out_path = output_path(args.out, args.smoke, RESULTS)
-
-    from transformers import AutoModelForCausalLM
-
-    from runtime.model.cpu_features import machine_facts
-
-    max_prefill_tokens = ServerArgs().max_prefill_tokens
-    blocks = max(MIN_USABLE_BLOCKS + 1, 1 + max(batches) * cdiv(context + decode_steps, 16))
-    runners = {
-        dtype: ModelRunner(
-            ServerArgs(
-                model=args.model, num_blocks=blocks, dtype=cast(Any, dtype), quantization=cast(Any, args.quantization)
-            )
-        )
-        for dtype in dtypes
-    }
-    hf = AutoModelForCausalLM.from_pretrained(str(resolve_model(args.model)), dtype=torch.float32).eval()
-    hf.generation_config.eos_token_id = None
-    if args.threads:  # after the runners, which set their own default (runtime.model.runner.set_cpu_threads)
-        torch.set_num_threads(args.threads)
-    rows = []
-    for batch in batches:
-        rows += measure_batch(runners, hf, batch, context, decode_steps, repeats, max_prefill_tokens)
-        logging.getLogger(__name__).warning("batch %d: %s", batch, rows[-len(runners) - 1 :])
-    ratios = dtype_ratios(rows, dtypes)
-    main_dtype = "auto" if "auto" in dtypes else dtypes[0]
-    result = {
-        "model": args.model,
-        "dtypes": dtypes,
-        "quantization": args.quantization,
-        "device": "cpu",
-        "threads": torch.get_num_threads(),
-        "machine": machine_facts(),
-        "context": context,
-        "decode_steps": decode_steps,
-        "rows": rows,
-        "ratios": ratios,
-        "ratio_vs_transformers": ratios[main_dtype]["vs_transformers"][str(batches[-1])],
-        "ratio_vs_transformers_cpu_time": ratios[main_dtype]["vs_transformers_cpu_time"][str(batches[-1])],
-        "ratio_dtype": main_dtype,
-        "ratio_batch": batches[-1],
-        "target_ratio": 1.5,
-    }
+    if args.architectures:
+        result = measure_architectures(args, batches, context, decode_steps, repeats, dtypes)
+        out_path = output_path(args.out, args.smoke, RESULTS_ARCHITECTURES)
+    else:
+        result = measure_model(args.model, args, batches, context, decode_steps, repeats, dtypes)
+        out_path = output_path(args.out, args.smoke, RESULTS)
     text = json.dumps(result, indent=2)
     if out_path is not None:
         out_path.parent.mkdir(parents=True, exist_ok=True)

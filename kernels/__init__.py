@@ -96,11 +96,17 @@ def paged_attention(
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
     backend: str | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of a flat varlen query batch over paged K/V (decode, extend and prefill mixed).
 
-    Query i of a sequence with query_len n and seq_len L sits at position L - n + i and attends to the keys at
-    positions <= L - n + i of that sequence. The K/V of this step's tokens must already be stored (store_kv first).
+    Query i of a sequence with query_len n and seq_len L sits at position p = L - n + i and attends to the keys at
+    positions k <= p of that sequence; with a sliding window W, to p - W < k <= p only (the last W positions, itself
+    included). That is transformers' ``sliding_window_overlay`` (``kv_idx > q_idx - sliding_window``, and-ed with
+    the causal mask), which Mistral and Gemma 3's local layers use with their config's ``sliding_window``. Every
+    backend skips the blocks that lie wholly before a query's window: a decode reads at most
+    cdiv(W - 1, block_size) + 1 blocks per sequence, whatever its length. The K/V of this step's tokens must already
+    be stored (store_kv first).
 
     Args:
         q: [num_tokens, num_heads, head_dim]; num_heads % num_kv_heads == 0 (GQA/MQA).
@@ -113,19 +119,23 @@ def paged_attention(
             they must be the batch's true maxima (or upper bounds; max_query_len == 1 promises a decode-only batch):
             the Triton backend sizes its grid from them.
         backend: None/"auto", "reference" or "triton".
+        sliding_window: W in tokens (a layer's window), or None / 0 for full causal attention.
 
     Returns:
         [num_tokens, num_heads, head_dim], dtype of q. Mutates nothing.
 
     Raises:
-        KernelInputError: mismatched shapes, devices or dtypes; UnknownBackend.
+        KernelInputError: mismatched shapes, devices or dtypes; a sliding_window that is not None or an int >= 0;
+            UnknownBackend.
     """
     reference.check_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    window = reference.check_sliding_window(sliding_window)
     if resolve_backend(backend, q) == "triton":
         fn = _triton().paged_attention
     else:
         fn = reference.paged_attention
-    return fn(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len, max_seq_len)
+    args = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len, max_seq_len)
+    return fn(*args, sliding_window=window)
 
 
 def copy_blocks(

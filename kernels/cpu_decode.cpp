@@ -18,6 +18,9 @@
 // float32's upper half). Vectors are the compiler's generic vectors (GCC >= 12 or Clang) of 16 floats (AVX-512) or 8
 // (otherwise), so one source builds for AVX-512 and for AVX2 (-march=native picks).
 //
+// Sliding window (kernels.paged_attention's rule): the query at position L - 1 sees keys L - W .. L - 1 only. A work
+// item starts at the block holding key L - W and, inside it, at that key: blocks before the window are never read.
+//
 // Threads: at::parallel_for, i.e. torch's intra-op pool. Its OpenMP backend is inline in ATen's headers, hence
 // -fopenmp; the library links no OpenMP runtime of its own (no -lgomp): the GOMP_* calls resolve to the runtime
 // libtorch_cpu loaded, so there is one pool, not two. Inside it the work items are handed out one at a time (an
@@ -103,11 +106,12 @@ inline void attend_tile(const float* qs, const T* k, const T* v, int64_t st, int
 }
 
 // One sequence, kv heads h0 .. h1 - 1 (rows = (h1 - h0) * group, row r = (h - h0) * group + g is query head
-// h0 * group + r). Blocks are visited in table order and, inside a block, head after head, so a block's bytes are
-// read front to back while they are hot. The table's first ceil(seq_len / block_size) entries are valid block ids.
+// h0 * group + r), over the keys at positions first .. seq_len - 1. Blocks are visited in table order and, inside a
+// block, head after head, so a block's bytes are read front to back while they are hot. table[j] is the block of
+// positions (first / block_size + j) * block_size onwards: the blocks from the one holding `first` to the last.
 template <typename T, int64_t NC>
-void attend(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t seq_len,
-            int64_t h0, int64_t h1, Scratch& w, T* out) {
+void attend(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t first,
+            int64_t seq_len, int64_t h0, int64_t h1, Scratch& w, T* out) {
     const int64_t d = p.head_dim, group = p.group, rows = (h1 - h0) * group, bs = p.block_size, st = p.c_st;
     float *qs = w.qs.data(), *acc = w.acc.data(), *m = w.m.data(), *l = w.l.data();
     for (int64_t r = 0; r < rows; r++) {
@@ -117,21 +121,23 @@ void attend(const Problem& p, const T* q, const T* k_cache, const T* v_cache, co
         m[r] = -INFINITY;
         l[r] = 0.0f;
     }
-    for (int64_t start = 0; start < seq_len; start += bs) {
-        const int64_t block = table[start / bs], in_block = std::min(seq_len - start, bs);
+    const int64_t first_block = first / bs;
+    for (int64_t start = first_block * bs; start < seq_len; start += bs) {
+        const int64_t j = start / bs - first_block, block = table[j], in_block = std::min(seq_len - start, bs);
+        const int64_t skip = std::max<int64_t>(first - start, 0);  // keys of the first block before the window
         const T *next_k = nullptr, *next_v = nullptr;
         int64_t next_len = 0;
         if (start + bs < seq_len) {  // block ids are scattered: prefetch the next block's rows of each tile read
-            const int64_t next = table[start / bs + 1];
+            const int64_t next = table[j + 1];
             next_k = k_cache + next * p.c_sb;
             next_v = v_cache + next * p.c_sb;
             next_len = std::min(seq_len - start - bs, bs);
         }
-        for (int64_t t0 = 0; t0 < in_block; t0 += TILE) {
+        for (int64_t t0 = skip; t0 < in_block; t0 += TILE) {
             const int64_t n = std::min(in_block - t0, TILE);
             for (int64_t h = h0; h < h1; h++) {
                 const int64_t off = t0 * st + h * p.c_sh;
-                for (int64_t t = t0; t < std::min(t0 + TILE, next_len); t++) {
+                for (int64_t t = t0 - skip; t < std::min(t0 - skip + TILE, next_len); t++) {
                     prefetch_row(next_k + t * st + h * p.c_sh, d);
                     prefetch_row(next_v + t * st + h * p.c_sh, d);
                 }
@@ -178,10 +184,11 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
 
 template <typename T>
 void run(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const std::vector<int64_t>& tables,
-         const std::vector<int64_t>& offsets, const std::vector<int64_t>& lens, T* out) {
+         const std::vector<int64_t>& offsets, const std::vector<int64_t>& firsts, const std::vector<int64_t>& lens,
+         T* out) {
     const int64_t num_seqs = static_cast<int64_t>(lens.size()), threads = at::get_num_threads();
     int64_t rows = 0;
-    for (int64_t len : lens) rows += len * p.num_kv_heads;
+    for (int64_t i = 0; i < num_seqs; i++) rows += (lens[i] - firsts[i]) * p.num_kv_heads;
     const bool parallel = threads > 1 && rows >= MIN_PARALLEL_ROWS && !at::in_parallel_region();
     // With fewer sequences than threads a work item is one (sequence, kv head); otherwise one sequence with all its
     // kv heads, so that each block (all kv heads of a token are adjacent) is read front to back once.
@@ -194,14 +201,15 @@ void run(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const
             const int64_t seq = item / items_per_seq, h0 = item % items_per_seq * heads_per_item;
             const T* qs = q + seq * p.q_ss;
             T* os = out + seq * p.o_ss;
-            const int64_t* table = tables.data() + offsets[seq];
+            const int64_t *table = tables.data() + offsets[seq], first = firsts[seq], len = lens[seq];
+            const int64_t h1 = h0 + heads_per_item;
             // Constant head_dim cases keep q and the accumulator in registers (loops fully unrolled).
             if (p.head_dim == 64)
-                attend<T, 64 / W>(p, qs, k_cache, v_cache, table, lens[seq], h0, h0 + heads_per_item, scratch, os);
+                attend<T, 64 / W>(p, qs, k_cache, v_cache, table, first, len, h0, h1, scratch, os);
             else if (p.head_dim == 128)
-                attend<T, 128 / W>(p, qs, k_cache, v_cache, table, lens[seq], h0, h0 + heads_per_item, scratch, os);
+                attend<T, 128 / W>(p, qs, k_cache, v_cache, table, first, len, h0, h1, scratch, os);
             else
-                attend<T, 0>(p, qs, k_cache, v_cache, table, lens[seq], h0, h0 + heads_per_item, scratch, os);
+                attend<T, 0>(p, qs, k_cache, v_cache, table, first, len, h0, h1, scratch, os);
         }
     };
     if (parallel && work > 1)
@@ -211,21 +219,25 @@ void run(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const
 }
 
 // The operator: see kernels/cpu_decode.py's paged_decode for the contract. Raises c10::ValueError (Python
-// ValueError) for bad inputs, before any work: a table too short for its sequence, a block id outside the cache.
+// ValueError) for bad inputs, before any work: a table too short for its sequence, a block id outside the cache
+// (of the blocks the window reads), a negative window. sliding_window 0 means full attention.
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                        const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale) {
+                        const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
+                        int64_t sliding_window) {
     check_inputs(q, k_cache, v_cache, block_tables, seq_lens);
+    TORCH_CHECK_VALUE(sliding_window >= 0, "paged_decode: sliding_window must be >= 0, got ", sliding_window);
     const int64_t num_seqs = q.size(0), num_blocks = k_cache.size(0), block_size = k_cache.size(1);
     const int64_t width = block_tables.size(1);
-    std::vector<int64_t> lens(num_seqs), offsets(num_seqs), tables;
+    std::vector<int64_t> lens(num_seqs), firsts(num_seqs), offsets(num_seqs), tables;
     for (int64_t i = 0; i < num_seqs; i++) {
         const int64_t len = lens[i] = index_at(seq_lens, i * seq_lens.stride(0));
         const int64_t need = (len + block_size - 1) / block_size;
         TORCH_CHECK_VALUE(len >= 0, "paged_decode: seq_lens must be >= 0, got ", len);
         TORCH_CHECK_VALUE(need <= width, "paged_decode: block table of ", width, " blocks is too short for ", len,
                           " tokens");
+        firsts[i] = sliding_window > 0 ? std::max<int64_t>(len - sliding_window, 0) : 0;
         offsets[i] = static_cast<int64_t>(tables.size());
-        for (int64_t j = 0; j < need; j++) {
+        for (int64_t j = firsts[i] / block_size; j < need; j++) {
             const int64_t block = index_at(block_tables, i * block_tables.stride(0) + j * block_tables.stride(1));
             TORCH_CHECK_VALUE(block >= 0 && block < num_blocks, "paged_decode: block ", block,
                               " is outside the cache's ", num_blocks, " blocks");
@@ -237,11 +249,11 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
                     k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
                     static_cast<float>(scale)};
     if (q.scalar_type() == at::kFloat) {
-        run<float>(p, q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), tables, offsets, lens,
-                   out.data_ptr<float>());
+        run<float>(p, q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), tables, offsets,
+                   firsts, lens, out.data_ptr<float>());
     } else {
         auto bits = [](const at::Tensor& t) { return reinterpret_cast<bf16_bits*>(t.data_ptr<at::BFloat16>()); };
-        run<bf16_bits>(p, bits(q), bits(k_cache), bits(v_cache), tables, offsets, lens, bits(out));
+        run<bf16_bits>(p, bits(q), bits(k_cache), bits(v_cache), tables, offsets, firsts, lens, bits(out));
     }
     return out;
 }
@@ -249,8 +261,8 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
 }  // namespace
 
 TORCH_LIBRARY(radixserve, m) {
-    m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, float scale) "
-          "-> Tensor");
+    m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, float scale, "
+          "int sliding_window=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) { m.impl("paged_decode", &paged_decode); }

@@ -187,6 +187,7 @@ def paged_decode(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor | None:
     """Decode attention, one query token per sequence, read in place from the paged cache.
 
@@ -196,6 +197,8 @@ def paged_decode(
         block_tables: int32 or int64 [num_seqs, >= blocks needed]; entry j of row i is sequence i's j-th block.
         seq_lens: int32 or int64 [num_seqs], tokens of each sequence, the new token included (0 gives zeros).
         scale: softmax scale (usually head_dim ** -0.5).
+        sliding_window: W tokens, or None / 0 for full attention: the query at position L - 1 sees the keys at
+            L - W .. L - 1 only (kernels.paged_attention's rule), and the blocks before them are never read.
 
     Returns:
         [num_seqs, num_heads, head_dim], dtype of q, a new contiguous tensor (scores, softmax and accumulation in
@@ -210,7 +213,7 @@ def paged_decode(
     if op is None:
         return None
     try:
-        return op(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        return op(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window or 0)
     except ValueError as exc:  # c10::ValueError from the operator's input checks
         raise KernelInputError(str(exc).split("\n", 1)[0]) from exc
 

@@ -22,7 +22,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from runtime.model.model_errors import CorruptModelError, UnsupportedModelError
+from runtime.model.errors import CorruptModelError, UnsupportedModelError
 
 if TYPE_CHECKING:
     import torch

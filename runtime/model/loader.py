@@ -1,4 +1,4 @@
-"""Model loading: resolve a model name to a Hugging Face folder, read its config, tokenizer and weights.
+"""Model loading: resolve a model name to a Hugging Face folder, read its config (hf_config.py), tokenizer and weights.
 
 Sources: a Hugging Face model folder (config.json + safetensors, sharded or not), a GGUF file (converted once by
 runtime.model.gguf_convert and cached as safetensors + tokenizer files), and the embedded names of EMBEDDED_MODELS:
@@ -13,28 +13,34 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from runtime.model.model_errors import (
-    CorruptModelError,
-    ModelLoadError,
-    ModelNotFoundError,
-    UnsupportedModelError,
-)
+from runtime.model.errors import CorruptModelError, ModelLoadError, ModelNotFoundError, UnsupportedModelError
+from runtime.model.hf_config import SUPPORTED_ARCHITECTURES, ModelConfig, load_config, read_json
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
+__all__ = [  # the config reading and the errors live in hf_config.py and errors.py; callers import them from here too
+    "SUPPORTED_ARCHITECTURES",
+    "CorruptModelError",
+    "ModelConfig",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "UnsupportedModelError",
+    "load_config",
+    "load_tokenizer",
+    "load_weights",
+    "resolve_model",
+]
+
 logger = logging.getLogger(__name__)
-__all__ = ["CorruptModelError", "ModelLoadError", "ModelNotFoundError", "UnsupportedModelError"]  # re-exported
 
 
 class EmbeddedModel(NamedTuple):
@@ -57,8 +63,6 @@ EMBEDDED_MODELS = {
         assembled=True,
     ),
 }
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 _HASH_PREFIX_CHARS = 16
 # Bumped when the converted folder's content changes, so an older cache entry is converted again (2: GGUF tensor
 # types recorded for --quantization auto).
@@ -70,31 +74,6 @@ SUPPORTED_TEXT = (
     f"supported: the embedded name(s) {sorted(EMBEDDED_MODELS)}, a Hugging Face folder (config.json + *.safetensors) "
     f"or a .gguf file, with architectures {list(SUPPORTED_ARCHITECTURES)}"
 )
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The fields of a Llama-family config.json that the model uses (sizes in elements, lengths in tokens).
-
-    rope_type is one of SUPPORTED_ROPE_TYPES; rope_scaling holds that type's parameters (factor, low_freq_factor,
-    high_freq_factor, original_max_position_embeddings) as in the Hugging Face config.
-    """
-
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_type: str
-    rope_scaling: dict[str, Any]
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    eos_token_ids: list[int] = field(default_factory=list)
 
 
 def embedded_gguf_path(name: str = "smollm2") -> Path:
@@ -222,81 +201,6 @@ def _convert_gguf_into(gguf_path: Path, out: Path) -> None:
     write_hf_folder(gguf_path, out, SUPPORTED_ARCHITECTURES)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as e:
-        raise ModelNotFoundError(f"{path} is missing; {SUPPORTED_TEXT}") from e
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CorruptModelError(f"{path} is not valid JSON: {e}") from e
-
-
-def _rope_params(raw: dict[str, Any], path: Path) -> tuple[float, str, dict[str, Any]]:
-    # transformers >= 5 writes rope_parameters; older folders write rope_theta + rope_scaling.
-    params = dict(raw.get("rope_parameters") or {})
-    scaling = dict(raw.get("rope_scaling") or {})
-    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
-    merged = {**scaling, **params}
-    rope_type = merged.get("rope_type", merged.get("type", "default"))
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise UnsupportedModelError(
-            f"{path}: rope type {rope_type!r} is not supported; supported: {list(SUPPORTED_ROPE_TYPES)}"
-        )
-    return theta, rope_type, merged
-
-
-def load_config(folder: Path) -> ModelConfig:
-    """Read folder/config.json (and generation_config.json for EOS ids) into a ModelConfig. No torch.
-
-    Raises:
-        ModelNotFoundError / CorruptModelError: config.json missing or not JSON.
-        UnsupportedModelError: an architecture outside SUPPORTED_ARCHITECTURES or an unsupported rope type.
-    """
-    path = Path(folder) / "config.json"
-    raw = _read_json(path)
-    arch = (raw.get("architectures") or [""])[0]
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(f"{path}: architecture {arch!r} is not supported; {SUPPORTED_TEXT}")
-    theta, rope_type, rope_scaling = _rope_params(raw, path)
-    heads = int(raw["num_attention_heads"])
-    max_pos = int(raw.get("max_position_embeddings", 2048))
-    if arch == "MistralForCausalLM" and raw.get("sliding_window"):
-        # Full attention equals sliding-window attention as long as no context exceeds the window.
-        max_pos = min(max_pos, int(raw["sliding_window"]))
-    eos = _eos_ids(raw, Path(folder))
-    return ModelConfig(
-        architecture=arch,
-        vocab_size=int(raw["vocab_size"]),
-        hidden_size=int(raw["hidden_size"]),
-        intermediate_size=int(raw["intermediate_size"]),
-        num_hidden_layers=int(raw["num_hidden_layers"]),
-        num_attention_heads=heads,
-        num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-        head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope_theta=theta,
-        rope_type=rope_type,
-        rope_scaling=rope_scaling,
-        max_position_embeddings=max_pos,
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        eos_token_ids=eos,
-    )
-
-
-def _eos_ids(raw: dict[str, Any], folder: Path) -> list[int]:
-    ids: list[int] = []
-    sources = [raw]
-    gen = folder / "generation_config.json"
-    if gen.is_file():
-        sources.append(_read_json(gen))
-    for source in sources:
-        value = source.get("eos_token_id")
-        for v in value if isinstance(value, list) else [value]:
-            if isinstance(v, int) and v not in ids:
-                ids.append(v)
-    return ids
-
-
 def load_tokenizer(model: str) -> PreTrainedTokenizerBase:
     """The model's tokenizer (a transformers fast tokenizer, with its chat template when the model has one).
 
@@ -327,7 +231,7 @@ def safetensors_files(folder: Path) -> list[Path]:
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        names = sorted(set(read_json(index).get("weight_map", {}).values()))
         files = [folder / n for n in names]
         missing = [str(f) for f in files if not f.is_file()]
         if missing:

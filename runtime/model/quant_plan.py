@@ -16,8 +16,10 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
+import torch
+
 from runtime.model.gguf_convert import GGUF_TYPES_FILE
-from runtime.model.quant import QUANTIZATIONS
+from runtime.model.quant import QUANTIZATIONS, Linear
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,13 @@ GGUF_TYPE_SCHEME: dict[str, str] = {
     "BF16": "none",
 }
 _PRECISION = {"int4": 0, "int8": 1, "none": 2}
+# The weights a fused linear of runtime.model.models.decoder is built from, by its module name (Phi-3's checkpoint
+# stores them fused already).
+FUSED_PARTS = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj", "qkv_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj", "gate_up_proj"),
+}
+HEAD_WEIGHTS = ("lm_head.weight", "model.embed_tokens.weight")  # the head's weight: its own, or (tied) the embedding
 
 
 class QuantPlan:
@@ -88,6 +97,29 @@ class QuantPlan:
         where that is int4."""
         scheme = self.scheme(name)
         return "int8" if scheme == "int4" else scheme
+
+    def sources(self, module_name: str) -> list[str]:
+        """The Hugging Face names of the stored weights the decoder's linear `module_name` (e.g.
+        "layers.3.self_attn.qkv_proj") is built from: its fused parts, or itself."""
+        prefix, _, leaf = f"model.{module_name}".rpartition(".")
+        parts = FUSED_PARTS.get(leaf, (leaf,))
+        return [n for n in (f"{prefix}.{p}.weight" for p in parts) if n in self.source_types]
+
+    def apply(self, model: torch.nn.Module) -> None:
+        """Give each Linear of a runtime.model.models.decoder.CausalLM built with "none" its scheme (Linear.set_scheme):
+        the head by head_scheme of its own weight or, tied, the embedding's, every other by scheme of its sources (a
+        linear without a stored GGUF type stays dense). Mutates the model's Linear modules."""
+        for name, module in model.named_modules():
+            if not isinstance(module, Linear):
+                continue
+            if name == "lm_head":
+                head = HEAD_WEIGHTS[module.weight is getattr(model, "embed_weight", None)]
+                scheme = self.head_scheme(head)
+            else:
+                stored = self.sources(name)
+                scheme = self.scheme(*stored) if stored else "none"
+            if scheme != module.scheme:
+                module.set_scheme(scheme)
 
     def describe(self) -> str:
         """One line for the log: the choice and, under "auto", how many stored tensors map to each scheme."""

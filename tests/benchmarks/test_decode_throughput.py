@@ -1,5 +1,5 @@
 """Tests of benchmarks/decode_throughput.py: the per-dtype ratios on hand-made rows (exact values) and --smoke runs on
-the tiny random Llama with float32 and auto side by side."""
+the tiny random Llama with float32 and auto side by side, and on a random model per architecture (--architectures)."""
 
 from __future__ import annotations
 
@@ -86,3 +86,19 @@ def test_smoke_with_one_dtype_has_no_float32_column(tiny_llama_dir: Path):
     ]
     assert set(result["ratios"]["bfloat16"]) == {"resolved_dtype", "vs_transformers", "vs_transformers_cpu_time"}
     assert result["ratio_dtype"] == "bfloat16" and result["ratio_batch"] == 1
+
+
+def test_smoke_gives_a_row_per_architecture(tmp_path: Path):
+    out = tmp_path / "families.json"
+    result = main(
+        ["--smoke", "--architectures", "qwen3", "gemma3", "--dtypes", "float32", "--batches", "1", "--out", str(out)]
+    )
+    assert json.loads(out.read_text()) == result
+    assert [(r["architecture"], r["dtype"], r["batch"]) for r in result["rows"]] == [
+        ("qwen3", "float32", 1),
+        ("gemma3", "float32", 1),
+    ]
+    assert all(r["decode_tok_s"] > 0 and r["transformers_decode_tok_s"] > 0 for r in result["rows"])
+    per_arch = result["per_architecture"]
+    assert list(per_arch) == ["qwen3", "gemma3"] and per_arch["gemma3"]["model"] == "gemma3"
+    assert {"cpu_model", "cores", "load_average"} <= set(result["machine"])

@@ -108,8 +108,19 @@ def make_batch(
     )
 
 
-def dense_attention(batch: PagedBatch) -> torch.Tensor:
-    """Oracle: float64 causal attention over each sequence's contiguous K/V, K/V repeated per query head."""
+def window_mask(q_pos: torch.Tensor, seq_len: int, sliding_window: int | None) -> torch.Tensor:
+    """bool [len(q_pos), seq_len]: query at q_pos[i] may see key k. Causal; with a window W also k > q_pos[i] - W
+    (transformers' sliding_window_overlay; test_sliding_window checks it against transformers' own function)."""
+    keys = torch.arange(seq_len)[None, :]
+    allowed = keys <= q_pos[:, None]
+    if sliding_window:
+        allowed &= keys > q_pos[:, None] - sliding_window
+    return allowed
+
+
+def dense_attention(batch: PagedBatch, sliding_window: int | None = None) -> torch.Tensor:
+    """Oracle: float64 causal attention over each sequence's contiguous K/V, K/V repeated per query head; with a
+    sliding window, the mask of window_mask."""
     q = batch.q.double().cpu()
     out = torch.empty_like(q)
     starts = batch.query_start_loc.tolist()
@@ -120,7 +131,22 @@ def dense_attention(batch: PagedBatch) -> torch.Tensor:
         v = batch.v_dense[i].double().repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[s:e], k) * batch.scale
         q_pos = torch.arange(seq_len - (e - s), seq_len)
-        allowed = torch.arange(seq_len)[None, :] <= q_pos[:, None]
+        allowed = window_mask(q_pos, seq_len, sliding_window)
         scores = scores.masked_fill(~allowed, float("-inf"))
         out[s:e] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
     return out
+
+
+def poison_before_window(batch: PagedBatch, sliding_window: int) -> int:
+    """Fill with NaN every block that lies wholly before the window of its sequence's first query (never to be
+    read: a read shows as NaN in the output, masked or not). Mutates the caches; returns the blocks poisoned."""
+    block_size = batch.k_cache.shape[1]
+    starts = batch.query_start_loc.tolist()
+    poisoned = 0
+    for i, seq_len in enumerate(batch.seq_lens.tolist()):
+        first = max(0, seq_len - (starts[i + 1] - starts[i]) - sliding_window + 1)
+        blocks = batch.block_tables[i, : first // block_size].long()
+        batch.k_cache[blocks] = float("nan")
+        batch.v_cache[blocks] = float("nan")
+        poisoned += blocks.numel()
+    return poisoned

@@ -1,19 +1,33 @@
-"""Model implementations on kernels/ (paged KV). One class serves the whole supported Llama family."""
+"""Model implementations on kernels/ (paged KV): one shared decoder (decoder.py) and a Family per architecture."""
 
 from __future__ import annotations
 
 import torch
 
 from runtime.config import InvalidConfig
-from runtime.model.loader import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
+from runtime.model.errors import UnsupportedModelError
+from runtime.model.hf_config import SUPPORTED_ARCHITECTURES, ModelConfig
 from runtime.model.models.batch import AttentionMetadata
-from runtime.model.models.llama import LlamaForCausalLM
-from runtime.model.quant_plan import QuantPlan
+from runtime.model.models.decoder import CausalLM, Family
+from runtime.model.models.gemma3 import GEMMA3
+from runtime.model.models.llama import LLAMA
+from runtime.model.models.mistral import MISTRAL
+from runtime.model.models.phi3 import PHI3
+from runtime.model.models.qwen3 import QWEN3
+from runtime.model.quant_plan import AUTO, QuantPlan
 
-__all__ = ["AttentionMetadata", "LlamaForCausalLM", "build_model"]
+__all__ = ["FAMILIES", "AttentionMetadata", "CausalLM", "build_model"]
 
-# Qwen2 differs only by its qkv bias and Mistral (full attention) not at all; both are read from the state dict.
-MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {name: LlamaForCausalLM for name in SUPPORTED_ARCHITECTURES}
+# The registry: architecture (config.json's "architectures"[0]) -> its Family. Keys equal SUPPORTED_ARCHITECTURES.
+FAMILIES: dict[str, Family] = {
+    "LlamaForCausalLM": LLAMA,
+    "Qwen2ForCausalLM": LLAMA,
+    "MistralForCausalLM": MISTRAL,
+    "Qwen3ForCausalLM": QWEN3,
+    "Phi3ForCausalLM": PHI3,
+    "Gemma3ForCausalLM": GEMMA3,
+}
+assert set(FAMILIES) == set(SUPPORTED_ARCHITECTURES), "the registry and the config reader disagree"
 
 
 def build_model(
@@ -22,22 +36,22 @@ def build_model(
     max_positions: int,
     attention_backend: str | None = None,
     quantization: str | QuantPlan = "none",
-) -> LlamaForCausalLM:
+) -> CausalLM:
     """The model for cfg.architecture built from Hugging Face weights (emptied as they are taken).
 
     max_positions: tokens the rotary tables cover (the runner's max_model_len).
-    quantization: a QuantPlan (runtime.model.quant_plan: each linear's scheme), or "none", "int8" or "int4" for every
-    linear (ServerArgs.quantization without "auto", which needs the model folder: QuantPlan.for_folder): weight-only
-    int8 copies of the linear layers, or int4 copies (groups of 32) with an int8 head, used for steps of few rows
-    (runtime.model.quant, runtime.model.quant_int4); CPU weights only. Outputs keep the weights' dtype.
+    quantization: "none", "int8" or "int4" for every linear, or a QuantPlan (runtime.model.quant_plan; "auto" gives
+    each linear its own scheme after the model is built, QuantPlan.apply): weight-only int8 copies of the linear
+    layers, or int4 copies (groups of 32) with the head int8, used for steps of few rows (runtime.model.quant,
+    runtime.model.quant_int4); CPU weights only. Outputs keep the weights' dtype.
     Raises:
-        UnsupportedModelError: an architecture without an implementation.
+        UnsupportedModelError: an architecture without an implementation (the message lists the supported ones).
         CorruptModelError: a tensor the architecture needs is missing.
         InvalidConfig: an unknown quantization, or "int8" / "int4" with weights on a device other than the CPU.
     """
-    cls = MODEL_CLASSES.get(cfg.architecture)
-    if cls is None:
-        raise UnsupportedModelError(f"architecture {cfg.architecture!r}; supported: {sorted(MODEL_CLASSES)}")
+    family = FAMILIES.get(cfg.architecture)
+    if family is None:
+        raise UnsupportedModelError(f"architecture {cfg.architecture!r}; supported: {sorted(FAMILIES)}")
     try:
         plan = quantization if isinstance(quantization, QuantPlan) else QuantPlan(quantization)
     except ValueError as e:
@@ -48,4 +62,8 @@ def build_model(
             f"quantization {plan.quantization!r} runs on CPU only; the weights are on {sorted(devices)}: "
             "use quantization 'none' there"
         )
-    return cls(cfg, weights, max_positions, attention_backend, plan).eval()
+    uniform = "none" if plan.quantization == AUTO else plan.quantization
+    model = CausalLM(family, cfg, weights, max_positions, attention_backend, uniform).eval()
+    if plan.quantization == AUTO:
+        plan.apply(model)
+    return model

@@ -1,7 +1,8 @@
-"""Rotary position embeddings (RoFormer, Su et al. 2021, section 3.4) with the rope scalings of the Llama family.
+"""Rotary position embeddings (RoFormer, Su et al. 2021, section 3.4) with the rope scalings of the supported families.
 
 The rotation is the "rotate half" form of the Hugging Face Llama implementation: for a head vector x split into
 halves (x1, x2), rope(x) = x * cos + (-x2, x1) * sin with cos/sin = cos/sin(pos * inv_freq) repeated over both halves.
+With a partial rotary factor (Phi-4-mini) only the first rotary_dim values of each head are rotated, the rest pass.
 """
 
 from __future__ import annotations
@@ -12,16 +13,27 @@ from typing import Any
 import torch
 
 
-def inv_frequencies(head_dim: int, theta: float, rope_type: str, scaling: dict[str, Any]) -> torch.Tensor:
-    """Inverse frequencies, float32 [head_dim // 2]: theta^(-2i/head_dim), then scaled by rope_type.
+def inv_frequencies(
+    rotary_dim: int, theta: float, rope_type: str, scaling: dict[str, Any], max_positions: int
+) -> torch.Tensor:
+    """Inverse frequencies, float32 [rotary_dim // 2]: theta^(-2i/rotary_dim), then scaled by rope_type.
 
     "linear": divided by factor (Chen et al. 2023, position interpolation). "llama3": low frequencies divided by
     factor, high ones kept, the band between interpolated smoothly (Llama 3.1 reference code, apply_scaling).
+    "longrope" (Phi-3; Ding et al. 2024, LongRoPE): each frequency divided by its own rescale factor, long_factor
+    when the served context (max_positions) exceeds original_max_position_embeddings, else short_factor. The choice
+    is made once, for every position (as llama.cpp picks its rope factors from the context size), so a sequence's KV
+    is rotated one way; transformers picks per forward, which agrees whenever a context stays on one side.
 
     Raises:
         ValueError: an unknown rope_type (the loader rejects those before).
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float) / head_dim))
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(torch.float) / rotary_dim
+    if rope_type == "longrope":
+        long = max_positions > int(scaling["original_max_position_embeddings"])
+        factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
+        return 1.0 / (factors * theta**exponents)
+    inv_freq = 1.0 / (theta**exponents)
     if rope_type == "default":
         return inv_freq
     if rope_type == "linear":
@@ -40,10 +52,26 @@ def inv_frequencies(head_dim: int, theta: float, rope_type: str, scaling: dict[s
     return torch.where(medium, smoothed, scaled)
 
 
+def attention_factor(rope_type: str, scaling: dict[str, Any]) -> float:
+    """The factor cos and sin are multiplied by: 1, except for longrope, where it is the config's attention_factor,
+    else sqrt(1 + ln(s) / ln(original)) for s = factor (default max_position_embeddings / original) > 1
+    (LongRoPE's attention scaling, as transformers computes it)."""
+    if rope_type != "longrope":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    original = int(scaling["original_max_position_embeddings"])
+    factor = float(scaling.get("factor") or int(scaling["max_position_embeddings"]) / original)
+    if factor <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(original))
+
+
 class RotaryEmbedding(torch.nn.Module):
     """cos/sin tables for positions [0, max_positions), applied to q and k in place of a per-step computation.
 
-    Buffers cos, sin: [max_positions, head_dim], dtype of the model.
+    Buffers cos, sin: [max_positions, rotary_dim], dtype of the model (rotary_dim <= head_dim, even; the first
+    rotary_dim values of each head are rotated). Scaling parameters: inv_frequencies and attention_factor.
     """
 
     cos: torch.Tensor
@@ -51,7 +79,7 @@ class RotaryEmbedding(torch.nn.Module):
 
     def __init__(
         self,
-        head_dim: int,
+        rotary_dim: int,
         max_positions: int,
         theta: float,
         rope_type: str,
@@ -60,12 +88,16 @@ class RotaryEmbedding(torch.nn.Module):
         device: torch.device | str,
     ) -> None:
         super().__init__()
-        inv_freq = inv_frequencies(head_dim, theta, rope_type, scaling)
+        inv_freq = inv_frequencies(rotary_dim, theta, rope_type, scaling, max_positions)
         freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos().to(device=device, dtype=dtype), persistent=False)
-        self.register_buffer("sin", emb.sin().to(device=device, dtype=dtype), persistent=False)
-        self.half_dim = head_dim // 2
+        factor = attention_factor(rope_type, scaling)
+        cos = emb.cos() if factor == 1.0 else emb.cos() * factor
+        sin = emb.sin() if factor == 1.0 else emb.sin() * factor
+        self.register_buffer("cos", cos.to(device=device, dtype=dtype), persistent=False)
+        self.register_buffer("sin", sin.to(device=device, dtype=dtype), persistent=False)
+        self.rotary_dim = rotary_dim
+        self.half_dim = rotary_dim // 2
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q [T, Hq, D] and k [T, Hk, D] by positions int64 [T]; returns new tensors (inputs unchanged)."""
@@ -74,6 +106,9 @@ class RotaryEmbedding(torch.nn.Module):
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.rotary_dim:
+            rotated = self._rotate(x[..., : self.rotary_dim], cos, sin)
+            return torch.cat((rotated, x[..., self.rotary_dim :]), dim=-1)
         x1 = x[..., : self.half_dim]
         x2 = x[..., self.half_dim :]
         return x * cos + torch.cat((-x2, x1), dim=-1) * sin

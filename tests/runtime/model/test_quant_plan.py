@@ -81,7 +81,7 @@ def test_model_built_from_a_plan_has_each_linears_scheme(tiny_llama_dir, tmp_pat
     assert schemes["layers.0.mlp.gate_up_proj"] == "int8"  # Q5_0 + Q5_0
     assert schemes["layers.0.mlp.down_proj"] == "int8"  # Q6_K
     assert schemes["layers.1.self_attn.o_proj"] == "none"  # layer 1 is not in the file's table: float
-    head = "int8" if cfg.tie_word_embeddings else "none"  # tied: the embedding's Q8_0; else lm_head, not listed
+    head = "int8" if cfg.tie_word_embeddings else "none"  # tied: the embedding's Q8_0; untied: lm_head, not listed
     assert schemes["lm_head"] == head
 
 

@@ -1,4 +1,4 @@
-"""The errors of model loading (runtime.model.loader re-exports them; runtime.model.gguf_convert raises them too)."""
+"""The errors of model loading: one base class and what went wrong (missing, corrupt, unsupported). No torch."""
 
 from __future__ import annotations
 
