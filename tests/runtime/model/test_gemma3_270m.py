@@ -28,16 +28,17 @@ def reference() -> dict:
     return json.loads(FIXTURE.read_text())
 
 
-def test_the_file_mixes_the_q4_k_m_types_and_auto_keeps_their_precision():
+def test_the_file_mixes_the_q4_k_m_types_and_auto_runs_them_int8():
     folder = resolve_model("gemma3-270m")
     types = json.loads((folder / GGUF_TYPES_FILE).read_text())
     assert Counter(types.values()) == {"F32": 109, "Q5_0": 81, "Q4_K": 27, "Q8_0": 10, "Q6_K": 9}
     plan = QuantPlan.for_folder("auto", folder)
     layer = "model.layers.0"
     assert plan.scheme(*(f"{layer}.self_attn.{p}_proj.weight" for p in "qkv")) == "int8"  # Q5_0, Q5_0, Q8_0
-    assert plan.scheme(f"{layer}.self_attn.o_proj.weight") == "int4"  # Q4_K
+    assert plan.scheme(f"{layer}.self_attn.o_proj.weight") == "int8"  # Q4_K: int8 by measured agreement
     assert plan.scheme(f"{layer}.mlp.down_proj.weight") == "int8"  # Q6_K
     assert plan.head_scheme("model.embed_tokens.weight") == "int8"  # tied, Q8_0
+    assert {plan.scheme(n) for n in types if n.endswith("_proj.weight")} == {"int8"}
 
 
 def test_greedy_float32_tokens_equal_transformers_on_the_same_gguf(reference):

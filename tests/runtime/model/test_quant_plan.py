@@ -17,11 +17,11 @@ from runtime.model.quant_plan import QuantPlan
 from runtime.model.runner import ModelRunner
 
 L0 = "model.layers.0"
-Q4_K_M_LIKE = {  # Gemma 3 270M's Q4_K_M layer 0, as its file stores it
+Q4_K_M_LIKE = {  # Gemma 3 270M's Q4_K_M layer 0, as its file stores it, but o_proj Q4_1 (Q4_K runs int8)
     f"{L0}.self_attn.q_proj.weight": "Q5_0",
     f"{L0}.self_attn.k_proj.weight": "Q5_0",
     f"{L0}.self_attn.v_proj.weight": "Q8_0",
-    f"{L0}.self_attn.o_proj.weight": "Q4_K",
+    f"{L0}.self_attn.o_proj.weight": "Q4_1",
     f"{L0}.mlp.gate_proj.weight": "Q5_0",
     f"{L0}.mlp.up_proj.weight": "Q5_0",
     f"{L0}.mlp.down_proj.weight": "Q6_K",
@@ -31,7 +31,7 @@ Q4_K_M_LIKE = {  # Gemma 3 270M's Q4_K_M layer 0, as its file stores it
 
 
 def test_auto_maps_each_type_to_the_scheme_that_keeps_its_bits():
-    expected = {"Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "Q5_0": "int8", "Q5_1": "int8", "Q5_K": "int8"}
+    expected = {"Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int8", "Q5_0": "int8", "Q5_1": "int8", "Q5_K": "int8"}
     expected.update({"Q6_K": "int8", "Q8_0": "int8", "F32": "none", "F16": "none", "BF16": "none"})
     for gguf_type, scheme in expected.items():
         assert QuantPlan("auto", {"w": gguf_type}).scheme("w") == scheme, gguf_type
@@ -39,7 +39,7 @@ def test_auto_maps_each_type_to_the_scheme_that_keeps_its_bits():
 
 
 def test_fused_linear_takes_its_most_precise_part_and_the_head_stays_int8():
-    plan = QuantPlan("auto", {"a": "Q4_K", "b": "Q6_K", "c": "F16", "h": "Q4_0"})
+    plan = QuantPlan("auto", {"a": "Q4_1", "b": "Q6_K", "c": "F16", "h": "Q4_0"})
     assert plan.scheme("a") == "int4"
     assert plan.scheme("a", "b") == "int8"
     assert plan.scheme("a", "b", "c") == "none"
@@ -77,7 +77,7 @@ def test_model_built_from_a_plan_has_each_linears_scheme(tiny_llama_dir, tmp_pat
     model = build_model(cfg, load_weights(tiny_llama_dir, torch.float32), 64, quantization=plan)
     schemes = _schemes(model)
     assert schemes["layers.0.self_attn.qkv_proj"] == "int8"  # Q5_0 + Q5_0 + Q8_0
-    assert schemes["layers.0.self_attn.o_proj"] == "int4"  # Q4_K
+    assert schemes["layers.0.self_attn.o_proj"] == "int4"  # Q4_1
     assert schemes["layers.0.mlp.gate_up_proj"] == "int8"  # Q5_0 + Q5_0
     assert schemes["layers.0.mlp.down_proj"] == "int8"  # Q6_K
     assert schemes["layers.1.self_attn.o_proj"] == "none"  # layer 1 is not in the file's table: float
