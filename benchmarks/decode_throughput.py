@@ -290,7 +290,9 @@ def main(argv: list[str] | None = None) -> dict:
         default=["float32", "auto"],
         help="one runner per dtype, side by side (default: float32 auto)",
     )
-    parser.add_argument("--quantization", choices=["none", "int8", "int4"], default="none", help="every runner's")
+    parser.add_argument(
+        "--quantization", choices=["auto", "none", "int8", "int4"], default="none", help="every runner's"
+    )
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--threads", type=int, help="torch threads of every engine (default: set_cpu_threads)")

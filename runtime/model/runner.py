@@ -24,6 +24,7 @@ from runtime.model.loader import load_config, load_tokenizer, load_weights, reso
 from runtime.model.models import build_model
 from runtime.model.penalties import PenaltyState
 from runtime.model.prompt_logprobs import prompt_logprobs, prompt_rows
+from runtime.model.quant_plan import QuantPlan
 from runtime.model.sampler import Sampler, SampleRequest
 from runtime.model.threads import set_cpu_threads
 from runtime.model.worker_seqs import StepInputs, WorkerSeq, WorkerSeqs
@@ -91,7 +92,9 @@ class ModelRunner:
         if args.attention_backend != "auto":
             backend = args.attention_backend
         weights = load_weights(folder, self.dtype, self.device)
-        self.model = build_model(cfg, weights, self.max_model_len, backend, quantization=args.quantization)
+        self.quantization = QuantPlan.for_folder(args.quantization, folder, self.device.type)
+        logger.info("weight quantization: %s", self.quantization.describe())
+        self.model = build_model(cfg, weights, self.max_model_len, backend, quantization=self.quantization)
         self.block_size = args.block_size
         self.kv = KVCache(args, cfg, self.block_size, self.dtype, self.device)
         self.num_blocks = self.kv.num_blocks

@@ -46,7 +46,10 @@ def apply_chat_template(
     """
     own = getattr(tokenizer, "chat_template", None)
     if own is None:
-        raise ChatTemplateError("the tokenizer has no chat template; pass prompts or input_ids instead")
+        raise ChatTemplateError(
+            "this model has no chat template (a base model, e.g. gemma3-270m): send a prompt to /v1/completions "
+            "(prompts or input_ids to the Engine) instead, or serve the model with --chat-template FILE"
+        )
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise ChatTemplateError(f"message {i} must be a dict with 'role' and 'content', got {m!r}")

@@ -97,7 +97,7 @@ def test_every_server_arg_is_a_flag():
     assert (ns.kv_cache_memory, ns.dtype, ns.max_model_len, ns.host) == (1048576, "bfloat16", 256, "0.0.0.0")
     defaults = parser.parse_args([])
     assert defaults.enable_prefix_caching is True and defaults.num_blocks is None and defaults.port == 5557
-    assert (defaults.dtype, defaults.quantization) == ("auto", "none")
+    assert (defaults.dtype, defaults.quantization) == ("auto", "auto")
     with pytest.raises(SystemExit):
         parser.parse_args(["--schedule-policy", "random"])
 

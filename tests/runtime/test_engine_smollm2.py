@@ -37,7 +37,14 @@ def chat(engine: Engine) -> list[tuple[list[int], list, int]]:
 def test_multi_turn_chat_same_greedy_output_with_and_without_prefix_caching():
     results = {}
     for caching in (False, True):
-        engine = Engine(model="smollm2", num_blocks=64, block_size=16, enable_prefix_caching=caching, dtype="float32")
+        engine = Engine(
+            model="smollm2",
+            num_blocks=64,
+            block_size=16,
+            enable_prefix_caching=caching,
+            dtype="float32",
+            quantization="none",
+        )
         results[caching] = chat(engine)
         engine.shutdown()
     for turn, ((off_ids, off_lp, off_cached), (on_ids, _, on_cached)) in enumerate(

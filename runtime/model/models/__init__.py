@@ -16,7 +16,7 @@ from runtime.model.models.mixtral import MIXTRAL
 from runtime.model.models.phi3 import PHI3
 from runtime.model.models.qwen3 import QWEN3
 from runtime.model.models.qwen3_moe import QWEN3_MOE
-from runtime.model.quant import QUANTIZATIONS
+from runtime.model.quant_plan import AUTO, QuantPlan
 
 __all__ = ["FAMILIES", "AttentionMetadata", "CausalLM", "build_model"]
 
@@ -39,14 +39,15 @@ def build_model(
     weights: dict[str, torch.Tensor],
     max_positions: int,
     attention_backend: str | None = None,
-    quantization: str = "none",
+    quantization: str | QuantPlan = "none",
 ) -> CausalLM:
     """The model for cfg.architecture built from Hugging Face weights (emptied as they are taken).
 
     max_positions: tokens the rotary tables cover (the runner's max_model_len).
-    quantization: "none", "int8" or "int4" (ServerArgs.quantization): weight-only int8 copies of the linear layers,
-    or int4 copies (groups of 32) of the layers' projections with an int8 head, used for steps of few rows
-    (runtime.model.quant, runtime.model.quant_int4); CPU weights only. Outputs keep the weights' dtype.
+    quantization: "none", "int8" or "int4" for every linear, or a QuantPlan (runtime.model.quant_plan; "auto" gives
+    each linear its own scheme after the model is built, QuantPlan.apply): weight-only int8 copies of the linear
+    layers, or int4 copies (groups of 32) with the head int8, used for steps of few rows (runtime.model.quant,
+    runtime.model.quant_int4); CPU weights only. Outputs keep the weights' dtype.
     Raises:
         UnsupportedModelError: an architecture without an implementation (the message lists the supported ones).
         CorruptModelError: a tensor the architecture needs is missing.
@@ -55,12 +56,18 @@ def build_model(
     family = FAMILIES.get(cfg.architecture)
     if family is None:
         raise UnsupportedModelError(f"architecture {cfg.architecture!r}; supported: {sorted(FAMILIES)}")
-    if quantization not in QUANTIZATIONS:
-        raise InvalidConfig(f"quantization {quantization!r}; supported: {list(QUANTIZATIONS)}")
+    try:
+        plan = quantization if isinstance(quantization, QuantPlan) else QuantPlan(quantization)
+    except ValueError as e:
+        raise InvalidConfig(str(e)) from e
     devices = {t.device.type for t in weights.values()}
-    if quantization != "none" and devices - {"cpu"}:
+    if plan.uses_kernels and devices - {"cpu"}:
         raise InvalidConfig(
-            f"quantization {quantization!r} runs on CPU only; the weights are on {sorted(devices)}: "
+            f"quantization {plan.quantization!r} runs on CPU only; the weights are on {sorted(devices)}: "
             "use quantization 'none' there"
         )
-    return CausalLM(family, cfg, weights, max_positions, attention_backend, quantization).eval()
+    uniform = "none" if plan.quantization == AUTO else plan.quantization
+    model = CausalLM(family, cfg, weights, max_positions, attention_backend, uniform).eval()
+    if plan.quantization == AUTO:
+        plan.apply(model)
+    return model

@@ -50,7 +50,7 @@ def fake_gguf(tmp_path, monkeypatch, tiny_qwen2_dir):
 def test_gguf_is_converted_once_then_read_from_the_cache(fake_gguf, tmp_path):
     path, calls = fake_gguf
     first = resolve_model(str(path))
-    assert first == tmp_path / "cache" / file_sha256(path)[:16]
+    assert first == tmp_path / "cache" / f"{file_sha256(path)[:16]}-v{loader.CACHE_FORMAT}"
     assert calls == [path]
     second = resolve_model(str(path))
     assert second == first and calls == [path]
@@ -60,7 +60,7 @@ def test_gguf_is_converted_once_then_read_from_the_cache(fake_gguf, tmp_path):
 
 def test_a_concurrent_converter_that_wins_the_rename_is_used(fake_gguf, tmp_path, monkeypatch, tiny_qwen2_dir):
     path, _ = fake_gguf
-    target = tmp_path / "cache" / file_sha256(path)[:16]
+    target = tmp_path / "cache" / f"{file_sha256(path)[:16]}-v{loader.CACHE_FORMAT}"
 
     def racing_convert(gguf_path: Path, out: Path) -> None:
         shutil.copytree(tiny_qwen2_dir, target)  # another process finishes first

@@ -20,7 +20,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 @pytest.fixture(scope="module")
 def smol_runner():
-    return ModelRunner(ServerArgs(model="smollm2", num_blocks=128, dtype="float32"))
+    return ModelRunner(ServerArgs(model="smollm2", num_blocks=128, dtype="float32", quantization="none"))
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_smollm2_logits_match_transformers(smol_runner, smol_hf, chat_prompt_ids
 @pytest.mark.slow
 def test_smollm2_greedy_matches_generate(smol_runner, smol_hf, chat_prompt_ids, runner_greedy, hf_greedy):
     hf_generate, assert_same = hf_greedy
-    runner = ModelRunner(ServerArgs(model="smollm2", num_blocks=64, dtype="float32"))
+    runner = ModelRunner(ServerArgs(model="smollm2", num_blocks=64, dtype="float32", quantization="none"))
     mine = runner_greedy(runner, chat_prompt_ids, 32, chunk=24)
     for out, (ref, ref_logits) in zip(mine, hf_generate(smol_hf, chat_prompt_ids, 32), strict=True):
         assert len(out) == 32

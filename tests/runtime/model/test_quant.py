@@ -107,7 +107,7 @@ def test_linear_sends_up_to_max_rows_to_the_int8_copy_and_more_to_the_dense_weig
 
 def test_build_model_refuses_unknown_quantization_and_non_cpu_weights():
     cfg = load_config(resolve_model("smollm2"))
-    with pytest.raises(InvalidConfig, match=r"^quantization 'int2'; supported: \['none', 'int8', 'int4'\]$"):
+    with pytest.raises(InvalidConfig, match=r"^quantization 'int2'; supported: \['auto', 'none', 'int8', 'int4'\]$"):
         build_model(cfg, {}, 64, quantization="int2")
     for q in ("int8", "int4"):
         with pytest.raises(InvalidConfig, match=rf"^quantization '{q}' runs on CPU only; the weights are on \['meta"):

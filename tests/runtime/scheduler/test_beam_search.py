@@ -24,7 +24,7 @@ def smol_hf():
 
 @pytest.fixture(scope="module")
 def smol_engine():
-    return Engine("smollm2", dtype="float32", num_blocks=512, block_size=4)
+    return Engine("smollm2", dtype="float32", quantization="none", num_blocks=512, block_size=4)
 
 
 def _hf_beams(hf, prompt: list[int], k: int, n: int, length_penalty: float, ignore_eos: bool):
