@@ -21,7 +21,6 @@ def test_refused_with_beam_search_and_ignore_eos():
         SamplingParams(n=2, temperature=0.0, use_beam_search=True, structured_outputs=SO)
     with pytest.raises(InvalidSamplingParams, match="ignore_eos"):
         SamplingParams(ignore_eos=True, structured_outputs=SO)
-
     with pytest.raises(InvalidSamplingParams, match="must be a StructuredOutputs"):
         SamplingParams(structured_outputs={"json": "{}"})  # type: ignore[arg-type]
     assert SamplingParams(n=3, temperature=1.0, structured_outputs=SO).structured_outputs == SO
