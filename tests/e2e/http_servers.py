@@ -25,6 +25,7 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.processes import stop_process
+from tests.e2e.servers import exact_flags
 from tests.paths import ROOT
 
 
@@ -49,10 +50,11 @@ def start_http_server(
     env: dict[str, str] | None = None,
     timeout: float = 300.0,
 ) -> LaunchedHttp:
-    """Starts the launcher with --http-port 0 and waits for its two ready lines; RuntimeError with the log's tail
-    when it exits first. env: the whole environment of the launcher (default: this process's)."""
+    """Starts the launcher with --http-port 0 (servers.exact_flags) and waits for its two ready lines; RuntimeError
+    with the log's tail when it exits first. env: the whole environment of the launcher (default: this process's)."""
     env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", module, "--model", model, "--port", "0", "--http-port", "0", *flags]
+    launch_flags = exact_flags(flags) if module == "runtime.launch" else list(flags)
+    cmd = [sys.executable, "-m", module, "--model", model, "--port", "0", "--http-port", "0", *launch_flags]
     with open(log, "w") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     assert proc.stdout is not None

@@ -59,13 +59,22 @@ class Server:
         return stop_process(self.proc, timeout)
 
 
+def exact_flags(flags: tuple[str, ...]) -> list[str]:
+    """flags, with `--quantization none` unless they set it: the servers' tests compare outputs token for token with
+    transformers and with each other, while `auto` (the default) runs a GGUF's 4-bit tensors int4 (its agreement is
+    measured in tests/runtime/model/test_quant_agreement.py)."""
+    if "--quantization" in flags:
+        return list(flags)
+    return [*flags, "--quantization", "none"]
+
+
 def start_server(
     model: str, log: Path, *flags: str, timeout: float = 300.0, env: dict[str, str] | None = None
 ) -> Server:
-    """Starts `python -m runtime.launch --model <model> --port 0 <flags>` (environment: ours + env) and waits for its
-    ready line."""
+    """Starts `python -m runtime.launch --model <model> --port 0 <flags>` (environment: ours + env; exact_flags) and
+    waits for its ready line."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    cmd = [sys.executable, "-m", "runtime.launch", "--model", model, "--port", "0", *flags]
+    cmd = [sys.executable, "-m", "runtime.launch", "--model", model, "--port", "0", *exact_flags(flags)]
     with open(log, "w") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     deadline = time.monotonic() + timeout

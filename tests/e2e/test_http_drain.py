@@ -1,6 +1,6 @@
 """Admission control and graceful drain, each on a server of its own (their flags change how it stops and admits):
 --max-queued-requests answers 429 with Retry-After at once and serves again once a slot frees; SIGTERM to the
-launcher with 8 streams in flight answers new requests 503, lets all 8 finish, then every process exits, the
+launcher with 8 streams in flight (held by freezing the worker) answers new requests 503, lets all 8 finish, then every process exits, the
 launcher with status 0."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.frozen import frozen, worker_pid
 from tests.e2e.http_servers import MODEL, assert_idle, http, start_http_server, start_tiny_http
-from tests.e2e.processes import descendants
+from tests.e2e.processes import descendants, role_pids
 from tests.e2e.servers import TINY_FLAGS
 
 LONG = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
@@ -96,6 +96,7 @@ def test_sigterm_drains_eight_streams_then_exits_0(tiny_llama_dir, tmp_path):
     )
     pids = descendants(server.proc.pid)
     assert len(pids) == 4
+    worker = role_pids(server.proc.pid)["worker"]
     status, card = http("GET", server.url + "/v1/models/tiny")
     assert (status, json.loads(card)["max_model_len"]) == (200, 1024)  # the tiny model's context, as the scheduler said
 
@@ -105,16 +106,17 @@ def test_sigterm_drains_eight_streams_then_exits_0(tiny_llama_dir, tmp_path):
         seen = [0] * 8
         tasks = [asyncio.ensure_future(_stream(client, i, started, seen)) for i in range(8)]
         await asyncio.wait_for(started.wait(), 60)
-        server.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        while (await asyncio.to_thread(http, "GET", server.url + "/health"))[0] != 503:
-            assert time.monotonic() < deadline, "the server never started draining"
-            await asyncio.sleep(0.05)
-        status, body = await asyncio.to_thread(
-            http, "POST", server.url + "/v1/completions", {"prompt": "late", "max_tokens": 2}
-        )
-        assert status == 503 and b"shutting down" in body
-        assert not all(t.done() for t in tasks), "the streams ended before the drain began: nothing was tested"
+        with frozen(worker):  # the streams stay in flight through the drain's start, however fast the model is
+            server.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 20
+            while (await asyncio.to_thread(http, "GET", server.url + "/health"))[0] != 503:
+                assert time.monotonic() < deadline, "the server never started draining"
+                await asyncio.sleep(0.05)
+            status, body = await asyncio.to_thread(
+                http, "POST", server.url + "/v1/completions", {"prompt": "late", "max_tokens": 2}
+            )
+            assert status == 503 and b"shutting down" in body
+            assert not any(t.done() for t in tasks), "a stream ended while the worker was frozen"
         results = await asyncio.gather(*tasks)
         await client.close()
         return results

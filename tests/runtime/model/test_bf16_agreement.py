@@ -178,7 +178,13 @@ def measured(smollm2_tokenizer) -> dict[str, Agreement]:
     logits: dict[str, dict[str, torch.Tensor]] = {}
     for dtype in ("float32", "bfloat16"):
         runner = ModelRunner(
-            ServerArgs(model="smollm2", dtype=dtype, block_size=BLOCK_SIZE, num_blocks=1 + sum(len(t) for t in tables))
+            ServerArgs(
+                model="smollm2",
+                dtype=dtype,
+                quantization="none",
+                block_size=BLOCK_SIZE,
+                num_blocks=1 + sum(len(t) for t in tables),
+            )
         )
         assert runner.k_cache.dtype == getattr(torch, dtype)
         prefill = [_prefill_every_position(runner, w, t) for (_, w), t in zip(convs, tables, strict=True)]
