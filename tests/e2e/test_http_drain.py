@@ -1,7 +1,7 @@
 """Admission control and graceful drain, each on a server of its own (their flags change how it stops and admits):
 --max-queued-requests answers 429 with Retry-After at once and serves again once a slot frees; SIGTERM to the
-launcher with 8 streams in flight (held by freezing the worker) answers new requests 503, lets all 8 finish, then every process exits, the
-launcher with status 0."""
+launcher with 8 streams in flight (held by freezing the worker) answers new requests 503, lets all 8 finish, then
+every process exits, the launcher with status 0."""
 
 from __future__ import annotations
 
