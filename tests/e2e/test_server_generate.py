@@ -21,9 +21,10 @@ def greedy(**kw):
 
 def test_stream_equals_generate_with_multibyte_text(smol_server):
     messages = [{"role": "user", "content": "Write the Japanese word for cat, then three cat emoji."}]
+    salt = "multibyte"  # this test's own cache: other tests on the session's server share the template's system turn
     with smol_server.client(timeout=300) as c:
-        full = c.generate(messages=messages, **greedy(max_tokens=12))
-        chunks = list(c.stream(messages=messages, **greedy(max_tokens=12)))
+        full = c.generate(messages=messages, cache_salt=salt, **greedy(max_tokens=12))
+        chunks = list(c.stream(messages=messages, cache_salt=salt, **greedy(max_tokens=12)))
     streamed = "".join(ch.text for ch in chunks)
     assert streamed == full.text
     assert [t for ch in chunks for t in ch.token_ids] == full.token_ids
