@@ -93,7 +93,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             schema, regex, choice, grammar, json_object or structural tag), or None. Each step the worker masks the
             tokens the grammar forbids (after the penalties, greedy and sampled rows alike); the grammar allows EOS
             exactly when the completion is complete, so a completed one ends with finish_reason "stop" (or "length"
-            at max_tokens first). Not supported with use_beam_search or ignore_eos (InvalidSamplingParams).
+            at max_tokens first). Not supported with use_beam_search, ignore_eos or min_tokens (InvalidSamplingParams).
 
     Raises:
         InvalidSamplingParams: on any value of the wrong type or outside the ranges above, naming the field (msgspec
@@ -218,6 +218,10 @@ def _check_structured_outputs(p: SamplingParams) -> None:
         raise InvalidSamplingParams("structured_outputs is not supported with use_beam_search")
     if p.ignore_eos:
         raise InvalidSamplingParams("structured_outputs is not supported with ignore_eos (the grammar ends with EOS)")
+    if p.min_tokens:
+        raise InvalidSamplingParams(
+            "structured_outputs is not supported with min_tokens (the grammar ends with EOS, which min_tokens masks)"
+        )
 
 
 def _show(value: object) -> str:
