@@ -155,6 +155,11 @@ def test_non_streamed_message():
     text = "<tool_call>{broken</tool_call>"
     assert chat_message(text, "stop", HERMES) == ({"role": "assistant", "content": text}, "stop")
     assert chat_message(TWO_CALLS, "length", None) == ({"role": "assistant", "content": TWO_CALLS}, "length")
+    # cut by max_tokens after a whole call and inside the next: the calls are returned, but the answer is cut
+    # ("length", as OpenAI ends any answer max_tokens cut), not "tool_calls" with the half call as content
+    cut, finish = chat_message(TWO_CALLS[:-25], "length", HERMES)
+    assert (_calls(cut), finish) == ([("get_weather", '{"city": "Oslo"}')], "length")
+    assert chat_message(TWO_CALLS, "abort", HERMES)[1] == "abort"
 
 
 def test_streamed_deltas_fold_into_the_non_streamed_message():
@@ -177,3 +182,4 @@ def test_streamed_deltas_fold_into_the_non_streamed_message():
             {"index": 1, "function": {"arguments": "{}"}},
         ]
         assert stream.finish_reason("stop") == "tool_calls" and stream.finish_reason(None) is None
+        assert stream.finish_reason("length") == "length"
