@@ -220,7 +220,7 @@ def _check_structured_outputs(p: SamplingParams) -> None:
         raise InvalidSamplingParams("structured_outputs is not supported with ignore_eos (the grammar ends with EOS)")
     if p.min_tokens:
         raise InvalidSamplingParams(
-            "structured_outputs is not supported with min_tokens (a complete value may allow nothing but EOS)"
+            "structured_outputs is not supported with min_tokens (the grammar ends with EOS, which min_tokens masks)"
         )
 
 

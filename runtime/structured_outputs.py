@@ -14,6 +14,9 @@ import msgspec
 MAX_SPEC_CHARS = 1_000_000  # characters of one schema / regex / grammar / structural tag (its JSON text)
 MAX_CHOICES = 1024  # strings of a `choice` constraint
 MAX_CHOICE_CHARS = 100_000  # characters over all of a `choice` constraint's strings
+# the start of the worker's error for a sequence whose constraint allows no next token (e.g. the regex "[^\s\S]"):
+# its request fails as invalid (a 400 naming the constraint's field), not as a server error (runtime.scheduler.finish)
+NO_TOKEN = "structured_outputs allows no token"
 
 
 class InvalidStructuredOutputs(ValueError):

@@ -8,13 +8,14 @@ from collections import deque
 from collections.abc import Callable
 
 from radix.manager import KVCacheManager
-from runtime.protocol import PromptLogprobs, TokenLogprobs, TokenOutput
+from runtime.protocol import ERR_INVALID, PromptLogprobs, TokenLogprobs, TokenOutput
 from runtime.scheduler.beam_scores import PRUNED, beam_outputs
 from runtime.scheduler.registry import SequenceRegistry
 from runtime.scheduler.request import RequestFailure, RequestState, SchedulerSeq, SeqStatus
 from runtime.scheduler.stats import SchedulerCounters
 from runtime.scheduler.step_plan import InflightChunk
 from runtime.scheduler.waiting_queue import WaitingQueue
+from runtime.structured_outputs import NO_TOKEN
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +184,10 @@ class Finisher:
                 error,
             )
             self.finish_request(req, "abort")
-            self._failures.append(RequestFailure(req.rid, f"the worker failed step {step_id}: {error}"))
+            if error.startswith(NO_TOKEN):  # the client's constraint, not the server, failed
+                self._failures.append(RequestFailure(req.rid, error, ERR_INVALID))
+            else:
+                self._failures.append(RequestFailure(req.rid, f"the worker failed step {step_id}: {error}"))
 
     # ------------------------------------------------------------------ draining
     def drain_outputs(self) -> list[TokenOutput]:

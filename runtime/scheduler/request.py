@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from radix.keys import BlockKeys
-from runtime.protocol import TokenLogprobs, Usage
+from runtime.protocol import ERR_SERVER, TokenLogprobs, Usage
 from runtime.sampling_params import SamplingParams
 
 
@@ -32,6 +32,7 @@ class RequestFailure(NamedTuple):
 
     rid: str
     message: str
+    code: str = ERR_SERVER  # ERR_INVALID: the request's own constraint allows no token (a client error)
 
 
 class SeqStatus(enum.Enum):

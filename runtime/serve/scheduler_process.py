@@ -133,8 +133,9 @@ class SchedulerServer:
     def on_result(self, result: p.ForwardResult) -> None:
         """Applies the worker's result and forwards the step's TokenOutputs and KV events. Each request the
         scheduler failed for it (a sequence the worker could not run, or every request of a step that failed as a
-        whole) gets RequestFailed(rid, ERR_SERVER, why) instead of its TokenOutputs (clients see an error, not a
-        quiet "abort"); every other request's outputs go on unchanged."""
+        whole) gets RequestFailed(rid, ERR_SERVER, why) (ERR_INVALID when its own constraint allowed no token)
+        instead of its TokenOutputs (clients see an error, not a quiet "abort"); every other request's outputs go on
+        unchanged."""
         self.in_flight = False
         if self.step_sent is not None:
             self.health.on_step(time.monotonic() - self.step_sent, self.step_tokens)
@@ -145,7 +146,7 @@ class SchedulerServer:
             failed = {f.rid for f in failures}
             outputs = [o for o in outputs if o.rid not in failed]
             for f in failures:
-                self._send(p.RequestFailed(f.rid, p.ERR_SERVER, f.message))
+                self._send(p.RequestFailed(f.rid, f.code, f.message))
         self.flush_outputs(outputs)
 
     def flush_outputs(self, outputs: list[p.TokenOutput]) -> None:

@@ -178,6 +178,8 @@ def test_max_tokens_too_small_ends_with_length(oai):
             "response_format",
             "ignore_eos",
         ),
+        ({"extra_body": {"guided_choice": ["yes"], "min_tokens": 5}}, "guided_choice", "min_tokens"),  # was a 500
+        ({"extra_body": {"guided_regex": r"ab[^\s\S]"}}, "guided_regex", "allows no token"),  # was a 500
     ],
 )
 def test_bad_constraints_are_a_400_naming_the_field(oai, zmq, wait_idle, kw, param, words):

@@ -20,7 +20,7 @@ import xgrammar as xgr
 
 from runtime.model.grammar.bitmask import GrammarRows
 from runtime.model.grammar.compiler import GrammarCache
-from runtime.structured_outputs import StructuredOutputs
+from runtime.structured_outputs import NO_TOKEN, StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,9 @@ class GrammarState:
 
     def record(self, seq_ids: Sequence[int], token_ids: Sequence[int]) -> dict[int, str]:
         """Advance the matcher of each constrained seq_ids[i] by token_ids[i] (aligned; others skipped). Returns the
-        sequences whose token the grammar rejected (seq_id -> why); their matchers are left as they were. O(len)."""
+        sequences whose token the grammar rejected (seq_id -> why: starting with NO_TOKEN when the grammar allowed no
+        token at all, so the row's scores were all -inf); their matchers are left as they were. O(len), plus a
+        bitmask fill per rejection."""
         rejected: dict[int, str] = {}
         if not self._entries:
             return rejected
@@ -116,8 +118,15 @@ class GrammarState:
             if entry is None or entry.matcher is None:
                 continue
             if not entry.matcher.accept_token(token_id):
-                rejected[seq_id] = f"GrammarError: the grammar rejects sampled token {token_id}"
+                rejected[seq_id] = self._rejection(entry.matcher, token_id)
         return rejected
+
+    def _rejection(self, matcher: xgr.GrammarMatcher, token_id: int) -> str:
+        bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        matcher.fill_next_token_bitmask(bitmask)
+        if not bool(bitmask.any()):
+            return f"{NO_TOKEN} here: it matches no text that continues the output so far (a regex of no string?)"
+        return f"GrammarError: the grammar rejects sampled token {token_id}"
 
     def _matcher(self, seq_id: int) -> xgr.GrammarMatcher:
         entry = self._entries[seq_id]

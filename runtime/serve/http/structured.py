@@ -106,6 +106,12 @@ def _build(fields: dict[str, Any], param: str, prefix: str) -> Constraint:
     for key in ("json", "structural_tag"):
         if isinstance(fields.get(key), (dict, list, bool)):
             fields[key] = json.dumps(fields[key])
+    if "json" in fields and not isinstance(fields["json"], str):  # a number or null: no schema at all
+        raise bad_request(
+            f"{param} must be a JSON schema object (or its JSON text), got {type(fields['json']).__name__}",
+            param,
+            "invalid_type",
+        )
     try:
         return Constraint(StructuredOutputs(**fields), param)
     except InvalidStructuredOutputs as exc:

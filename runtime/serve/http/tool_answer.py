@@ -1,7 +1,8 @@
 """Tool calls in a chat answer, as the OpenAI API returns them, from what the model wrote (runtime.text.tool_parsers).
 
 Non-streamed: message.tool_calls [{"id": "call_<24 hex>", "type": "function", "function": {"name", "arguments"}}],
-content null when the whole answer is calls, finish_reason "tool_calls" when there is a call. Streamed: the same
+content null when the whole answer is calls, finish_reason "tool_calls" when there is a call and the model ended
+its answer (an answer max_tokens cut keeps "length", as OpenAI's: a call cut there stays content). Streamed: the same
 parser, fed each chunk's text, releases content deltas and whole calls; each call is sent as OpenAI streams one, a
 delta with its index, id, type, name and empty arguments, then a delta with its arguments. A call is sent once its
 text parsed whole (nothing sent is retracted), so its arguments come as one fragment. Both face the same parser on
@@ -29,7 +30,8 @@ def call_body(call: ToolCall, id: str) -> dict[str, Any]:
 
 def chat_message(text: str, finish_reason: str | None, setup: ToolSetup | None) -> tuple[dict[str, Any], str | None]:
     """The message of a non-streamed choice whose text is `text`, and its finish_reason ("tool_calls" when the
-    answer holds a call). setup None: no parsing, the text is the content."""
+    answer holds a call and finish_reason is "stop"; else finish_reason). setup None: no parsing, the text is the
+    content."""
     if setup is None:
         return {"role": "assistant", "content": text}, finish_reason
     parsed = parse(setup.parser(), text)
@@ -41,7 +43,7 @@ def chat_message(text: str, finish_reason: str | None, setup: ToolSetup | None) 
         "content": parsed.content or None,
         "tool_calls": [call_body(c, call_id()) for c in calls],
     }
-    return message, "tool_calls"
+    return message, "tool_calls" if finish_reason == "stop" else finish_reason
 
 
 class ToolCallStream:
@@ -72,5 +74,6 @@ class ToolCallStream:
         return out
 
     def finish_reason(self, reason: str | None) -> str | None:
-        """The choice's finish_reason: "tool_calls" once a call was sent, else the backend's."""
-        return "tool_calls" if reason is not None and self.num_calls else reason
+        """The choice's finish_reason: "tool_calls" once a call was sent and the backend's is "stop", else the
+        backend's ("length": max_tokens cut the answer)."""
+        return "tool_calls" if reason == "stop" and self.num_calls else reason

@@ -43,7 +43,8 @@ class ChatTools(NamedTuple):
 
 def chat_tools(tools: Any, tool_choice: Any, parallel: bool | None, parser: type[ToolParser]) -> ChatTools:
     """The checked tool fields of a chat request. Raises OpenAIError (400) naming the field: a tool that is not
-    {"type": "function", "function": {"name", "description"?, "parameters"?: object, "strict"?}}, a bad or repeated
+    {"type": "function", "function": {"name", "description"?, "parameters"?: object schema, "strict"?}} (a
+    parameters schema whose type is not "object", as OpenAI refuses it), a bad or repeated
     name, more than MAX_TOOLS tools, a tool_choice that is none of the four forms or names no tool, a tool_choice
     other than "none" without tools. O(tools)."""
     specs = _functions(tools) if tools else []
@@ -103,6 +104,11 @@ def _function(at: str, tool: Any) -> FunctionSpec:
     params = f.get("parameters")
     if params is not None and not isinstance(params, dict):
         raise bad_request(f"{at}.function.parameters must be a JSON schema object", f"{at}.function.parameters")
+    if params is not None and params.get("type", "object") != "object":  # a call's arguments are an object
+        raise bad_request(
+            f'{at}.function.parameters must be a schema of type "object", got type {str(params["type"])[:40]!r}',
+            f"{at}.function.parameters",
+        )
     if f.get("description") is not None and not isinstance(f["description"], str):
         raise bad_request(f"{at}.function.description must be a string", f"{at}.function.description", "invalid_type")
     return FunctionSpec(name, params)

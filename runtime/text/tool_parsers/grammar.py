@@ -42,7 +42,7 @@ def tool_call_constraint(parser: type[ToolParser], functions: list[FunctionSpec]
     for f in functions:
         fmt = parser.call_format(f.name)
         separator = fmt.separator
-        schema = f.parameters if f.parameters is not None else {"type": "object"}
+        schema = {"type": "object", **(f.parameters or {})}  # {} or no type allowed any JSON: arguments are objects
         content = {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
         tags.append({"type": "tag", "begin": fmt.begin, "content": content, "end": fmt.end})
     calls = {

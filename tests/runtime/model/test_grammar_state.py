@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from runtime.model.grammar import GrammarCache, GrammarState, apply_token_bitmask
-from runtime.structured_outputs import InvalidStructuredOutputs, StructuredOutputs
+from runtime.structured_outputs import NO_TOKEN, InvalidStructuredOutputs, StructuredOutputs
 
 VOCAB = 49152
 EOS = 2
@@ -81,3 +81,14 @@ def test_a_constraint_that_does_not_compile_raises_at_the_step(state):
         state.rows([1])
     state.remove(1)
     assert len(state) == 0 and state.rows([1]) is None
+
+
+def test_a_constraint_that_allows_no_token_says_so(state):
+    # "[^\s\S]" matches no string: every bit of its mask is 0, the row samples from all -inf, and the error must say
+    # the constraint allows nothing (a client error, runtime.scheduler.finish), not that the grammar rejects token 0
+    state.add(1, StructuredOutputs(regex=r"[^\s\S]"), [])
+    assert allowed(state, [1], 0) == set()
+    assert state.record([1], [0])[1].startswith(NO_TOKEN)
+    state.add(2, StructuredOutputs(choice=["yes", "no"]), [])
+    state.rows([2])
+    assert state.record([2], [EOS])[2].startswith("GrammarError")  # a token outside a non-empty mask: as before

@@ -21,6 +21,7 @@ from runtime.sampling_params import SamplingParams
 from runtime.scheduler.request import RequestFailure, SeqStatus
 from runtime.scheduler.scheduler import Scheduler
 from runtime.serve.scheduler_process import SchedulerServer
+from runtime.structured_outputs import NO_TOKEN
 from tests.runtime.scheduler.harness import FakeRunner, Harness, reference
 
 POISON = 4242  # a token id that only the poisoned prompts contain
@@ -244,6 +245,27 @@ def test_on_result_answers_request_failed_for_the_culprit_only():
     stats = server.server_stats()
     assert (stats.num_running, stats.num_used_blocks) == (2, 2)
     assert sorted(sched.requests) == ["a", "c"]
+
+
+def test_a_constraint_that_allows_no_token_fails_its_request_as_invalid():
+    """The worker's NO_TOKEN error (the request's regex matches no string) is the client's: RequestFailed with
+    ERR_INVALID and the worker's message (a 400 naming the field over HTTP), not ERR_SERVER "the worker failed"."""
+    sched = Scheduler(
+        KVCacheManager(32, 4), ServerArgs(num_blocks=32, block_size=4), max_model_len=64, eos_token_ids=[2]
+    )
+    to_worker = FakeSocket(p.ForwardBatch)
+    to_tok = FakeSocket(p.TokenizerInput)
+    server = SchedulerServer(sched, to_worker, to_tok, None, 5.0)
+    server.on_tokenizer_message(p.TokenizedRequest(rid="r", input_ids=[5, 6, 7], sampling_params=greedy(3)))
+    server.try_schedule()
+    [batch] = to_worker.sent
+    why = NO_TOKEN + " here: it matches no text"
+    server.on_result(
+        p.ForwardResult(batch.step_id, [], [], num_forward_tokens=3, failed_seq_ids=[1], failed_errors=[why])
+    )
+    assert to_tok.sent == [p.RequestFailed("r", p.ERR_INVALID, why)]
+    server.try_schedule()
+    assert server.server_stats().num_used_blocks == 0 and sched.requests == {}
 
 
 # ---------------------------------------------------------------------------------------------- the Engine

@@ -97,6 +97,13 @@ def test_completions_take_the_same_fields():
         ({"structured_outputs": {"choice": []}}, "structured_outputs.choice", "non-empty list"),
         ({"guided_regex": ""}, "guided_regex", "guided_regex is empty"),
         ({"guided_choice": "a"}, "guided_choice", "guided_choice must be a non-empty list"),
+        # a schema of 5 said "must be a string, got int" (a schema is an object; its JSON text is taken too)
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": 5}}},
+            "response_format.json_schema.schema",
+            "must be a JSON schema object",
+        ),
+        ({"guided_json": 5}, "guided_json", "guided_json must be a JSON schema object"),
         ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", "at most one"),
         ({"guided_regex": "a", "use_beam_search": True, "n": 2}, "guided_regex", "use_beam_search"),
     ],

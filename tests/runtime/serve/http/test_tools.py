@@ -72,6 +72,8 @@ def test_required_and_named_build_their_grammar():
         '<tool_call>\n{"name": "now", "arguments": ',
     ]
     assert [t["content"]["json_schema"] for t in fmt["tags"]] == [WEATHER["function"]["parameters"], {"type": "object"}]
+    empty = chat_request(chat(tools=[_tool("f", {})], tool_choice="required"), "r").tools
+    assert [t["content"]["json_schema"] for t in _tags(empty)["tags"]] == [{"type": "object"}]  # {} allowed any JSON
     assert (fmt["at_least_one"], fmt["stop_after_first"], required.parallel) == (True, False, True)
     single = chat_request(chat(tools=TOOLS, tool_choice="required", parallel_tool_calls=False), "r").tools
     assert (_tags(single)["stop_after_first"], single.parallel) == (True, False)
@@ -90,6 +92,8 @@ def test_required_and_named_build_their_grammar():
         ({"tools": [_tool("bad name")]}, "invalid_value", "tools[0].function.name"),
         ({"tools": [NOW, NOW]}, "invalid_value", "tools[1].function.name"),
         ({"tools": [_tool("f", [1])]}, "invalid_value", "tools[0].function.parameters"),
+        # arguments are an object (OpenAI refuses other types): "required" forced [1, 2, 3], which no parser reads
+        ({"tools": [NOW, _tool("f", {"type": "array"})]}, "invalid_value", "tools[1].function.parameters"),
         ({"tools": [_tool("f")] * 129}, "invalid_value", "tools"),
         ({"tool_choice": "required"}, "invalid_value", "tool_choice"),
         ({"tools": TOOLS, "tool_choice": "always"}, "invalid_value", "tool_choice"),
@@ -155,6 +159,11 @@ def test_non_streamed_message():
     text = "<tool_call>{broken</tool_call>"
     assert chat_message(text, "stop", HERMES) == ({"role": "assistant", "content": text}, "stop")
     assert chat_message(TWO_CALLS, "length", None) == ({"role": "assistant", "content": TWO_CALLS}, "length")
+    # cut by max_tokens after a whole call and inside the next: the calls are returned, but the answer is cut
+    # ("length", as OpenAI ends any answer max_tokens cut), not "tool_calls" with the half call as content
+    cut, finish = chat_message(TWO_CALLS[:-25], "length", HERMES)
+    assert (_calls(cut), finish) == ([("get_weather", '{"city": "Oslo"}')], "length")
+    assert chat_message(TWO_CALLS, "abort", HERMES)[1] == "abort"
 
 
 def test_streamed_deltas_fold_into_the_non_streamed_message():
@@ -177,3 +186,4 @@ def test_streamed_deltas_fold_into_the_non_streamed_message():
             {"index": 1, "function": {"arguments": "{}"}},
         ]
         assert stream.finish_reason("stop") == "tool_calls" and stream.finish_reason(None) is None
+        assert stream.finish_reason("length") == "length"
