@@ -17,6 +17,8 @@ MAX_CHOICE_CHARS = 100_000  # characters over all of a `choice` constraint's str
 # the start of the worker's error for a sequence whose constraint allows no next token (e.g. the regex "[^\s\S]"):
 # its request fails as invalid (a 400 naming the constraint's field), not as a server error (runtime.scheduler.finish)
 NO_TOKEN = "structured_outputs allows no token"
+GRAMMAR_PENDING = "GrammarPending"  # a worker's failure of a sequence whose grammar still compiles: it is requeued
+GRAMMAR_WAIT_S = 0.05  # seconds a step waits for the compiles of its sampling sequences before requeueing them
 
 
 class InvalidStructuredOutputs(ValueError):

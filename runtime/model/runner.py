@@ -29,6 +29,7 @@ from runtime.model.sampler import Sampler, SampleRequest
 from runtime.model.threads import set_cpu_threads
 from runtime.model.worker_seqs import StepInputs, WorkerSeq, WorkerSeqs
 from runtime.protocol import ForwardBatch, ForwardResult, PromptLogprobs, Ready, ScheduledSeq, TokenLogprobs
+from runtime.structured_outputs import GRAMMAR_PENDING, GRAMMAR_WAIT_S
 
 logger = logging.getLogger(__name__)
 
@@ -189,11 +190,26 @@ class ModelRunner:
         """
         step = self.apply_structure(batch)
         failed = {seq_id: f"{INVALID_DELTA}: {problem}" for seq_id, problem in step.invalid.items()}
+        self._hold_pending_grammars(step, failed)
         self.step_prompt_logprobs = {}
         sampled: dict[int, Sampled] = {}
         if step.runnable:
             run_isolated(step.runnable, self._run, sampled, failed)
         return self.finish_step(batch.step_id, step.runnable, sampled, failed)
+
+    def _hold_pending_grammars(self, step: StepSeqs, failed: dict[int, str]) -> None:
+        """Take out of step the sampling sequences whose grammar is still compiling after GRAMMAR_WAIT_S, each failed
+        with GRAMMAR_PENDING (the scheduler requeues them, runtime/scheduler/scheduler.py), so a slow compile never
+        holds up the other sequences. Mutates step.runnable and failed. O(len(step.runnable))."""
+        sampling = [s.seq_id for s in step.runnable if s.sample]
+        if not sampling or not len(self.grammars):
+            return
+        pending = set(self.grammars.pending(sampling, GRAMMAR_WAIT_S))
+        if not pending:
+            return
+        for seq_id in pending:
+            failed[seq_id] = f"{GRAMMAR_PENDING}: its grammar is still compiling"
+        step.runnable[:] = [s for s in step.runnable if s.seq_id not in pending]
 
     def _run(self, seqs: list[ScheduledSeq]) -> dict[int, Sampled]:
         """Forward + sample seqs: seq_id -> Sampled of each sequence that samples. The prompt logprobs of the

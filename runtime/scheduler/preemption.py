@@ -102,6 +102,18 @@ class Preemption:
         self._waiting.requeue_front(seq, step.step_id)
         logger.debug("preempted seq %d of %s (recompute)", seq.seq_id, seq.req.rid)
 
+    def requeue(self, seq: SchedulerSeq, step_id: int) -> None:
+        """Put running seq back at the front of waiting, as a recompute preemption does, for a sequence the worker
+        has already forgotten (it did not run: its grammar still compiles); its full computed blocks stay cached.
+        Not counted as a preemption."""
+        self._running.remove(seq)
+        seq.in_worker = False
+        seq.sent_blocks = 0
+        self._manager.free(seq.seq_id)
+        seq.status = SeqStatus.WAITING
+        seq.preempted = True
+        self._waiting.requeue_front(seq, step_id)
+
     def swap_in_next(self, step: StepPlan) -> SchedulerSeq | None:
         """Swap the oldest swapped-out sequence back in (the (host, device) pairs join step.swap_in) and return it,
         RUNNING and new to the worker, for the caller to plan; None when none is swapped out or its blocks (plus one

@@ -44,6 +44,7 @@ from runtime.scheduler.request import RequestFailure, RequestRejected, RequestSt
 from runtime.scheduler.stats import SchedulerCounters, scheduler_stats
 from runtime.scheduler.step_plan import InflightChunk, StepPlan
 from runtime.scheduler.waiting_queue import WaitingQueue
+from runtime.structured_outputs import GRAMMAR_PENDING
 
 _ADMISSION_ORDER = attrgetter("admitted_at")
 
@@ -249,6 +250,7 @@ class Scheduler:
         failed = dict(zip(result.failed_seq_ids, result.failed_errors, strict=True))
         if result.error is not None:
             failed = {chunk.seq.seq_id: result.error for chunk in self._inflight}
+        self._requeue_pending_grammars(failed, result.step_id)
         if failed:
             self._finisher.fail_requests(self._inflight, result.step_id, failed)
         sampled = dict(zip(result.seq_ids, result.token_ids, strict=True))
@@ -268,6 +270,17 @@ class Scheduler:
                 self._samples.fork(seq)
         self._inflight = []
         return self.drain_outputs()
+
+    def _requeue_pending_grammars(self, failed: dict[int, str], step_id: int) -> None:
+        """Requeue, instead of failing, each sequence the worker did not sample because its grammar still compiles
+        (GRAMMAR_PENDING, runtime/model/grammar/state.py): it goes back to the front of waiting, its full computed
+        blocks cached, and samples once its compile is done. Mutates failed (those entries leave it)."""
+        pending = [seq_id for seq_id, error in failed.items() if error.startswith(GRAMMAR_PENDING)]
+        for chunk in self._inflight:
+            if chunk.seq.seq_id in pending and chunk.seq.status == SeqStatus.RUNNING:
+                self._preemption.requeue(chunk.seq, step_id)
+        for seq_id in pending:
+            del failed[seq_id]
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> ServerStats:

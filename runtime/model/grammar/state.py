@@ -5,14 +5,16 @@ so it advances in place with no message (the scheduler-side alternative, vLLM's,
 constrained row per step: 6 KiB a row for a 49k vocabulary). It follows the sequence like the penalty state does:
 made when the worker registers the sequence, replayed from the output tokens the sequence carries when it
 re-registers (after preemption by recompute or swap, or a copy-on-write re-send), freed when the sequence is dropped,
-aborted or fails.
+aborted or fails. A sequence whose grammar still compiles when it would sample is not sampled: the runner fails it
+with GRAMMAR_PENDING and the scheduler requeues it (recompute from its cached prefix), so the batch never waits for a
+compile beyond GRAMMAR_WAIT_S (runtime/structured_outputs.py).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
 import torch
@@ -78,13 +80,23 @@ class GrammarState:
         """Forget seq_id's matcher (no-op when it has none). O(1)."""
         self._entries.pop(seq_id, None)
 
+    def pending(self, seq_ids: Sequence[int], wait_s: float) -> list[int]:
+        """The constrained seq_ids whose compile has not finished after waiting up to wait_s seconds (in all) for
+        them: the runner requeues these instead of sampling them, so a slow compile (a big schema seen for the first
+        time) never holds up the batch for more than wait_s. O(len(seq_ids))."""
+        waiting = {s: self._entries[s].compiled for s in seq_ids if s in self._entries}
+        running = [f for f in waiting.values() if not f.done()]
+        if running:
+            wait(running, timeout=wait_s)
+        return [s for s, f in waiting.items() if not f.done()]
+
     def rows(self, seq_ids: Sequence[int]) -> GrammarRows | None:
         """The GrammarRows of a step whose logits rows belong to seq_ids (in order), or None when none of them is
         constrained (the step then does no grammar work at all).
 
-        Waits for a compile that has not finished (the only wait on the step: a constraint seen for the first time
-        whose compile outlasts the sequence's prefill). Makes each new matcher and replays its output tokens. Fills
-        one bitmask row per constrained sequence (xgrammar's batch fill, on its threads) and copies it to the device.
+        Expects every compile done (the runner first takes the pending() sequences out of the step; a compile still
+        running is waited for). Makes each new matcher and replays its output tokens. Fills one bitmask row per
+        constrained sequence (xgrammar's batch fill, on its threads) and copies it to the device.
         Reads the matchers only, so a re-run of the step gets the same rows.
 
         Raises:
