@@ -92,7 +92,9 @@ def test_sigterm_drains_eight_streams_then_exits_0(tiny_llama_dir, tmp_path):
         "120",
         "--served-model-name",
         "tiny",
-        env={**os.environ, "RADIXSERVE_THREADS": "1"},
+        "--log-level",
+        "INFO",  # the drain's log line is checked (an earlier in-process launch may have left a quieter level)
+        env={**os.environ, "RADIXSERVE_THREADS": "1", "RADIXSERVE_LOG_LEVEL": "INFO"},
     )
     pids = descendants(server.proc.pid)
     assert len(pids) == 4
