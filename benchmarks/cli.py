@@ -4,6 +4,7 @@ defaults, and --out picks where the JSON goes (a smoke run writes nothing unless
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,15 @@ def output_path(out: Path | None, smoke: bool, default: Path) -> Path | None:
     if smoke:
         return None
     return default
+
+
+def write_result(result: dict[str, Any], out: Path | None, smoke: bool, default: Path) -> None:
+    """Writes result as indented JSON to output_path(out, smoke, default), making its folder (nothing for a smoke
+    run without --out)."""
+    path = output_path(out, smoke, default)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def run_mode(smoke: bool, quick: bool) -> str:

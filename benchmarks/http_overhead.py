@@ -30,7 +30,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cli import output_path
+from benchmarks.cli import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "http_overhead.json"
@@ -189,9 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     rounds, warmup = (5, 2) if ns.smoke else (ns.rounds, ns.warmup)
     result = run(ns.model, rounds, warmup, ns.logs)
-    path = output_path(ns.out, ns.smoke, RESULTS)
-    if path is not None:
-        path.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(result, ns.out, ns.smoke, RESULTS)
     ttft = result["ttft"]
     print(
         f"TTFT p50: zmq {ttft['zmq']['p50_ms']:.2f} ms, http {ttft['http']['p50_ms']:.2f} ms, openai SDK "

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 
-from benchmarks.cli import output_path
+from benchmarks.cli import write_result
 from runtime.engine import Engine
 from runtime.model.cpu_features import machine_facts
 from runtime.protocol import ForwardBatch, ForwardResult
@@ -108,10 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
         ns.prompt_len = 32
         ns.repeats = 1
     result = run(ns.model, ns.prompts, ns.prompt_len, ns.repeats, ns.seed)
-    path = output_path(ns.out, ns.smoke, RESULTS)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(result, ns.out, ns.smoke, RESULTS)
     print(json.dumps(result, indent=2))
     return result
 

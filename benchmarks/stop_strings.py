@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.cli import output_path
+from benchmarks.cli import write_result
 from runtime.text.stop_strings import StopAutomaton, StopChecker
 
 RESULTS = Path(__file__).parent / "results" / "stop_strings.json"
@@ -148,10 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
         ns.tokens = 200
         ns.repeats = 1
     result = run(ns.tokens, ns.repeats, ns.stop_len, (1, 64), ns.seed)
-    path = output_path(ns.out, ns.smoke, RESULTS)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(result, ns.out, ns.smoke, RESULTS)
     print(json.dumps(result, indent=2))
     return result
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cli import output_path
+from benchmarks.cli import write_result
 
 RESULTS = Path(__file__).parent / "results" / "structured_outputs.json"
 LONG_ARRAY = {
@@ -191,10 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
         ns.steps = 3
         ns.repeats = 1
     result = run(ns.model, ns.dtype, ns.device, ns.batches, ns.steps, ns.repeats)
-    path = output_path(ns.out, ns.smoke, RESULTS)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(result, ns.out, ns.smoke, RESULTS)
     print(json.dumps(result, indent=2))
     return result
 
