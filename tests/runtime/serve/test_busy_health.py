@@ -7,10 +7,6 @@ a router's 3 s probe timeout, and was taken out of rotation with its streams fai
 
 from __future__ import annotations
 
-import msgspec
-import pytest
-import zmq
-
 from radix.manager import KVCacheManager
 from runtime import protocol as p
 from runtime.config import ServerArgs
@@ -18,28 +14,7 @@ from runtime.sampling_params import SamplingParams
 from runtime.scheduler.scheduler import Scheduler
 from runtime.serve.health import FIRST_STEP_S, WorkerHealth
 from runtime.serve.scheduler_process import SchedulerServer
-
-
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
-def link(ctx: zmq.Context, name: str) -> tuple[zmq.Socket, zmq.Socket]:
-    pull = ctx.socket(zmq.PULL)
-    push = ctx.socket(zmq.PUSH)
-    pull.bind(f"inproc://{name}")
-    push.connect(f"inproc://{name}")
-    return push, pull
-
-
-def drain(pull: zmq.Socket, msg_type) -> list:
-    out = []
-    while pull.poll(50):
-        out.append(msgspec.msgpack.decode(pull.recv(), type=msg_type))
-    return out
+from tests.runtime.serve.inproc import drain, link
 
 
 def test_step_status_by_the_age_and_size_of_the_step():

@@ -20,29 +20,7 @@ from runtime.serve.health import WorkerHealth
 from runtime.serve.process import ChildSpec, Endpoints, new_ipc_base, one_line, remove_ipc_base, stop_message
 from runtime.serve.scheduler_process import SchedulerServer
 from runtime.serve.worker_process import serve_worker
-
-
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
-def link(ctx: zmq.Context, name: str) -> tuple[zmq.Socket, zmq.Socket]:
-    """(push, pull) of an inproc link."""
-    pull = ctx.socket(zmq.PULL)
-    push = ctx.socket(zmq.PUSH)
-    pull.bind(f"inproc://{name}")
-    push.connect(f"inproc://{name}")
-    return push, pull
-
-
-def drain(pull: zmq.Socket, msg_type) -> list:
-    out = []
-    while pull.poll(50):
-        out.append(msgspec.msgpack.decode(pull.recv(), type=msg_type))
-    return out
+from tests.runtime.serve.inproc import drain, link
 
 
 def test_worker_health_answers_ok_only_after_the_reply_and_times_out_per_request():
