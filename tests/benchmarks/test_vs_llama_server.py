@@ -191,7 +191,9 @@ def test_smoke_against_the_stub(tiny_llama_dir: Path, tmp_path: Path):
         m, s = e["multi_turn"], e["single_stream"]
         assert m["requests"] == 4 and m["prompt_tokens_agree"] == 4, name
         assert [row[5] for row in m["trace"]] == [4, 4, 4, 4], name  # completion tokens per request
-        assert m["output_tok_per_s"] > 0 and m["ttft_p50_s"] > 0 and m["tpot_s"] > 0 and m["hit_rate"] > 0, name
+        assert m["output_tok_per_s"] > 0 and m["ttft_p50_s"] > 0 and m["hit_rate"] > 0, name
+        # a tiny model's 4 tokens may reach the client in one event: TPOT (0.1 ms resolution) can round to 0
+        assert m["tpot_s"] is not None and m["tpot_s"] >= 0, name
         assert len(s["runs"]) == 2 and s["one_token_per_chunk"], name
         assert [(r["tokens"], r["chunks"]) for r in s["runs"]] == [(8, 8), (8, 8)], name
         assert s["decode_tok_s"] == round(sum(r["decode_tok_s"] for r in s["runs"]) / 2, 2) > 0, name
