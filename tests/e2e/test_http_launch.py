@@ -21,7 +21,7 @@ from runtime.serve.http.process import check_bindable, connect_endpoint, http_ch
 from runtime.serve.launch import build_parser
 from runtime.serve.process import StartupError
 from tests.e2e.http_servers import http, scrape, start_http_server
-from tests.e2e.processes import descendants
+from tests.e2e.processes import descendants, role_pids
 from tests.e2e.servers import TINY_FLAGS
 from tests.paths import ROOT
 
@@ -105,19 +105,6 @@ def keyed(tiny_llama_dir, tmp_path_factory):
     server.stop()
 
 
-def _role_pids(launcher_pid: int) -> dict[str, int]:
-    out = {}
-    for pid in descendants(launcher_pid):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        for role in ("worker", "scheduler", "tokenizer", "http"):
-            if f'"role":"{role}"'.encode() in cmd:
-                out[role] = pid
-    return out
-
-
 def test_launcher_serves_the_openai_sdk(keyed):
     from openai import OpenAI
 
@@ -156,7 +143,7 @@ def test_api_key_is_enforced_on_v1(keyed):
 
 
 def test_api_key_is_never_on_a_command_line(keyed):
-    roles = _role_pids(keyed.proc.pid)
+    roles = role_pids(keyed.proc.pid)
     assert set(roles) == {"worker", "scheduler", "tokenizer", "http"}
     assert KEY.encode() in Path(f"/proc/{keyed.proc.pid}/cmdline").read_bytes()  # the user typed it there
     for pid in descendants(keyed.proc.pid):  # but it is copied onto no child's command line
@@ -173,7 +160,7 @@ def test_api_key_from_the_environment_and_shutdown_with_the_rest(tiny_llama_dir,
         status, answer = http("POST", server.url + "/v1/completions", body, {"Authorization": "Bearer sk-from-env"})
         assert status == 200, answer[:300]
         children = descendants(server.proc.pid)
-        assert "http" in _role_pids(server.proc.pid)
+        assert "http" in role_pids(server.proc.pid)
     finally:
         code = server.stop()
     assert code == 0
@@ -218,7 +205,7 @@ def test_router_launch_with_http_port(tiny_llama_dir, tmp_path):
         str(tiny_llama_dir), tmp_path / "router.log", "--replicas", "1", *TINY_FLAGS, module="router.launch"
     )
     try:
-        assert _role_pids(server.proc.pid).get("http") is not None
+        assert role_pids(server.proc.pid).get("http") is not None
         client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
         out = client.completions.create(
             model=str(tiny_llama_dir),
