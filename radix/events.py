@@ -12,6 +12,11 @@ events meant before the host tier) or "host" (the host tier, radix/host_tier.py)
 written back is BlockStored(medium="host") then BlockRemoved(medium="device"); one loaded back is
 BlockStored(medium="device") (its host copy stays); a consumer that ignores the medium never believes a block is on
 the device when it is not. The same hash names a block on either tier.
+
+Token ids: a log made with ``token_ids=True`` puts each stored block's tokens in its BlockStored (``token_ids``: the
+tree's packed keys, uint32 little endian, block_size per block, in ``block_hashes`` order), for publishers whose wire
+format carries them (vLLM's, runtime/serve/vllm_events.py); off, the field stays empty and the events are as small as
+before.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class BlockStored(msgspec.Struct, tag="kv_block_stored", forbid_unknown_fields=T
     parent_block_hash: BlockHash | None
     block_size: int
     medium: Medium = DEVICE
+    token_ids: bytes = b""  # the blocks' tokens, packed (radix.hashing.pack_tokens); b"": not recorded
 
 
 class BlockRemoved(msgspec.Struct, tag="kv_block_removed", forbid_unknown_fields=True):
@@ -78,16 +84,18 @@ class KvEventLog:
 
     A bounded ring: when ``capacity`` events wait undrained, recording one more drops the oldest (its number stays
     used, so the consumer finds the gap with find_gap and resyncs from a snapshot) and counts it in ``num_dropped``.
-    Mutates only itself; O(1) per event. ``enabled=False`` records nothing (numbers are then not consumed).
+    Mutates only itself; O(1) per event. ``enabled=False`` records nothing (numbers are then not consumed);
+    ``token_ids=True`` keeps the stored blocks' packed tokens in each BlockStored (O(tokens) bytes, joined in C).
 
     Raises:
         ValueError: capacity < 1.
     """
 
-    def __init__(self, enabled: bool = True, capacity: int = DEFAULT_EVENT_CAPACITY) -> None:
+    def __init__(self, enabled: bool = True, capacity: int = DEFAULT_EVENT_CAPACITY, token_ids: bool = False) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.enabled = enabled
+        self.token_ids = token_ids
         self.capacity = capacity
         self.num_dropped = 0
         self._events: deque[KvEvent] = deque(maxlen=capacity)
@@ -114,10 +122,13 @@ class KvEventLog:
         parent_block_hash: BlockHash | None,
         block_size: int,
         medium: Medium = DEVICE,
+        keys: Sequence[bytes] = (),
     ) -> None:
-        """Record a BlockStored event (no event for an empty list)."""
+        """Record a BlockStored event (no event for an empty list). keys: each block's packed tokens (the tree's
+        child keys, in block_hashes order), kept when the log was made with token_ids=True."""
         if self.enabled and block_hashes:
-            self._append(BlockStored(self._next_seq, block_hashes, parent_block_hash, block_size, medium))
+            tokens = b"".join(keys) if self.token_ids else b""
+            self._append(BlockStored(self._next_seq, block_hashes, parent_block_hash, block_size, medium, tokens))
 
     def removed(self, block_hashes: list[BlockHash], medium: Medium = DEVICE) -> None:
         """Record a BlockRemoved event (no event for an empty list)."""

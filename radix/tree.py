@@ -197,6 +197,7 @@ class RadixTree(PrefixCache):
         resident: list[int] = []
         duplicates: list[int] = []
         stored: list[BlockHash] = []
+        stored_keys: list[bytes] = []
         stored_parent: BlockHash | None = None
         lru_tick = nodes.tick() << ID_BITS
         hash_fn = self.hash_fn
@@ -229,6 +230,7 @@ class RadixTree(PrefixCache):
                     stored_parent = parent.block_hash
                 assert node.block_hash is not None
                 stored.append(node.block_hash)
+                stored_keys.append(key)
             elif node.block_id != block_id:
                 if rcs[node.block_id] == 1:
                     nodes.replace_idle(node, block_id, lru_tick | block_id)
@@ -236,7 +238,7 @@ class RadixTree(PrefixCache):
                     duplicates.append(block_id)
             resident.append(node.block_id)
             parent = node
-        nodes.events.stored(stored, stored_parent, self.block_size)
+        nodes.events.stored(stored, stored_parent, self.block_size, keys=stored_keys)
         return InsertResult(resident, duplicates, None if type(parent) is Root else parent)
 
     def cache_full_blocks(self, seq: SeqBlocks, num_full_blocks: int) -> None:

@@ -51,7 +51,7 @@ class TreeNodes:
         self.num_evictable = 0
         self.num_device = 0
         self.removed: list[BlockHash] = []  # left the device in the current call
-        self.host_stored: list[BlockHash] = []  # written back in the current call
+        self.host_stored: list[Node] = []  # written back in the current call
         self.host_removed: list[BlockHash] = []  # left the host tier in the current call
 
     def tick(self) -> int:
@@ -173,7 +173,8 @@ class TreeNodes:
         self.host_stored = []
         self.removed = []
         self.host_removed = []
-        self.events.stored(stored, None, self.block_size, HOST)
+        hashes = [node.block_hash for node in stored if node.block_hash is not None]
+        self.events.stored(hashes, None, self.block_size, HOST, [node.key for node in stored])
         self.events.removed(removed)
         self.events.removed(host_removed, HOST)
 

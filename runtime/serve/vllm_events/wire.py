@@ -1,0 +1,127 @@
+"""vLLM's KV event wire format (vllm/distributed/kv_events.py), and radixserve's events (radix/events.py) in it.
+
+A message is three frames: the topic, the batch's sequence number (8 bytes, big endian, 0, 1, 2, ... per publisher),
+and the msgpack of an EventBatch: an array ``[ts, events, data_parallel_rank]`` (ts: seconds since the epoch, a
+float). Each event is a map tagged by ``"type"``: ``"BlockStored"`` (block_hashes, parent_block_hash, token_ids,
+block_size, lora_id, medium, lora_name, group_idx), ``"BlockRemoved"`` (block_hashes, medium, group_idx),
+``"AllBlocksCleared"``. The Structs below encode to exactly those bytes, so vLLM's own classes (KVEventBatch) decode
+them; fields vLLM leaves at their default are omitted, as vLLM omits them.
+
+What radixserve sends in them:
+- block hashes: ours (radix/hashing.py, BLAKE2b-128 of the chained block content), as vLLM's ExternalBlockHash: by
+  default the int of their last 8 bytes read big endian (vLLM's ``maybe_convert_block_hash`` with its default
+  VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1); the 16 bytes themselves with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0. The
+  values differ from vLLM's own hashes of the same tokens (a consumer that hashes prompts itself uses token_ids).
+- medium: "GPU" for the device pool (vLLM's MEDIUM_GPU, whatever the device is), "CPU" for the host tier.
+- token_ids: the stored blocks' tokens, block_size per block, in block_hashes order. A device BlockStored is one
+  chain under parent_block_hash (None: it starts at the root); a host-tier one lists written-back blocks, leaves
+  first, not one chain (parent None), as radix/events.py states.
+- lora_id, lora_name: None (no adapters); group_idx: 0 (one KV cache group); extra_keys: omitted (a request's
+  cache_salt is in its first block's hash but not repeated here).
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Sequence
+
+import msgspec
+
+from radix.events import HOST, AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from radix.hashing import BlockHash
+
+MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
+ExternalBlockHash = bytes | int
+_LOW_64 = (1 << 64) - 1
+
+
+class VllmBlockStored(msgspec.Struct, tag="BlockStored", omit_defaults=True, gc=False):
+    """vLLM's BlockStored, field for field (the optional ones radixserve never sets are left out)."""
+
+    block_hashes: list[ExternalBlockHash]
+    parent_block_hash: ExternalBlockHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    group_idx: int | None = None
+
+
+class VllmBlockRemoved(msgspec.Struct, tag="BlockRemoved", omit_defaults=True, gc=False):
+    """vLLM's BlockRemoved."""
+
+    block_hashes: list[ExternalBlockHash]
+    medium: str | None
+    group_idx: int | None = None
+
+
+class VllmAllBlocksCleared(msgspec.Struct, tag="AllBlocksCleared", omit_defaults=True, gc=False):
+    """vLLM's AllBlocksCleared."""
+
+
+VllmEvent = VllmBlockStored | VllmBlockRemoved | VllmAllBlocksCleared
+
+
+class VllmEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """vLLM's KVEventBatch: ts (seconds since the epoch), the events in order, the publisher's data-parallel rank."""
+
+    ts: float
+    events: list[VllmEvent]
+    data_parallel_rank: int | None = None
+
+
+def external_hash(block_hash: BlockHash, int_hashes: bool) -> ExternalBlockHash:
+    """A block hash as vLLM publishes one: the int of its last 8 bytes, big endian (int_hashes; vLLM's
+    maybe_convert_block_hash), else the bytes unchanged. Pure."""
+    if int_hashes:
+        return int.from_bytes(block_hash, "big") & _LOW_64
+    return block_hash
+
+
+def unpack_tokens(packed: bytes) -> list[int]:
+    """Token ids from radix.hashing.pack_tokens's bytes (uint32 little endian). Pure, O(len) in C."""
+    tokens = array("I" if array("I").itemsize == 4 else "L")
+    tokens.frombytes(packed)
+    if sys.byteorder == "big":
+        tokens.byteswap()
+    return tokens.tolist()
+
+
+def to_vllm(event: KvEvent, int_hashes: bool) -> VllmEvent:
+    """One radixserve KV event in vLLM's form (the module docstring says what each field carries). A BlockStored
+    must carry its tokens (a KvEventLog made with token_ids=True). Pure.
+
+    Raises:
+        ValueError: a BlockStored without token ids.
+    """
+    if isinstance(event, BlockStored):
+        if len(event.token_ids) != 4 * event.block_size * len(event.block_hashes):
+            raise ValueError(f"BlockStored seq {event.seq} has no token ids: record them (event_token_ids=True)")
+        parent = event.parent_block_hash
+        return VllmBlockStored(
+            [external_hash(h, int_hashes) for h in event.block_hashes],
+            None if parent is None else external_hash(parent, int_hashes),
+            unpack_tokens(event.token_ids),
+            event.block_size,
+            None,
+            MEDIUM_CPU if event.medium == HOST else MEDIUM_GPU,
+            None,
+            0,
+        )
+    if isinstance(event, BlockRemoved):
+        medium = MEDIUM_CPU if event.medium == HOST else MEDIUM_GPU
+        return VllmBlockRemoved([external_hash(h, int_hashes) for h in event.block_hashes], medium, 0)
+    assert isinstance(event, AllBlocksCleared)
+    return VllmAllBlocksCleared()
+
+
+def to_vllm_batch(events: Sequence[KvEvent], ts: float, data_parallel_rank: int, int_hashes: bool) -> VllmEventBatch:
+    """One step's events as a vLLM EventBatch, in order. Pure; O(events + blocks + tokens).
+
+    Raises:
+        ValueError: from to_vllm.
+    """
+    return VllmEventBatch(ts, [to_vllm(e, int_hashes) for e in events], data_parallel_rank)
