@@ -14,9 +14,9 @@ BlockStored(medium="device") (its host copy stays); a consumer that ignores the 
 the device when it is not. The same hash names a block on either tier.
 
 Token ids: a log made with ``token_ids=True`` puts each stored block's tokens in its BlockStored (``token_ids``: the
-tree's packed keys, uint32 little endian, block_size per block, in ``block_hashes`` order), for publishers whose wire
-format carries them (vLLM's, runtime/serve/vllm_events.py); off, the field stays empty and the events are as small as
-before.
+tree's packed keys, uint32 little endian, block_size per block, in ``block_hashes`` order) and, in a host-tier one
+(not one chain), each block's parent hash (``block_parents``), for publishers whose wire format carries them (vLLM's,
+runtime/serve/vllm_events/); off, those fields stay empty and the events are as small as before.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class BlockStored(msgspec.Struct, tag="kv_block_stored", forbid_unknown_fields=T
     block_size: int
     medium: Medium = DEVICE
     token_ids: bytes = b""  # the blocks' tokens, packed (radix.hashing.pack_tokens); b"": not recorded
+    block_parents: list[BlockHash | None] = []  # host tier, with token_ids: each block's parent (None: a root)
 
 
 class BlockRemoved(msgspec.Struct, tag="kv_block_removed", forbid_unknown_fields=True):
@@ -123,12 +124,16 @@ class KvEventLog:
         block_size: int,
         medium: Medium = DEVICE,
         keys: Sequence[bytes] = (),
+        block_parents: Sequence[BlockHash | None] = (),
     ) -> None:
         """Record a BlockStored event (no event for an empty list). keys: each block's packed tokens (the tree's
-        child keys, in block_hashes order), kept when the log was made with token_ids=True."""
+        child keys, in block_hashes order); block_parents: each block's parent hash (host-tier write-backs); both
+        kept when the log was made with token_ids=True."""
         if self.enabled and block_hashes:
             tokens = b"".join(keys) if self.token_ids else b""
-            self._append(BlockStored(self._next_seq, block_hashes, parent_block_hash, block_size, medium, tokens))
+            parents = list(block_parents) if self.token_ids else []
+            event = BlockStored(self._next_seq, block_hashes, parent_block_hash, block_size, medium, tokens, parents)
+            self._append(event)
 
     def removed(self, block_hashes: list[BlockHash], medium: Medium = DEVICE) -> None:
         """Record a BlockRemoved event (no event for an empty list)."""

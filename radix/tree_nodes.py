@@ -174,7 +174,9 @@ class TreeNodes:
         self.removed = []
         self.host_removed = []
         hashes = [node.block_hash for node in stored if node.block_hash is not None]
-        self.events.stored(hashes, None, self.block_size, HOST, [node.key for node in stored])
+        keys = [node.key for node in stored]
+        parents = [None if node.parent is None else node.parent.block_hash for node in stored]
+        self.events.stored(hashes, None, self.block_size, HOST, keys, parents)
         self.events.removed(removed)
         self.events.removed(host_removed, HOST)
 

@@ -14,8 +14,8 @@ What radixserve sends in them:
   values differ from vLLM's own hashes of the same tokens (a consumer that hashes prompts itself uses token_ids).
 - medium: "GPU" for the device pool (vLLM's MEDIUM_GPU, whatever the device is), "CPU" for the host tier.
 - token_ids: the stored blocks' tokens, block_size per block, in block_hashes order. A device BlockStored is one
-  chain under parent_block_hash (None: it starts at the root); a host-tier one lists written-back blocks, leaves
-  first, not one chain (parent None), as radix/events.py states.
+  chain under parent_block_hash (None: it starts at the root). Blocks written back to the host tier are not one chain
+  (radix/events.py), so each goes out as its own BlockStored with its own parent, as vLLM's offloading events do.
 - lora_id, lora_name: None (no adapters); group_idx: 0 (one KV cache group); extra_keys: omitted (a request's
   cache_salt is in its first block's hash but not repeated here).
 """
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from radix.events import HOST, AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from radix.events import HOST, AllBlocksCleared, BlockRemoved, KvEvent
 from radix.hashing import BlockHash
 
 MEDIUM_GPU = "GPU"
@@ -90,32 +90,39 @@ def unpack_tokens(packed: bytes) -> list[int]:
     return tokens.tolist()
 
 
-def to_vllm(event: KvEvent, int_hashes: bool) -> VllmEvent:
-    """One radixserve KV event in vLLM's form (the module docstring says what each field carries). A BlockStored
-    must carry its tokens (a KvEventLog made with token_ids=True). Pure.
+def _stored(
+    hashes: list[BlockHash], parent: BlockHash | None, tokens: list[int], size: int, medium: str, ints: bool
+) -> VllmBlockStored:
+    parent_hash = None if parent is None else external_hash(parent, ints)
+    return VllmBlockStored([external_hash(h, ints) for h in hashes], parent_hash, tokens, size, None, medium, None, 0)
+
+
+def to_vllm(event: KvEvent, int_hashes: bool) -> list[VllmEvent]:
+    """One radixserve KV event in vLLM's form: one event, or for a host-tier BlockStored one per block (the module
+    docstring says what each field carries). A BlockStored must carry its tokens (and, on the host tier, its
+    parents: a KvEventLog made with token_ids=True). Pure.
 
     Raises:
-        ValueError: a BlockStored without token ids.
+        ValueError: a BlockStored without token ids or (host tier) parents.
     """
-    if isinstance(event, BlockStored):
-        if len(event.token_ids) != 4 * event.block_size * len(event.block_hashes):
-            raise ValueError(f"BlockStored seq {event.seq} has no token ids: record them (event_token_ids=True)")
-        parent = event.parent_block_hash
-        return VllmBlockStored(
-            [external_hash(h, int_hashes) for h in event.block_hashes],
-            None if parent is None else external_hash(parent, int_hashes),
-            unpack_tokens(event.token_ids),
-            event.block_size,
-            None,
-            MEDIUM_CPU if event.medium == HOST else MEDIUM_GPU,
-            None,
-            0,
-        )
     if isinstance(event, BlockRemoved):
         medium = MEDIUM_CPU if event.medium == HOST else MEDIUM_GPU
-        return VllmBlockRemoved([external_hash(h, int_hashes) for h in event.block_hashes], medium, 0)
-    assert isinstance(event, AllBlocksCleared)
-    return VllmAllBlocksCleared()
+        return [VllmBlockRemoved([external_hash(h, int_hashes) for h in event.block_hashes], medium, 0)]
+    if isinstance(event, AllBlocksCleared):
+        return [VllmAllBlocksCleared()]
+    size = event.block_size
+    hashes = event.block_hashes
+    if len(event.token_ids) != 4 * size * len(hashes):
+        raise ValueError(f"BlockStored seq {event.seq} has no token ids: record them (event_token_ids=True)")
+    tokens = unpack_tokens(event.token_ids)
+    if event.medium != HOST:
+        return [_stored(hashes, event.parent_block_hash, tokens, size, MEDIUM_GPU, int_hashes)]
+    if len(event.block_parents) != len(hashes):
+        raise ValueError(f"host-tier BlockStored seq {event.seq} has no parents: record them (event_token_ids=True)")
+    return [
+        _stored([h], parent, tokens[i * size : (i + 1) * size], size, MEDIUM_CPU, int_hashes)
+        for i, (h, parent) in enumerate(zip(hashes, event.block_parents, strict=True))
+    ]
 
 
 def to_vllm_batch(events: Sequence[KvEvent], ts: float, data_parallel_rank: int, int_hashes: bool) -> VllmEventBatch:
@@ -124,4 +131,4 @@ def to_vllm_batch(events: Sequence[KvEvent], ts: float, data_parallel_rank: int,
     Raises:
         ValueError: from to_vllm.
     """
-    return VllmEventBatch(ts, [to_vllm(e, int_hashes) for e in events], data_parallel_rank)
+    return VllmEventBatch(ts, [v for e in events for v in to_vllm(e, int_hashes)], data_parallel_rank)

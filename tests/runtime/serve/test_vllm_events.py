@@ -47,6 +47,7 @@ class Model:
         self.blocks: dict[str, dict[bytes, list[int]]] = {"GPU": {}, "CPU": {}}
         self.next_seq = 0
         self.removed: list[tuple[str, list[bytes]]] = []
+        self.stored: list = []
 
     def receive(self, sub: zmq.Socket) -> int:
         """Applies every batch waiting on sub (in order, no gap); returns how many."""
@@ -66,6 +67,7 @@ class Model:
             if isinstance(e, kv.BlockStored):
                 assert (e.block_size, e.lora_id, e.lora_name, e.group_idx) == (BS, None, None, 0)
                 assert len(e.token_ids) == BS * len(e.block_hashes)
+                self.stored.append(e)
                 for i, h in enumerate(e.block_hashes):
                     self.blocks[e.medium][h] = e.token_ids[i * BS : (i + 1) * BS]
             elif isinstance(e, kv.BlockRemoved):
@@ -75,6 +77,16 @@ class Model:
             else:
                 assert isinstance(e, kv.AllBlocksCleared)
                 self.blocks = {"GPU": {}, "CPU": {}}
+
+    def check_parents(self, parents: dict[bytes, bytes | None]) -> None:
+        """Every stored block hangs under its true parent (parents: hash -> parent hash); a host-tier one is an event
+        of its own (vLLM's offloading events are self-contained)."""
+        for e in self.stored:
+            assert e.medium == "GPU" or len(e.block_hashes) == 1
+            parent = e.parent_block_hash
+            for h in e.block_hashes:
+                assert parent == parents[h]
+                parent = h
 
     def check(self, m: KVCacheManager, content: dict[bytes, list[int]]) -> None:
         """The believed blocks are the tree's, tier by tier, each with its true tokens (content: hash -> tokens)."""
@@ -92,6 +104,12 @@ def chain(tokens: list[int]) -> dict[bytes, list[int]]:
     return {h: tokens[i * BS : (i + 1) * BS] for i, h in enumerate(hashes)}
 
 
+def chain_parents(tokens: list[int]) -> dict[bytes, bytes | None]:
+    """hash -> parent hash of every full block of a prompt (None: the first)."""
+    hashes = hash_block_tokens(tokens, BS)
+    return dict(zip(hashes, [None, *hashes[:-1]], strict=True))
+
+
 @pytest.fixture
 def kv():
     return vllm_kv_events()
@@ -106,6 +124,7 @@ def test_the_events_describe_the_trees_blocks_on_both_tiers(ctx, kv, monkeypatch
     m = KVCacheManager(5, block_size=BS, num_host_cache_blocks=3, record_events=True, event_token_ids=True)
     model = Model(kv)
     content: dict[bytes, list[int]] = {}
+    parents: dict[bytes, bytes | None] = {}
 
     def step(expected_batches: int) -> None:
         publisher.publish(m.drain_events())
@@ -115,6 +134,7 @@ def test_the_events_describe_the_trees_blocks_on_both_tiers(ctx, kv, monkeypatch
     a, b, big = toks(1, 9), toks(1, 13), toks(100, 115)
     for prompt in (a, b, big):
         content.update(chain(prompt))
+        parents.update(chain_parents(prompt))
     finished(m, 1, a)  # blocks [1-4], [5-8] stored
     step(1)
     h1, h2, h3 = hash_block_tokens(b, BS)
@@ -138,6 +158,8 @@ def test_the_events_describe_the_trees_blocks_on_both_tiers(ctx, kv, monkeypatch
     assert m.tree.clear()  # AllBlocksCleared
     step(1)
     assert model.blocks == {"GPU": {}, "CPU": {}}
+    model.check_parents(parents)
+    assert [e.medium for e in model.stored] == ["GPU", "GPU", "CPU", "CPU", "CPU", "GPU", "GPU"]
     publisher.publish([])  # nothing changed: no batch, no sequence number used
     assert model.receive(sub) == 0 and publisher.next_seq == 5
     publisher.close()
