@@ -25,6 +25,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
@@ -38,7 +39,8 @@ _LOW_64 = (1 << 64) - 1
 
 
 class VllmBlockStored(msgspec.Struct, tag="BlockStored", omit_defaults=True, gc=False):
-    """vLLM's BlockStored, field for field (the optional ones radixserve never sets are left out)."""
+    """vLLM's BlockStored, field for field, in its order (msgspec sizes the map header by the field count, so the
+    optional fields radixserve never sets are declared too: the bytes are vLLM's own)."""
 
     block_hashes: list[ExternalBlockHash]
     parent_block_hash: ExternalBlockHash | None
@@ -47,15 +49,24 @@ class VllmBlockStored(msgspec.Struct, tag="BlockStored", omit_defaults=True, gc=
     lora_id: int | None
     medium: str | None
     lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
     group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list[list[int]] | None = None
 
 
 class VllmBlockRemoved(msgspec.Struct, tag="BlockRemoved", omit_defaults=True, gc=False):
-    """vLLM's BlockRemoved."""
+    """vLLM's BlockRemoved, field for field."""
 
     block_hashes: list[ExternalBlockHash]
     medium: str | None
     group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
 
 
 class VllmAllBlocksCleared(msgspec.Struct, tag="AllBlocksCleared", omit_defaults=True, gc=False):
@@ -94,7 +105,8 @@ def _stored(
     hashes: list[BlockHash], parent: BlockHash | None, tokens: list[int], size: int, medium: str, ints: bool
 ) -> VllmBlockStored:
     parent_hash = None if parent is None else external_hash(parent, ints)
-    return VllmBlockStored([external_hash(h, ints) for h in hashes], parent_hash, tokens, size, None, medium, None, 0)
+    stored = [external_hash(h, ints) for h in hashes]
+    return VllmBlockStored(stored, parent_hash, tokens, size, None, medium, None, group_idx=0)
 
 
 def to_vllm(event: KvEvent, int_hashes: bool) -> list[VllmEvent]:
@@ -107,7 +119,7 @@ def to_vllm(event: KvEvent, int_hashes: bool) -> list[VllmEvent]:
     """
     if isinstance(event, BlockRemoved):
         medium = MEDIUM_CPU if event.medium == HOST else MEDIUM_GPU
-        return [VllmBlockRemoved([external_hash(h, int_hashes) for h in event.block_hashes], medium, 0)]
+        return [VllmBlockRemoved([external_hash(h, int_hashes) for h in event.block_hashes], medium, group_idx=0)]
     if isinstance(event, AllBlocksCleared):
         return [VllmAllBlocksCleared()]
     size = event.block_size

@@ -1,6 +1,7 @@
 """KV events in vLLM's wire format (runtime/serve/vllm_events): decoded with vLLM's own classes (tests/vllm_peer.py),
 they describe exactly what a KVCacheManager's radix tree stored and removed, on both tiers, through a scripted run
-with eviction, write-back, load-back and a reset; the replay socket answers as vLLM's does; the config is vLLM's."""
+with eviction, write-back, load-back and a reset; the bytes are those vLLM's classes encode; the replay socket
+answers as vLLM's does; the config is vLLM's."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import msgspec
 import pytest
 import zmq
 
-from radix.hashing import hash_block_tokens
+from radix.events import AllBlocksCleared, BlockRemoved, BlockStored
+from radix.hashing import hash_block_tokens, pack_tokens
 from radix.manager import KVCacheManager
 from runtime.config import InvalidConfig, ServerArgs
 from runtime.serve.vllm_events.config import parse_kv_events_config, rank_endpoint
 from runtime.serve.vllm_events.publisher import END_SEQ, VllmEventPublisher
+from runtime.serve.vllm_events.wire import to_vllm_batch
 from tests.radix.radix_testing import admit, finished, toks
 from tests.vllm_peer import vllm_kv_events
 
@@ -205,3 +208,25 @@ def test_the_config_is_vllms(kv):
         ServerArgs(kv_events_config='{"endpoint": "udp://x:1"}')
     with pytest.raises(InvalidConfig, match="data_parallel_rank"):
         ServerArgs(data_parallel_size=2, data_parallel_rank=2)
+
+
+def test_the_bytes_are_those_vllm_encodes(kv):
+    h1, h2 = hash_block_tokens(toks(1, 8), BS)
+    ours = [
+        BlockStored(0, [h1, h2], None, BS, "device", pack_tokens(toks(1, 8))),
+        BlockStored(1, [h2], None, BS, "host", pack_tokens(toks(5, 8)), [h1]),
+        BlockRemoved(2, [h2, h1]),
+        AllBlocksCleared(3),
+    ]
+    theirs = kv.KVEventBatch(
+        ts=1.5,
+        events=[
+            kv.BlockStored([h1, h2], None, toks(1, 8), BS, None, "GPU", None, group_idx=0),
+            kv.BlockStored([h2], h1, toks(5, 8), BS, None, "CPU", None, group_idx=0),
+            kv.BlockRemoved([h2, h1], "GPU", group_idx=0),
+            kv.AllBlocksCleared(),
+        ],
+        data_parallel_rank=3,
+    )
+    encode = msgspec.msgpack.encode
+    assert encode(to_vllm_batch(ours, 1.5, 3, int_hashes=False)) == encode(theirs)
