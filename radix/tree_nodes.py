@@ -173,9 +173,12 @@ class TreeNodes:
         self.host_stored = []
         self.removed = []
         self.host_removed = []
-        hashes = [node.block_hash for node in stored if node.block_hash is not None]
+        hashes: list[BlockHash] = []
+        for node in stored:
+            assert node.block_hash is not None and node.parent is not None  # a block node, never a root
+            hashes.append(node.block_hash)
         keys = [node.key for node in stored]
-        parents = [None if node.parent is None else node.parent.block_hash for node in stored]
+        parents = [node.parent.block_hash for node in stored if node.parent is not None]
         self.events.stored(hashes, None, self.block_size, HOST, keys, parents)
         self.events.removed(removed)
         self.events.removed(host_removed, HOST)

@@ -126,9 +126,13 @@ class ServerArgs:
         "wildcard binds --host; runtime/serve/vllm_events) (None: not published)",
     )
     data_parallel_size: int = _opt(
-        1, "replicas of the whole server behind the cache-aware router, one endpoint for all (radixserve: router/)"
+        1,
+        "replicas of the whole server behind the cache-aware router, started by `radixserve` (python -m "
+        "runtime.launch) with one endpoint for all (router/launch.py)",
     )
-    data_parallel_rank: int = _opt(0, "this replica's rank among data_parallel_size (its KV events' rank and port)")
+    data_parallel_rank: int = _opt(
+        0, "this replica's rank among data_parallel_size, set per replica by the launcher (its KV events' rank, port)"
+    )
 
     def __post_init__(self) -> None:
         self.validate()
