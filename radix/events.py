@@ -15,7 +15,8 @@ the device when it is not. The same hash names a block on either tier.
 
 Token ids: a log made with ``token_ids=True`` puts each stored block's tokens in its BlockStored (``token_ids``: the
 tree's packed keys, uint32 little endian, block_size per block, in ``block_hashes`` order) and, in a host-tier one
-(not one chain), each block's parent hash (``block_parents``), for publishers whose wire format carries them (vLLM's,
+(not one chain), each block's parent hash (``block_parents``), and per block the cache_salt it was hashed with when it
+hangs directly under a salted root (``salts``, else None), for publishers whose wire format carries them (vLLM's,
 runtime/serve/vllm_events/); off, those fields stay empty and the events are as small as before.
 """
 
@@ -46,6 +47,7 @@ class BlockStored(msgspec.Struct, tag="kv_block_stored", forbid_unknown_fields=T
     medium: Medium = DEVICE
     token_ids: bytes = b""  # the blocks' tokens, packed (radix.hashing.pack_tokens); b"": not recorded
     block_parents: list[BlockHash | None] = []  # host tier, with token_ids: each block's parent (None: a root)
+    salts: list[str | None] = []  # with token_ids: per block, the cache_salt of a salted root it hangs under directly
 
 
 class BlockRemoved(msgspec.Struct, tag="kv_block_removed", forbid_unknown_fields=True):
@@ -126,14 +128,17 @@ class KvEventLog:
         medium: Medium = DEVICE,
         keys: Sequence[bytes] = (),
         block_parents: Sequence[BlockHash | None] = (),
+        salts: Sequence[str | None] = (),
     ) -> None:
         """Record a BlockStored event (no event for an empty list). keys: each block's packed tokens (the tree's
-        child keys, in block_hashes order); block_parents: each block's parent hash (host-tier write-backs); both
-        kept when the log was made with token_ids=True."""
+        child keys, in block_hashes order); block_parents: each block's parent hash (host-tier write-backs); salts:
+        each block's salt (radix.node.salt_under its parent); all kept when the log was made with token_ids=True."""
         if self.enabled and block_hashes:
-            tokens = b"".join(keys) if self.token_ids else b""
-            parents = list(block_parents) if self.token_ids else []
-            event = BlockStored(self._next_seq, block_hashes, parent_block_hash, block_size, medium, tokens, parents)
+            event = BlockStored(self._next_seq, block_hashes, parent_block_hash, block_size, medium)
+            if self.token_ids:
+                event.token_ids = b"".join(keys)
+                event.block_parents = list(block_parents)
+                event.salts = list(salts)
             self._append(event)
 
     def removed(self, block_hashes: list[BlockHash], medium: Medium = DEVICE) -> None:

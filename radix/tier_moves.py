@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from sortedcontainers import SortedList
 
 from radix.hashing import BlockHash
-from radix.node import ID_BITS, ID_MASK, NOT_RESIDENT, Node
+from radix.node import ID_BITS, ID_MASK, NOT_RESIDENT, Node, salt_under
 from radix.tree_nodes import TreeNodes
 
 
@@ -172,4 +172,6 @@ class TierMoves:
             keys.append(node.key)
         nodes.epoch += 1
         parent = chain[0].parent
-        nodes.events.stored(stored, None if parent is None else parent.block_hash, nodes.block_size, keys=keys)
+        salts = [salt_under(parent)] + [None] * (len(stored) - 1)
+        parent_hash = None if parent is None else parent.block_hash
+        nodes.events.stored(stored, parent_hash, nodes.block_size, keys=keys, salts=salts)

@@ -23,7 +23,7 @@ from radix.block_pool import BlockPool
 from radix.events import HOST, KvEventLog
 from radix.hashing import BlockHash
 from radix.host_tier import HostTier
-from radix.node import Node, Root
+from radix.node import Node, Root, salt_under
 
 
 class TreeNodes:
@@ -179,7 +179,8 @@ class TreeNodes:
             hashes.append(node.block_hash)
         keys = [node.key for node in stored]
         parents = [node.parent.block_hash for node in stored if node.parent is not None]
-        self.events.stored(hashes, None, self.block_size, HOST, keys, parents)
+        salts = [salt_under(node.parent) for node in stored]
+        self.events.stored(hashes, None, self.block_size, HOST, keys, parents, salts)
         self.events.removed(removed)
         self.events.removed(host_removed, HOST)
 

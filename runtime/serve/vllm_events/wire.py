@@ -16,8 +16,9 @@ What radixserve sends in them:
 - token_ids: the stored blocks' tokens, block_size per block, in block_hashes order. A device BlockStored is one
   chain under parent_block_hash (None: it starts at the root). Blocks written back to the host tier are not one chain
   (radix/events.py), so each goes out as its own BlockStored with its own parent, as vLLM's offloading events do.
-- lora_id, lora_name: None (no adapters); group_idx: 0 (one KV cache group); extra_keys: omitted (a request's
-  cache_salt is in its first block's hash but not repeated here).
+- extra_keys: one entry per block, as vLLM's: ``(cache_salt,)`` for a block hashed with a request's cache_salt (the
+  first block of a salted prompt), else None.
+- lora_id, lora_name: None (no adapters); group_idx: 0 (one KV cache group).
 """
 
 from __future__ import annotations
@@ -102,17 +103,25 @@ def unpack_tokens(packed: bytes) -> list[int]:
 
 
 def _stored(
-    hashes: list[BlockHash], parent: BlockHash | None, tokens: list[int], size: int, medium: str, ints: bool
+    hashes: list[BlockHash],
+    parent: BlockHash | None,
+    tokens: list[int],
+    salts: list[str | None],
+    size: int,
+    medium: str,
+    ints: bool,
 ) -> VllmBlockStored:
+    """One vLLM BlockStored of a chain of blocks under parent (extra_keys: a salted block's (cache_salt,))."""
     parent_hash = None if parent is None else external_hash(parent, ints)
     stored = [external_hash(h, ints) for h in hashes]
-    return VllmBlockStored(stored, parent_hash, tokens, size, None, medium, None, group_idx=0)
+    extra_keys: list[tuple[Any, ...] | None] = [None if s is None else (s,) for s in salts]
+    return VllmBlockStored(stored, parent_hash, tokens, size, None, medium, None, extra_keys, group_idx=0)
 
 
 def to_vllm(event: KvEvent, int_hashes: bool) -> list[VllmEvent]:
     """One radixserve KV event in vLLM's form: one event, or for a host-tier BlockStored one per block (the module
-    docstring says what each field carries). A BlockStored must carry its tokens (and, on the host tier, its
-    parents: a KvEventLog made with token_ids=True). Pure.
+    docstring says what each field carries). A BlockStored must carry its tokens and salts (and, on the host tier,
+    its parents): a KvEventLog made with token_ids=True. Pure.
 
     Raises:
         ValueError: a BlockStored without token ids or (host tier) parents.
@@ -124,17 +133,18 @@ def to_vllm(event: KvEvent, int_hashes: bool) -> list[VllmEvent]:
         return [VllmAllBlocksCleared()]
     size = event.block_size
     hashes = event.block_hashes
-    if len(event.token_ids) != 4 * size * len(hashes):
+    if len(event.token_ids) != 4 * size * len(hashes) or len(event.salts) != len(hashes):
         raise ValueError(f"BlockStored seq {event.seq} has no token ids: record them (event_token_ids=True)")
     tokens = unpack_tokens(event.token_ids)
     if event.medium != HOST:
-        return [_stored(hashes, event.parent_block_hash, tokens, size, MEDIUM_GPU, int_hashes)]
+        return [_stored(hashes, event.parent_block_hash, tokens, event.salts, size, MEDIUM_GPU, int_hashes)]
     if len(event.block_parents) != len(hashes):
         raise ValueError(f"host-tier BlockStored seq {event.seq} has no parents: record them (event_token_ids=True)")
-    return [
-        _stored([h], parent, tokens[i * size : (i + 1) * size], size, MEDIUM_CPU, int_hashes)
-        for i, (h, parent) in enumerate(zip(hashes, event.block_parents, strict=True))
-    ]
+    out: list[VllmEvent] = []
+    for i, (h, parent, salt) in enumerate(zip(hashes, event.block_parents, event.salts, strict=True)):
+        block_tokens = tokens[i * size : (i + 1) * size]
+        out.append(_stored([h], parent, block_tokens, [salt], size, MEDIUM_CPU, int_hashes))
+    return out
 
 
 def to_vllm_batch(events: Sequence[KvEvent], ts: float, data_parallel_rank: int, int_hashes: bool) -> VllmEventBatch:

@@ -213,16 +213,16 @@ def test_the_config_is_vllms(kv):
 def test_the_bytes_are_those_vllm_encodes(kv):
     h1, h2 = hash_block_tokens(toks(1, 8), BS)
     ours = [
-        BlockStored(0, [h1, h2], None, BS, "device", pack_tokens(toks(1, 8))),
-        BlockStored(1, [h2], None, BS, "host", pack_tokens(toks(5, 8)), [h1]),
+        BlockStored(0, [h1, h2], None, BS, "device", pack_tokens(toks(1, 8)), [], ["tenant", None]),
+        BlockStored(1, [h2], None, BS, "host", pack_tokens(toks(5, 8)), [h1], [None]),
         BlockRemoved(2, [h2, h1]),
         AllBlocksCleared(3),
     ]
     theirs = kv.KVEventBatch(
         ts=1.5,
         events=[
-            kv.BlockStored([h1, h2], None, toks(1, 8), BS, None, "GPU", None, group_idx=0),
-            kv.BlockStored([h2], h1, toks(5, 8), BS, None, "CPU", None, group_idx=0),
+            kv.BlockStored([h1, h2], None, toks(1, 8), BS, None, "GPU", None, [("tenant",), None], group_idx=0),
+            kv.BlockStored([h2], h1, toks(5, 8), BS, None, "CPU", None, [None], group_idx=0),
             kv.BlockRemoved([h2, h1], "GPU", group_idx=0),
             kv.AllBlocksCleared(),
         ],
@@ -230,3 +230,21 @@ def test_the_bytes_are_those_vllm_encodes(kv):
     )
     encode = msgspec.msgpack.encode
     assert encode(to_vllm_batch(ours, 1.5, 3, int_hashes=False)) == encode(theirs)
+
+
+def test_a_salted_prompts_first_block_carries_its_salt_on_both_tiers(kv):
+    m = KVCacheManager(5, block_size=BS, num_host_cache_blocks=4, record_events=True, event_token_ids=True)
+    assert admit(m, 1, toks(1, 9), cache_salt="tenant-a") == 0
+    m.commit_computed(1, 9)
+    m.free(1)
+    assert admit(m, 2, toks(100, 115)) == 0  # evicts both: written back to the host tier
+    m.take_tier_copies()
+    m.tier_copies_done()
+    m.free(2)
+    decoder = msgspec.msgpack.Decoder(kv.KVEventBatch)
+    batch = decoder.decode(msgspec.msgpack.encode(to_vllm_batch(m.drain_events(), 1.0, 0, int_hashes=False)))
+    events = [e for e in batch.events if isinstance(e, kv.BlockStored)]
+    stored = [(e.medium, e.block_hashes, e.parent_block_hash, e.extra_keys) for e in events]
+    h1, h2 = hash_block_tokens(toks(1, 8), BS, cache_salt="tenant-a")
+    assert stored[0] == ("GPU", [h1, h2], None, [("tenant-a",), None])  # vLLM's shape: the salt, first block only
+    assert stored[1:] == [("CPU", [h2], h1, [None]), ("CPU", [h1], None, [("tenant-a",)])]  # leaf first
