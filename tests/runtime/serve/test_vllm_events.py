@@ -5,6 +5,9 @@ answers as vLLM's does; the config is vLLM's."""
 
 from __future__ import annotations
 
+import json
+import socket
+
 import msgspec
 import pytest
 import zmq
@@ -13,8 +16,9 @@ from radix.events import AllBlocksCleared, BlockRemoved, BlockStored
 from radix.hashing import hash_block_tokens, pack_tokens
 from radix.manager import KVCacheManager
 from runtime.config import InvalidConfig, ServerArgs
+from runtime.serve.process import StartupError
 from runtime.serve.vllm_events.config import parse_kv_events_config, rank_endpoint
-from runtime.serve.vllm_events.publisher import END_SEQ, VllmEventPublisher
+from runtime.serve.vllm_events.publisher import END_SEQ, NullEventPublisher, VllmEventPublisher, make_publisher
 from runtime.serve.vllm_events.wire import to_vllm_batch
 from tests.radix.radix_testing import admit, finished, toks
 from tests.vllm_peer import vllm_kv_events
@@ -248,3 +252,16 @@ def test_a_salted_prompts_first_block_carries_its_salt_on_both_tiers(kv):
     h1, h2 = hash_block_tokens(toks(1, 8), BS, cache_salt="tenant-a")
     assert stored[0] == ("GPU", [h1, h2], None, [("tenant-a",), None])  # vLLM's shape: the salt, first block only
     assert stored[1:] == [("CPU", [h2], h1, [None]), ("CPU", [h1], None, [("tenant-a",)])]  # leaf first
+
+
+def test_a_busy_endpoint_is_a_one_line_startup_error(ctx):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = parse_kv_events_config(json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}"}))
+        expected = f"^cannot bind kv_events endpoint tcp://127.0.0.1:{port}: Address already in use$"
+        with pytest.raises(StartupError, match=expected):
+            VllmEventPublisher(ctx, config, "127.0.0.1")
+    assert isinstance(make_publisher(ctx, None, "127.0.0.1", 0), NullEventPublisher)
+    assert isinstance(make_publisher(ctx, '{"enable_kv_cache_events": false}', "127.0.0.1", 0), NullEventPublisher)
