@@ -22,7 +22,14 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m kernels.cpu_decode
 	touch $(STAMP)
 
-install: $(STAMP)
+# Test-only: vLLM's own KV event classes decode what --kv-events-config publishes (tests/vllm_peer.py). Installed
+# without its dependencies into a folder apart from site-packages, as shared/peers/radix/setup.sh installs it.
+PEERS := $(VENV)/peers/.vllm-0.33.0
+$(PEERS): | $(BIN)/python
+	$(BIN)/pip install --quiet --no-deps --upgrade --target $(VENV)/peers vllm==0.33.0
+	touch $(PEERS)
+
+install: $(STAMP) $(PEERS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -31,14 +38,14 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m runtime.demo
 
-test: $(STAMP)
+test: $(STAMP) $(PEERS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy radix kernels runtime router
 	$(BIN)/python -m pytest -q tests
 
 # The markers come from tests/conftest.py (by path); pyproject.toml lists them.
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(PEERS)
 	$(BIN)/python -m pytest -q -m "not server and not slow" tests
 
 clean:

@@ -12,6 +12,12 @@ events meant before the host tier) or "host" (the host tier, radix/host_tier.py)
 written back is BlockStored(medium="host") then BlockRemoved(medium="device"); one loaded back is
 BlockStored(medium="device") (its host copy stays); a consumer that ignores the medium never believes a block is on
 the device when it is not. The same hash names a block on either tier.
+
+Token ids: a log made with ``token_ids=True`` puts each stored block's tokens in its BlockStored (``token_ids``: the
+tree's packed keys, uint32 little endian, block_size per block, in ``block_hashes`` order) and, in a host-tier one
+(not one chain), each block's parent hash (``block_parents``), and per block the cache_salt it was hashed with when it
+hangs directly under a salted root (``salts``, else None), for publishers whose wire format carries them (vLLM's,
+runtime/serve/vllm_events/); off, those fields stay empty and the events are as small as before.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ DEVICE: Medium = "device"
 HOST: Medium = "host"
 
 
-class BlockStored(msgspec.Struct, tag="kv_block_stored", forbid_unknown_fields=True):
+class BlockStored(msgspec.Struct, tag="kv_block_stored", forbid_unknown_fields=True, omit_defaults=True):
     """Blocks entered the radix tree's ``medium`` tier. On the device: a chain of ``block_hashes`` (parent first)
     hanging under ``parent_block_hash`` (None: the chain starts at the root). On the host: blocks written back, in
     eviction order (children before parents, not one chain; parent_block_hash None). ``block_size`` is in tokens."""
@@ -39,6 +45,9 @@ class BlockStored(msgspec.Struct, tag="kv_block_stored", forbid_unknown_fields=T
     parent_block_hash: BlockHash | None
     block_size: int
     medium: Medium = DEVICE
+    token_ids: bytes = b""  # the blocks' tokens, packed (radix.hashing.pack_tokens); b"": not recorded
+    block_parents: list[BlockHash | None] = []  # host tier, with token_ids: each block's parent (None: a root)
+    salts: list[str | None] = []  # with token_ids: per block, the cache_salt of a salted root it hangs under directly
 
 
 class BlockRemoved(msgspec.Struct, tag="kv_block_removed", forbid_unknown_fields=True):
@@ -70,7 +79,8 @@ KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 DEFAULT_EVENT_CAPACITY = 65536
 """Events a KvEventLog holds between drains; older ones are dropped. An event costs ~100 bytes + ~57 per block hash
-(measured: 563 bytes for the 12-block chains of 200-token prompts), so a full ring of such events holds ~37 MB."""
+(measured: 563 bytes for the 12-block chains of 200-token prompts), so a full ring of such events holds ~37 MB; a log
+that keeps token ids adds 4 bytes per token (64 per block of 16)."""
 
 
 class KvEventLog:
@@ -78,16 +88,18 @@ class KvEventLog:
 
     A bounded ring: when ``capacity`` events wait undrained, recording one more drops the oldest (its number stays
     used, so the consumer finds the gap with find_gap and resyncs from a snapshot) and counts it in ``num_dropped``.
-    Mutates only itself; O(1) per event. ``enabled=False`` records nothing (numbers are then not consumed).
+    Mutates only itself; O(1) per event. ``enabled=False`` records nothing (numbers are then not consumed);
+    ``token_ids=True`` keeps the stored blocks' packed tokens in each BlockStored (O(tokens) bytes, joined in C).
 
     Raises:
         ValueError: capacity < 1.
     """
 
-    def __init__(self, enabled: bool = True, capacity: int = DEFAULT_EVENT_CAPACITY) -> None:
+    def __init__(self, enabled: bool = True, capacity: int = DEFAULT_EVENT_CAPACITY, token_ids: bool = False) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.enabled = enabled
+        self.token_ids = token_ids
         self.capacity = capacity
         self.num_dropped = 0
         self._events: deque[KvEvent] = deque(maxlen=capacity)
@@ -114,10 +126,20 @@ class KvEventLog:
         parent_block_hash: BlockHash | None,
         block_size: int,
         medium: Medium = DEVICE,
+        keys: Sequence[bytes] = (),
+        block_parents: Sequence[BlockHash | None] = (),
+        salts: Sequence[str | None] = (),
     ) -> None:
-        """Record a BlockStored event (no event for an empty list)."""
+        """Record a BlockStored event (no event for an empty list). keys: each block's packed tokens (the tree's
+        child keys, in block_hashes order); block_parents: each block's parent hash (host-tier write-backs); salts:
+        each block's salt (radix.node.salt_under its parent); all kept when the log was made with token_ids=True."""
         if self.enabled and block_hashes:
-            self._append(BlockStored(self._next_seq, block_hashes, parent_block_hash, block_size, medium))
+            event = BlockStored(self._next_seq, block_hashes, parent_block_hash, block_size, medium)
+            if self.token_ids:
+                event.token_ids = b"".join(keys)
+                event.block_parents = list(block_parents)
+                event.salts = list(salts)
+            self._append(event)
 
     def removed(self, block_hashes: list[BlockHash], medium: Medium = DEVICE) -> None:
         """Record a BlockRemoved event (no event for an empty list)."""

@@ -76,6 +76,7 @@ class KVCacheManager:
         record_events: keep KV events (radix/events.py) for drain_events; only an owner that drains them (the
             scheduler process, which publishes them) should ask: a bounded ring of DEFAULT_EVENT_CAPACITY events
             whose overflow drops the oldest, seen by the consumer as a seq gap. Off: no event is made at all.
+        event_token_ids: each BlockStored event also carries its blocks' packed tokens (radix/events.py).
         hash_fn: block digest (default BLAKE2b-128); tests inject a weak one to force collisions.
     Raises:
         ValueError: bad sizes.
@@ -91,6 +92,7 @@ class KVCacheManager:
         record_events: bool = False,
         hash_fn: HashFn = blake2b_128,
         num_host_cache_blocks: int = 0,
+        event_token_ids: bool = False,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -101,7 +103,7 @@ class KVCacheManager:
         self.num_host_blocks = num_host_blocks
         self._pool = BlockPool(num_blocks)
         self._host_pool = BlockPool(num_host_blocks, reserve_null=False)
-        self._events = KvEventLog(enabled=record_events)
+        self._events = KvEventLog(enabled=record_events, token_ids=event_token_ids)
         self._tier: HostTier | None = None
         self._cache: PrefixCache
         if enable_prefix_caching:

@@ -64,6 +64,12 @@ class Root(Node):
         self.salt = salt
 
 
+def salt_under(parent: Node | None) -> str | None:
+    """The cache_salt a block hanging directly under ``parent`` is hashed with: the salt of a salted Root, else
+    None (a block under another block, or under the unsalted root). For KV events (radix/events.py)."""
+    return parent.salt if type(parent) is Root else None
+
+
 class TreeMatch(NamedTuple):
     """Cached prefix: the device-resident blocks root first (block_ids), then the host-only nodes that follow them
     (host_nodes, parent first: loading them back extends the device prefix), and the last matched node of either

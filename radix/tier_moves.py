@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from sortedcontainers import SortedList
 
 from radix.hashing import BlockHash
-from radix.node import ID_BITS, ID_MASK, NOT_RESIDENT, Node
+from radix.node import ID_BITS, ID_MASK, NOT_RESIDENT, Node, salt_under
 from radix.tree_nodes import TreeNodes
 
 
@@ -86,8 +86,7 @@ class TierMoves:
                 self._drop_subtree(node)
                 return nodes.unlink(node, lru)
             host.write_back(node, host_block)
-            assert node.block_hash is not None
-            nodes.host_stored.append(node.block_hash)
+            nodes.host_stored.append(node)
         assert node.block_hash is not None
         nodes.by_block[node.block_id] = None
         node.block_id = NOT_RESIDENT
@@ -159,6 +158,7 @@ class TierMoves:
         assert host is not None
         tick = nodes.tick()
         stored: list[BlockHash] = []
+        keys: list[bytes] = []
         for node, block in zip(chain, device_blocks, strict=True):
             rcs[block] += 1  # the tree's reference beside the caller's
             node.block_id = block
@@ -169,6 +169,9 @@ class TierMoves:
             host.load_back(node, block, tick)
             assert node.block_hash is not None
             stored.append(node.block_hash)
+            keys.append(node.key)
         nodes.epoch += 1
         parent = chain[0].parent
-        nodes.events.stored(stored, None if parent is None else parent.block_hash, nodes.block_size)
+        salts = [salt_under(parent)] + [None] * (len(stored) - 1)
+        parent_hash = None if parent is None else parent.block_hash
+        nodes.events.stored(stored, parent_hash, nodes.block_size, keys=keys, salts=salts)

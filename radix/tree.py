@@ -41,7 +41,7 @@ from radix.hashing import BlockHash, HashFn, blake2b_128, hash_packed_block
 from radix.host_tier import HostTier
 from radix.invariants import check_host_tier, check_tree
 from radix.keys import BlockKeys
-from radix.node import ID_BITS, ID_MASK, NOT_RESIDENT, InsertResult, Node, Root, TreeMatch
+from radix.node import ID_BITS, ID_MASK, NOT_RESIDENT, InsertResult, Node, Root, TreeMatch, salt_under
 from radix.prefix_cache import PrefixCache
 from radix.sequence import SeqBlocks
 from radix.tier_moves import TierMoves
@@ -197,7 +197,9 @@ class RadixTree(PrefixCache):
         resident: list[int] = []
         duplicates: list[int] = []
         stored: list[BlockHash] = []
+        stored_keys: list[bytes] = []
         stored_parent: BlockHash | None = None
+        first_salt: str | None = None
         lru_tick = nodes.tick() << ID_BITS
         hash_fn = self.hash_fn
         by_hash = nodes.by_hash
@@ -227,8 +229,10 @@ class RadixTree(PrefixCache):
                 nodes.take_device_block(node, block_id, lru_tick | block_id)
                 if not stored:
                     stored_parent = parent.block_hash
+                    first_salt = salt_under(parent)
                 assert node.block_hash is not None
                 stored.append(node.block_hash)
+                stored_keys.append(key)
             elif node.block_id != block_id:
                 if rcs[node.block_id] == 1:
                     nodes.replace_idle(node, block_id, lru_tick | block_id)
@@ -236,7 +240,8 @@ class RadixTree(PrefixCache):
                     duplicates.append(block_id)
             resident.append(node.block_id)
             parent = node
-        nodes.events.stored(stored, stored_parent, self.block_size)
+        salts = [first_salt] + [None] * (len(stored) - 1)
+        nodes.events.stored(stored, stored_parent, self.block_size, keys=stored_keys, salts=salts)
         return InsertResult(resident, duplicates, None if type(parent) is Root else parent)
 
     def cache_full_blocks(self, seq: SeqBlocks, num_full_blocks: int) -> None:

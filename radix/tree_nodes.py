@@ -23,7 +23,7 @@ from radix.block_pool import BlockPool
 from radix.events import HOST, KvEventLog
 from radix.hashing import BlockHash
 from radix.host_tier import HostTier
-from radix.node import Node, Root
+from radix.node import Node, Root, salt_under
 
 
 class TreeNodes:
@@ -51,7 +51,7 @@ class TreeNodes:
         self.num_evictable = 0
         self.num_device = 0
         self.removed: list[BlockHash] = []  # left the device in the current call
-        self.host_stored: list[BlockHash] = []  # written back in the current call
+        self.host_stored: list[Node] = []  # written back in the current call
         self.host_removed: list[BlockHash] = []  # left the host tier in the current call
 
     def tick(self) -> int:
@@ -173,7 +173,14 @@ class TreeNodes:
         self.host_stored = []
         self.removed = []
         self.host_removed = []
-        self.events.stored(stored, None, self.block_size, HOST)
+        hashes: list[BlockHash] = []
+        for node in stored:
+            assert node.block_hash is not None and node.parent is not None  # a block node, never a root
+            hashes.append(node.block_hash)
+        keys = [node.key for node in stored]
+        parents = [node.parent.block_hash for node in stored if node.parent is not None]
+        salts = [salt_under(node.parent) for node in stored]
+        self.events.stored(hashes, None, self.block_size, HOST, keys, parents, salts)
         self.events.removed(removed)
         self.events.removed(host_removed, HOST)
 

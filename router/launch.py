@@ -89,11 +89,21 @@ class RouterLauncher:
     def __exit__(self, *exc: object) -> None:
         self.shutdown("router launcher exited")
 
-    def _replica_args(self, port: int = 0) -> ServerArgs:
-        return dataclasses.replace(self.server_args, host="127.0.0.1", port=port, events_port=0, http_port=None)
+    def _replica_args(self, port: int = 0, rank: int = 0) -> ServerArgs:
+        """Replica ``rank``'s ServerArgs: on 127.0.0.1, its KV events on TCP, no HTTP; data-parallel rank ``rank`` of
+        the replicas (its vLLM-format KV events' rank and port offset, runtime/serve/vllm_events)."""
+        return dataclasses.replace(
+            self.server_args,
+            host="127.0.0.1",
+            port=port,
+            events_port=0,
+            http_port=None,
+            data_parallel_size=max(self.num_replicas, 1),
+            data_parallel_rank=rank,
+        )
 
-    def _start_replica(self, port: int = 0) -> Launcher:
-        launcher = Launcher(self._replica_args(port), self.startup_timeout_s)
+    def _start_replica(self, port: int = 0, rank: int = 0) -> Launcher:
+        launcher = Launcher(self._replica_args(port, rank), self.startup_timeout_s)
         try:
             launcher.start()
         except LaunchError:
@@ -107,9 +117,9 @@ class RouterLauncher:
         if self.num_replicas and not self.backends:
             # One after the other, from this thread: Linux sends PR_SET_PDEATHSIG when the *thread* that spawned a
             # child exits, so replicas started from a worker thread would be killed when the pool ends.
-            for _ in range(self.num_replicas):
+            for rank in range(self.num_replicas):
                 try:
-                    self.replicas.append(self._start_replica())
+                    self.replicas.append(self._start_replica(rank=rank))
                 except LaunchError as exc:
                     self.shutdown("a replica failed to start", p.ERR_SERVER)
                     raise LaunchError(f"replica failed to start: {exc}") from exc
@@ -173,7 +183,7 @@ class RouterLauncher:
             logger.warning("replica %d: %s; restarting it", i, dead)
             launcher.shutdown(f"replica failure: {dead}", p.ERR_SERVER)
             port = int(launcher.endpoint.rsplit(":", 1)[1])
-            self.replicas[i] = self._start_replica(port)
+            self.replicas[i] = self._start_replica(port, i)
             restarted.append(i)
         return restarted
 
@@ -280,8 +290,10 @@ def build_router_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry: starts replicas (or uses --backends) and the router; serves until Ctrl-C / SIGTERM."""
+def main(argv: list[str] | None = None, ready_prefix: str = "radixserve router ready at") -> int:
+    """CLI entry: starts replicas (--replicas, or --data-parallel-size: the larger; none with --backends) and the
+    router; prints "<ready_prefix> <endpoint>" once it serves, until Ctrl-C / SIGTERM. runtime.launch.main calls
+    it for `radixserve --data-parallel-size N` (N > 1) with the server's own ready line."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         run_router_process(argv[1])
@@ -291,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RADIXSERVE_LOG_LEVEL", ns.log_level)
     server_args = ServerArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerArgs)})
     backends = [b.strip() for b in ns.backends.split(",") if b.strip()]
-    replicas = 0 if backends else max(ns.replicas, 1)
+    replicas = 0 if backends else max(ns.replicas, ns.data_parallel_size)
     launcher = RouterLauncher(
         server_args,
         replicas,
@@ -312,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         launcher.shutdown(f"start-up failed: {exc}", p.ERR_SERVER)
         return 1
     # the http child printed its ready line before
-    return launcher.serve_forever(f"radixserve router ready at {endpoint}")
+    return launcher.serve_forever(f"{ready_prefix} {endpoint}")
 
 
 if __name__ == "__main__":

@@ -118,6 +118,21 @@ class ServerArgs:
         "seconds the tokenizer waits for the scheduler's answer to a health, "
         "stats or KV snapshot request before it answers ERR_SERVER",
     )
+    # kvevents (issue 27): KV events in vLLM's format, data parallelism
+    kv_events_config: str | None = _opt(
+        None,
+        'vLLM\'s KVEventsConfig as JSON, e.g. \'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", '
+        '"topic": "kv-events"}\': the scheduler also publishes its KV events in vLLM\'s wire format (a tcp '
+        "wildcard binds --host; runtime/serve/vllm_events) (None: not published)",
+    )
+    data_parallel_size: int = _opt(
+        1,
+        "replicas of the whole server behind the cache-aware router, started by `radixserve` (python -m "
+        "runtime.launch) with one endpoint for all (router/launch.py)",
+    )
+    data_parallel_rank: int = _opt(
+        0, "this replica's rank among data_parallel_size, set per replica by the launcher (its KV events' rank, port)"
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -161,9 +176,20 @@ class ServerArgs:
             ("control_timeout_s", self.control_timeout_s > self.worker_probe_timeout_s, "> worker_probe_timeout_s"),
             ("max_prompt_chars", self.max_prompt_chars is None or self.max_prompt_chars >= 1, "None or >= 1"),
         ]
+        checks.append(("data_parallel_size", self.data_parallel_size >= 1, ">= 1"))
+        checks.append(
+            ("data_parallel_rank", 0 <= self.data_parallel_rank < self.data_parallel_size, "in [0, data_parallel_size)")
+        )
         for name, ok, rule in checks:
             if not ok:
                 raise InvalidConfig(f"{name} must be {rule}, got {getattr(self, name)!r}")
+        if self.kv_events_config is not None:
+            from runtime.serve.vllm_events.config import parse_kv_events_config
+
+            try:
+                parse_kv_events_config(self.kv_events_config)
+            except ValueError as exc:
+                raise InvalidConfig(str(exc)) from None
         if self.attention_backend == "triton" and self.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise InvalidConfig("attention_backend 'triton' needs a CUDA device (or TRITON_INTERPRET=1 for debugging)")
         if self.chat_template is not None and not os.path.isfile(self.chat_template):

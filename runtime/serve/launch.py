@@ -361,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         args = ServerArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerArgs)})
     except InvalidConfig as exc:
         parser.error(str(exc))  # exits with status 2 and the usage line
+    if args.data_parallel_size > 1:
+        parser.error("--data-parallel-size > 1 is served by `radixserve` (python -m runtime.launch)")
     launcher = None
     try:
         launcher = Launcher(args)

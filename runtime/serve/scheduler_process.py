@@ -9,7 +9,8 @@ the tokenizer in one message. A health request is answered at once while a step 
 younger than worker_probe_timeout_s, "worker unresponsive for N s" after), and probes an idle worker
 (runtime.serve.health.WorkerHealth): "ok" once the worker's loop answered, "worker unresponsive for N s" after
 worker_probe_timeout_s without an answer. KV events and
-ServerStats are published on a PUB socket (topics b"kv" and b"stats"). The loop blocks on zmq.Poller with a timeout
+ServerStats are published on a PUB socket (topics b"kv" and b"stats"); with --kv-events-config the KV events also go
+out in vLLM's wire format (runtime/serve/vllm_events), from the same drain. The loop blocks on zmq.Poller with a timeout
 (an idle server sleeps) and exits when the launcher dies.
 """
 
@@ -27,6 +28,7 @@ import zmq
 from runtime import protocol as p
 from runtime.serve.health import WorkerHealth
 from runtime.serve.process import POLL_MS, bind, parent_alive, report, report_failure
+from runtime.serve.vllm_events.publisher import NullEventPublisher, VllmEventPublisher, make_publisher
 
 if TYPE_CHECKING:
     from runtime.scheduler.scheduler import Scheduler
@@ -41,6 +43,7 @@ class SchedulerServer:
 
     to_worker: PUSH ForwardBatch / WorkerProbe. to_tokenizer: PUSH TokenOutputs / replies. pub: PUB for KV events and
     stats (None: not published). worker_probe_timeout_s: seconds a health request waits for the worker's answer.
+    vllm_events: publishes the same KV events in vLLM's format (a NullEventPublisher: not at all).
     Mutates the scheduler; at most one batch is in flight.
     """
 
@@ -53,7 +56,9 @@ class SchedulerServer:
         stats_interval_s: float,
         events_port: int = 0,
         worker_probe_timeout_s: float = 5.0,
+        vllm_events: NullEventPublisher | VllmEventPublisher | None = None,
     ) -> None:
+
         self.scheduler = scheduler
         self.to_worker = to_worker
         self.to_tokenizer = to_tokenizer
@@ -61,6 +66,7 @@ class SchedulerServer:
         self.stats_interval_s = stats_interval_s
         self.events_port = events_port  # TCP port of pub for routers (0: ipc only)
         self.health = WorkerHealth(worker_probe_timeout_s)
+        self.vllm_events = vllm_events if vllm_events is not None else NullEventPublisher()
         self.in_flight = False
         self.step_sent: float | None = None  # monotonic time the step in flight was sent (None: none in flight)
         self.step_tokens = 0  # input tokens of the step in flight
@@ -153,8 +159,10 @@ class SchedulerServer:
         if outputs:
             self._send(p.TokenOutputs(outputs))
         if self.pub is not None:
-            for event in self.scheduler.manager.drain_events():
+            events = self.scheduler.manager.drain_events()
+            for event in events:
                 self.pub.send_multipart([TOPIC_KV, self._encoder.encode(event)])
+            self.vllm_events.publish(events)
 
     def _send(self, msg: p.TokenizerInput) -> None:
         self.to_tokenizer.send(self._encoder.encode(msg))
@@ -185,6 +193,9 @@ def serve_scheduler(server: SchedulerServer, from_tokenizer: zmq.Socket, from_wo
     poller = zmq.Poller()
     poller.register(from_tokenizer, zmq.POLLIN)
     poller.register(from_worker, zmq.POLLIN)
+    replay = server.vllm_events.replay
+    if replay is not None:
+        poller.register(replay, zmq.POLLIN)
     while alive():
         server.try_schedule()
         events = dict(poller.poll(POLL_MS))
@@ -194,6 +205,8 @@ def serve_scheduler(server: SchedulerServer, from_tokenizer: zmq.Socket, from_wo
             for _ in range(256):
                 if not _handle(from_tokenizer, tok_decoder, server.on_tokenizer_message):
                     break
+        if replay is not None and replay in events:
+            server.vllm_events.serve_replay()
         now = time.monotonic()
         server.publish_stats(now)
         server.expire_health(now)
@@ -224,6 +237,7 @@ class _Links:
     to_tokenizer: zmq.Socket
     pub: zmq.Socket
     events_port: int  # the TCP port pub is bound on beside its ipc endpoint (0: ipc only)
+    vllm_events: NullEventPublisher | VllmEventPublisher  # --kv-events-config
 
 
 def _open_links(ctx: zmq.Context, spec) -> _Links:
@@ -241,7 +255,8 @@ def _open_links(ctx: zmq.Context, spec) -> _Links:
     if args.events_port is not None:
         bind(pub, f"tcp://{args.host}:{args.events_port}", "events_port")
         events_port = int(pub.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
-    return _Links(from_worker, from_tokenizer, to_worker, to_tokenizer, pub, events_port)
+    vllm_events = make_publisher(ctx, args.kv_events_config, args.host, args.data_parallel_rank)
+    return _Links(from_worker, from_tokenizer, to_worker, to_tokenizer, pub, events_port, vllm_events)
 
 
 def _wait_worker_ready(links: _Links, spec) -> p.Ready | None:
@@ -267,6 +282,7 @@ def _make_server(spec, ready: p.Ready, links: _Links) -> SchedulerServer:
         ready.num_host_blocks,
         record_events=True,  # the PUB socket publishes (and so drains) them
         num_host_cache_blocks=ready.num_host_cache_blocks,
+        event_token_ids=links.vllm_events.records_token_ids,  # vLLM's BlockStored carries them
     )
     scheduler = Scheduler(manager, args, ready.max_model_len, ready.eos_token_ids, vocab_size=ready.vocab_size)
     return SchedulerServer(
@@ -277,6 +293,7 @@ def _make_server(spec, ready: p.Ready, links: _Links) -> SchedulerServer:
         args.log_interval_s,
         links.events_port,
         args.worker_probe_timeout_s,
+        links.vllm_events,
     )
 
 
