@@ -135,7 +135,8 @@ def load_shard(
     folder: Path, plan: ShardPlan, dtype: torch.dtype, device: str | torch.device
 ) -> dict[str, torch.Tensor]:
     """This rank's tensors of the folder's safetensors files (ShardPlan.take of each), cast to dtype, on device,
-    keyed by their Hugging Face names; peak memory: the rank's share, plus one slice in the file's dtype.
+    keyed by their Hugging Face names. Peak memory: the rank's share, plus one slice twice (its copy, and the file
+    pages it was read from, mapped until the file is closed after each tensor).
 
     Raises ModelNotFoundError (no weight file), CorruptModelError (a file cannot be read as safetensors).
     """
@@ -145,7 +146,10 @@ def load_shard(
     for path in safetensors_files(folder):
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
-                for name in f.keys():
+                names = list(f.keys())
+            for name in names:
+                # opened per tensor: the file's pages a slice touched leave the process with the mapping
+                with safe_open(str(path), framework="pt", device="cpu") as f:
                     weights[name] = plan.take(name, f.get_slice(name)).to(device=device, dtype=dtype)
         except (SafetensorError, OSError, ValueError) as e:
             raise CorruptModelError(f"{path} cannot be read as safetensors: {e}") from e
