@@ -81,6 +81,7 @@ class ModelRunner:
 
     def __init__(self, args: ServerArgs, group: TPGroup | None = None) -> None:
         self.args = args
+        self.group = group
         self.device = torch.device(args.device)
         if self.device.type == "cpu":
             set_cpu_threads()
@@ -219,6 +220,8 @@ class ModelRunner:
         if not sampling or not len(self.grammars):
             return
         pending = set(self.grammars.pending(sampling, GRAMMAR_WAIT_S))
+        if self.group is not None:  # a compile's finish is timing: the ranks must hold the same sequences back
+            pending = self.group.union(pending)
         if not pending:
             return
         for seq_id in pending:

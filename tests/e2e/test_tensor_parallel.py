@@ -1,13 +1,15 @@
 """Tensor parallelism end to end (issue 27): a real server with --tensor-parallel-size 2 (two gloo worker ranks on
 this machine) gives the same tokens as the in-process Engine at TP = 1, in float32, on tiny random Llama (GQA 2:1,
 untied head), Qwen3 (q/k norms, head_dim unlike hidden / heads) and Gemma 3 (local and global layers, tied
-embeddings, softcap): greedy, seeded sampling, concurrent requests in a pool small enough to preempt, and a
-prefix-cache hit. A rank killed mid-decode fails the stream at once and leaves no process behind."""
+embeddings, softcap): greedy, seeded sampling, concurrent requests in a pool small enough to preempt, a
+prefix-cache hit and a regex-constrained request. A rank killed mid-decode fails the stream at once and leaves no
+process behind."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from runtime.client import ServerFailedError
 from runtime.engine import Engine
 from runtime.sampling_params import SamplingParams
+from runtime.structured_outputs import StructuredOutputs
 from tests.e2e.processes import descendants
 from tests.e2e.servers import Server, start_server
 from tests.e2e.test_server_lifecycle import wait_gone
@@ -51,6 +54,13 @@ def _seeded() -> SamplingParams:
     return SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True, **SEEDED)
 
 
+REGEX = StructuredOutputs(regex="[a-z]{2,6}( [a-z]{2,6}){3}")  # every rank masks its rows; all hold the same back
+
+
+def _constrained() -> SamplingParams:
+    return SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, structured_outputs=REGEX)
+
+
 def _tp1(folder: Path, prompts: list[list[int]]) -> dict[str, list[list[int]]]:
     """The Engine's tokens at TP = 1 with the server's pool: greedy (all prompts at once), seeded, and the first
     prompt extended (a prefix-cache hit on the server)."""
@@ -58,7 +68,8 @@ def _tp1(folder: Path, prompts: list[list[int]]) -> dict[str, list[list[int]]]:
     greedy = [o.token_ids for o in engine.generate(input_ids=prompts, sampling_params=_greedy())]
     seeded = [o.token_ids for o in engine.generate(input_ids=prompts[:2], sampling_params=_seeded())]
     hit = engine.generate(input_ids=[prompts[0] + [5, 6, 7]], sampling_params=_greedy())[0].token_ids
-    return {"greedy": greedy, "seeded": seeded, "hit": [hit]}
+    constrained = engine.generate(input_ids=prompts[1:2], sampling_params=_constrained())[0].token_ids
+    return {"greedy": greedy, "seeded": seeded, "hit": [hit], "constrained": [constrained]}
 
 
 def test_tp2_server_equals_tp1_engine(folder, tmp_path):
@@ -72,12 +83,17 @@ def test_tp2_server_equals_tp1_engine(folder, tmp_path):
             assert c.stats().num_preemptions > 0
             seeded = [c.generate(input_ids=p, max_tokens=NEW_TOKENS, ignore_eos=True, **SEEDED) for p in prompts[:2]]
             hit = c.generate(input_ids=prompts[0] + [5, 6, 7], max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+            constrained = c.generate(
+                input_ids=prompts[1], max_tokens=NEW_TOKENS, temperature=0.0, structured_outputs=REGEX
+            )
     finally:
         assert server.stop() == 0
     assert greedy == ref["greedy"]
     assert [s.token_ids for s in seeded] == ref["seeded"]
     assert hit.usage.cached_tokens == (len(prompts[0]) // BLOCK) * BLOCK
     assert [hit.token_ids] == ref["hit"]
+    assert [constrained.token_ids] == ref["constrained"]
+    assert constrained.finish_reason == "stop" and len(constrained.text.split(" ")) == 4
 
 
 def _rank_pid(server: Server, role: str) -> int:
@@ -99,6 +115,36 @@ def test_a_rank_killed_mid_decode_fails_the_stream_and_stops_everything(tiny_lla
             with pytest.raises(ServerFailedError) as info:
                 for _ in stream:
                     pass
+        assert "worker" in info.value.message
+        assert server.proc.wait(30) == 1
+        assert wait_gone(pids) == []
+    finally:
+        server.stop()
+
+
+def test_a_hung_rank_makes_health_unhealthy_then_fails_the_worker(tiny_llama_dir, tmp_path):
+    """SIGSTOP of rank 1 mid-decode: rank 0 waits in the step's all-reduce, so /health (the scheduler's view of the
+    step in flight) says the worker is unresponsive within the probe timeout; after tp_timeout_s the collective
+    gives up, the worker exits, the client is told, and the launcher stops everything (the stopped rank included)."""
+    flags = ("--tensor-parallel-size", "2", "--tp-timeout-s", "8", "--worker-probe-timeout-s", "1", *FLAGS)
+    server = start_server(str(tiny_llama_dir), tmp_path / "hang.log", *flags)
+    pids = descendants(server.proc.pid)
+    try:
+        with server.client(timeout=60) as c, server.client(timeout=10) as probe:
+            stream = c.stream(input_ids=[1, 2, 3], ignore_eos=True, temperature=0.0, max_tokens=300)
+            next(stream)
+            os.kill(_rank_pid(server, "worker-rank1"), signal.SIGSTOP)
+            deadline = time.monotonic() + 6
+            health = probe.health()
+            while "unresponsive" not in health and time.monotonic() < deadline:
+                time.sleep(0.1)
+                health = probe.health()
+            assert "unresponsive" in health
+            start = time.monotonic()
+            with pytest.raises(ServerFailedError) as info:
+                for _ in stream:
+                    pass
+            assert time.monotonic() - start < 20
         assert "worker" in info.value.message
         assert server.proc.wait(30) == 1
         assert wait_gone(pids) == []

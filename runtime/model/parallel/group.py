@@ -106,6 +106,15 @@ class TPGroup:
         self._run("all_reduce_min", 8, lambda: dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.cpu_group))
         return int(t.item())
 
+    def union(self, ids: set[int]) -> set[int]:
+        """The union of the ranks' sets of ints (a decision every rank must share, e.g. the sequences held back)."""
+        gathered: list[list[int] | None] = [None] * self.size
+        nbytes = 8 * len(ids)
+        self._run(
+            "all_gather_object", nbytes, lambda: dist.all_gather_object(gathered, sorted(ids), group=self.cpu_group)
+        )
+        return {i for part in gathered for i in part or []}
+
     def broadcast_bytes(self, payload: bytes | None) -> bytes:
         """Rank 0's payload on every rank: rank 0 passes it, the others pass None and get it. Two broadcasts on the CPU
         group: the length (int64), then the bytes (uint8); an empty payload sends the length alone."""
