@@ -21,7 +21,7 @@ import zmq
 
 from runtime import protocol as p
 from runtime.serve.process import POLL_MS, bind, parent_alive, report, report_failure
-from runtime.serve.worker_rank import NoRelay, Relay, start_runner
+from runtime.serve.worker_rank import NoRelay, Relay, run_rank_loop, start_runner
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def run_worker_process(spec) -> None:
     reports = ctx.socket(zmq.PUSH)
     reports.connect(spec.endpoints.launcher)
     try:
-        runner, relay, _group = start_runner(spec.server_args, 0)
+        runner, relay, group = start_runner(spec.server_args, 0)
         pull = ctx.socket(zmq.PULL)
         bind(pull, spec.endpoints.worker_in, "worker_in")
         push = ctx.socket(zmq.PUSH)
@@ -96,4 +96,7 @@ def run_worker_process(spec) -> None:
     push.send(msgspec.msgpack.encode(runner.ready))
     report(reports, p.ProcessReady("worker", os.getpid()))
     logger.info("worker ready: %s", runner.ready)
-    serve_worker(runner, pull, push, lambda: parent_alive(spec), relay=relay)
+    if group is None:
+        serve_worker(runner, pull, push, lambda: parent_alive(spec))
+        return
+    run_rank_loop(lambda: serve_worker(runner, pull, push, lambda: parent_alive(spec), relay=relay))

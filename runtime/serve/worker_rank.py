@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import os
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
@@ -80,6 +81,22 @@ class StepRelay:
     def receive(self) -> bytes:
         """The other ranks: the next frame rank 0 broadcasts (b"": a heartbeat)."""
         return self.group.broadcast_bytes(None)
+
+
+class RankLost(RuntimeError):
+    """A collective of this rank failed (a peer died, or hung past tp_timeout_s): the rank's loop ends with it, and
+    the child's crash report (ProcessFailed) names the cause to the launcher, which stops the server."""
+
+
+def run_rank_loop(loop: Callable[[], None]) -> None:
+    """Run a rank's loop (TP > 1); the RankFailure that ends it (a BaseException, so that no step's failure handling
+    swallows it) leaves as RankLost, an Exception the process entry reports in one line."""
+    from runtime.model.parallel.group import RankFailure  # imports torch: only ranks of TP > 1 get here
+
+    try:
+        loop()
+    except RankFailure as exc:
+        raise RankLost(str(exc)) from None
 
 
 def rank_of(role: str) -> int:
@@ -158,6 +175,6 @@ def run_worker_rank(spec: ChildSpec) -> None:
     report(reports, p.ProcessReady(spec.role, os.getpid()))
     logger.info("%s ready", spec.role)
     try:
-        follow_steps(runner, relay, spec)
+        run_rank_loop(lambda: follow_steps(runner, relay, spec))
     finally:
         group.close()

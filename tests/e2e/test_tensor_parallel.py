@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from runtime.client import ServerFailedError
 from runtime.engine import Engine
 from runtime.sampling_params import SamplingParams
+from runtime.serve.process import ChildSpec
+from runtime.serve.worker_rank import free_port
 from runtime.structured_outputs import StructuredOutputs
-from tests.e2e.processes import descendants
-from tests.e2e.servers import Server, start_server
+from tests.e2e.processes import descendants, stop_process
+from tests.e2e.servers import Server, exact_flags, start_server
 from tests.e2e.test_server_lifecycle import wait_gone
+from tests.paths import ROOT
 from tests.runtime.model.tiny_families import random_prompts, save_tiny_family
 
 pytestmark = pytest.mark.slow
@@ -145,8 +151,43 @@ def test_a_hung_rank_makes_health_unhealthy_then_fails_the_worker(tiny_llama_dir
                 for _ in stream:
                     pass
             assert time.monotonic() - start < 20
-        assert "worker" in info.value.message
+        assert "worker process failed: RankLost: rank 0: " in info.value.message  # the collective that timed out
         assert server.proc.wait(30) == 1
         assert wait_gone(pids) == []
     finally:
         server.stop()
+
+
+def test_two_nodes_on_one_host_serve_as_one_tp2_worker(tiny_llama_dir, tmp_path):
+    """--nnodes 2: node 1's launcher starts rank 1 alone, node 0's the rest; the tokens equal TP = 1's; node 1 exits
+    (status 1) once node 0 stops, its rank having lost rank 0."""
+    prompt = random_prompts([45], seed=9)[0]
+    engine = Engine(model=str(tiny_llama_dir), dtype="float32", block_size=BLOCK, num_blocks=NUM_BLOCKS)
+    ref = engine.generate(input_ids=[prompt], sampling_params=_greedy())[0].token_ids
+    nodes = ("--tensor-parallel-size", "2", "--nnodes", "2", "--master-port", str(free_port("127.0.0.1")), *FLAGS)
+    cmd = [sys.executable, "-m", "runtime.launch", "--model", str(tiny_llama_dir), "--node-rank", "1"]
+    with open(tmp_path / "node1.log", "w") as log:
+        node1 = subprocess.Popen([*cmd, *exact_flags(nodes)], cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        server = start_server(str(tiny_llama_dir), tmp_path / "node0.log", "--node-rank", "0", *nodes)
+        assert node1.stdout is not None
+        assert node1.stdout.readline().strip() == "radixserve node 1: worker ranks ready"
+        assert _roles(node1.pid) == ["worker-rank1"]
+        with server.client(timeout=60) as c:
+            assert (
+                c.generate(input_ids=prompt, max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True).token_ids == ref
+            )
+        assert server.stop() == 0
+        assert node1.wait(30) == 1
+    finally:
+        stop_process(node1)
+
+
+def _roles(launcher_pid: int) -> list[str]:
+    """The roles of a launcher's children (their ChildSpec JSON on the command line)."""
+    roles = []
+    for pid in descendants(launcher_pid):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"--child" in argv:
+            roles.append(msgspec.json.decode(argv[argv.index(b"--child") + 1], type=ChildSpec).role)
+    return sorted(roles)
