@@ -102,6 +102,45 @@ def test_tp2_server_equals_tp1_engine(folder, tmp_path):
     assert constrained.finish_reason == "stop" and len(constrained.text.split(" ")) == 4
 
 
+BEAM = {"use_beam_search": True, "n": 3, "temperature": 0.0, "max_tokens": 10, "ignore_eos": True}
+HOST = {"preemption_mode": "swap", "num_host_blocks": 64, "num_host_cache_blocks": 64}
+
+
+def test_tp2_swap_host_tier_and_beam_search_equal_tp1(tiny_llama_dir, tmp_path):
+    """Preemption by swap (every rank copies its heads' blocks out and back), the host tier's write-backs and
+    load-backs, and beam search's forks and copies, at TP = 2 against the Engine at TP = 1."""
+    prompts = random_prompts(PROMPT_LENS, seed=5)
+    engine = Engine(
+        model=str(tiny_llama_dir), dtype="float32", block_size=BLOCK, num_blocks=NUM_BLOCKS, quantization="none", **HOST
+    )
+    ref = [o.token_ids for o in engine.generate(input_ids=prompts, sampling_params=_greedy())]
+    ref_beams = [
+        o.token_ids for o in engine.generate(input_ids=prompts[:1], sampling_params=SamplingParams(**BEAM))[0].outputs
+    ]
+    fill = random_prompts([150, 150], seed=6)  # new prompts that evict prompt 0's blocks to the host tier
+    ref_fill = [o.token_ids for o in engine.generate(input_ids=fill[:1], sampling_params=_greedy())]
+    ref_fill += [o.token_ids for o in engine.generate(input_ids=fill[1:], sampling_params=_greedy())]
+    ref_hit = engine.generate(input_ids=[prompts[0] + [5, 6, 7]], sampling_params=_greedy())[0].token_ids
+    host = [f"--{k.replace('_', '-')}={v}" for k, v in HOST.items()]
+    server = start_server(str(tiny_llama_dir), tmp_path / "swap.log", "--tensor-parallel-size", "2", *FLAGS, *host)
+    try:
+        with server.client(timeout=120) as c:
+            rids = [c.submit(input_ids=p, max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True) for p in prompts]
+            greedy = [c.result(rid).token_ids for rid in rids]
+            beams = c.generate(input_ids=prompts[0], **BEAM)
+            filled = [c.generate(input_ids=p, max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True) for p in fill]
+            hit = c.generate(input_ids=prompts[0] + [5, 6, 7], max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+            stats = c.stats()
+    finally:
+        assert server.stop() == 0
+    assert stats.num_swaps > 0 and stats.num_written_back_blocks > 0
+    assert greedy == ref
+    assert [ch.token_ids for ch in beams.choices] == ref_beams
+    assert [f.token_ids for f in filled] == ref_fill
+    assert hit.token_ids == ref_hit
+    assert hit.usage.cached_tokens == 48 and hit.usage.host_cached_tokens > 0  # loaded back from the host tier
+
+
 def _rank_pid(server: Server, role: str) -> int:
     for pid in descendants(server.proc.pid):
         if f'"role":"{role}"'.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
