@@ -83,12 +83,14 @@ def save_model(folder: Path, ns: argparse.Namespace) -> Path:
             p + "mlp.up_proj.weight": (ns.intermediate, h),
             p + "mlp.down_proj.weight": (h, ns.intermediate),
         }
-    tensors = {n: torch.randn(s, generator=g) * (1.0 if n.endswith("norm.weight") else 0.02) for n, s in shapes.items()}
+    tensors = {n: torch.randn(s, generator=g) * 0.02 for n, s in shapes.items() if not n.endswith("norm.weight")}
+    tensors |= {n: torch.ones(s) for n, s in shapes.items() if n.endswith("norm.weight")}
     save_file(tensors, str(folder / "model.safetensors"))
     return folder
 
 
 def server_args(ns: argparse.Namespace, tp: int, port: int | None) -> ServerArgs:
+    """The runner's settings: a pool that holds the largest batch's sequences, one prefill step for all of them."""
     blocks = max(MIN_USABLE_BLOCKS, max(ns.batch) * cdiv(ns.context + ns.decode_steps, 16)) + 1
     return ServerArgs(
         model=str(ns.model),
@@ -103,7 +105,8 @@ def server_args(ns: argparse.Namespace, tp: int, port: int | None) -> ServerArgs
 
 
 class RelayedRunner:
-    """Rank 0's runner as run_runner sees it: each batch's bytes go to the other ranks before it runs."""
+    """Rank 0's runner as run_phases sees it: each batch's bytes go to the other ranks before it runs (as the
+    server's worker loop does: runtime/serve/worker_process.py)."""
 
     def __init__(self, runner: ModelRunner, relay: StepRelay) -> None:
         self.runner = runner
