@@ -48,7 +48,8 @@ def serve_worker(
     Mutates the runner's per-sequence state (through execute). A frame that decodes as neither is logged and dropped
     (the scheduler only sends typed messages); an exception in execute becomes ForwardResult(step_id, [], [],
     error=...) so the scheduler fails that step's requests instead of hanging. relay (tensor parallelism,
-    runtime/serve/worker_rank.py) gets each ForwardBatch's bytes before execute and a call after each idle poll.
+    runtime/serve/worker_rank.py) gets each ForwardBatch's bytes before execute and a call after each idle poll and
+    each probe (its heartbeat).
     """
     relay = relay or NoRelay()
     decoder = msgspec.msgpack.Decoder(p.WorkerInput)
@@ -67,6 +68,7 @@ def serve_worker(
             continue
         if isinstance(msg, p.WorkerProbe):
             push.send(encoder.encode(p.WorkerProbeReply(msg.probe_id)))
+            relay.idle()
             continue
         relay.send(bytes(frame.buffer))
         try:

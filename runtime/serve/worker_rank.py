@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -28,7 +29,7 @@ import zmq
 
 from runtime import protocol as p
 from runtime.config import ServerArgs
-from runtime.serve.process import ChildSpec, parent_alive, report, report_failure
+from runtime.serve.process import POLL_MS, ChildSpec, parent_alive, report, report_failure
 
 if TYPE_CHECKING:
     from runtime.model.parallel.group import TPGroup
@@ -67,16 +68,22 @@ class StepRelay:
     collective: every rank calls send (rank 0) or receive (the others) once per step or heartbeat. Raises
     RankFailure when a rank is gone or late past the group's timeout."""
 
-    def __init__(self, group: TPGroup) -> None:
+    def __init__(self, group: TPGroup, heartbeat_s: float = POLL_MS / 1000) -> None:
         self.group = group
+        self.heartbeat_s = heartbeat_s
+        self.last_sent = time.monotonic()
 
     def send(self, frame: bytes) -> None:
         """Rank 0: broadcast a step's bytes (non-empty)."""
         self.group.broadcast_bytes(frame)
+        self.last_sent = time.monotonic()
 
     def idle(self) -> None:
-        """Rank 0: broadcast the empty heartbeat frame."""
-        self.group.broadcast_bytes(b"")
+        """Rank 0: broadcast the empty heartbeat frame when nothing went out for heartbeat_s seconds (the loop calls
+        it after each idle poll and each probe, so probes arriving faster than the poll period cannot starve it)."""
+        if time.monotonic() - self.last_sent >= self.heartbeat_s:
+            self.group.broadcast_bytes(b"")
+            self.last_sent = time.monotonic()
 
     def receive(self) -> bytes:
         """The other ranks: the next frame rank 0 broadcasts (b"": a heartbeat)."""
@@ -135,8 +142,10 @@ def start_runner(args: ServerArgs, rank: int) -> tuple[ModelRunner, Relay, TPGro
 
     if args.tensor_parallel_size == 1:
         return ModelRunner(args), NoRelay(), None
+    from runtime.model.loader import resolve_model
     from runtime.model.parallel.group import RankInfo, init_group
 
+    resolve_model(args.model)  # a first GGUF conversion happens before the group's timeout runs
     args = dataclasses.replace(args, device=rank_device(args, rank))
     assert args.master_port is not None, "the launcher sets master_port"
     info = RankInfo(rank, args.tensor_parallel_size, args.master_addr, args.master_port, args.tp_timeout_s)

@@ -4,12 +4,14 @@ in-process Engine refuses more than one rank. No process is started."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from runtime.config import InvalidConfig, ServerArgs
 from runtime.engine import Engine
 from runtime.serve.launch import build_parser
-from runtime.serve.worker_rank import rank_device, rank_of, worker_roles
+from runtime.serve.worker_rank import StepRelay, rank_device, rank_of, worker_roles
 
 
 @pytest.mark.parametrize(
@@ -48,3 +50,27 @@ def test_each_node_starts_its_ranks_on_its_devices():
 def test_the_engine_refuses_more_than_one_rank(tiny_llama_dir):
     with pytest.raises(InvalidConfig, match="tensor_parallel_size > 1 needs the server"):
         Engine(model=str(tiny_llama_dir), tensor_parallel_size=2)
+
+
+class _Broadcasts:
+    """A TPGroup stand-in that records what rank 0 broadcasts."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes | None] = []
+
+    def broadcast_bytes(self, payload: bytes | None) -> bytes:
+        self.sent.append(payload)
+        return payload or b""
+
+
+def test_the_heartbeat_goes_out_once_per_period_however_often_the_loop_idles():
+    group = _Broadcasts()
+    relay = StepRelay(group, heartbeat_s=0.2)  # type: ignore[arg-type]
+    relay.send(b"step")
+    for _ in range(50):  # probes answered back to back: no heartbeat within the period of the last frame
+        relay.idle()
+    assert group.sent == [b"step"]
+    time.sleep(0.25)
+    relay.idle()
+    relay.idle()
+    assert group.sent == [b"step", b""]
