@@ -4,7 +4,8 @@
 #      cache addressed near block 2^20 and a 128k-token context (tests/kernels/cuda_cases.py);
 #   2. benchmarks/attention_kernel.py (decode time, bandwidth, fraction of copy bandwidth, vs contiguous SDPA, and a
 #      sweep of decode launch configurations) -> benchmarks/results/attention_kernel.json;
-#   3. a short greedy generate through the Engine with the Triton backend (and the reference backend beside it).
+#   3. a short greedy generate through the Engine with the Triton backend (and the reference backend beside it);
+#   4. with more than one GPU: benchmarks/tensor_parallel.py over NCCL (TP 1, 2 and up to 8).
 # Run from anywhere: bash benchmarks/gpu_check.sh. Every step runs even if an earlier one fails; the exit status is
 # the number of failed steps. When $OUT is set (the device runner's output folder), the JSON and a log go there too.
 # The benchmark saves its JSON after every shape, so a step cut short by its limit keeps what it measured; Triton's
@@ -54,7 +55,23 @@ print(f"greedy token ids identical for {same}/{len(prompts)} prompts (bf16: a ne
 assert all(len(t) > 0 for t in ids["triton"])
 '
 
+# 4. tensor parallelism over NCCL, only where more than one GPU is present: TP 1 / 2 (/ 4 / 8 as GPUs allow) of a
+#    random 4-layer Llama at 4096 wide in bf16 (benchmarks/tensor_parallel.py; prefill / decode tok/s and the per-step
+#    all-reduce, all-gather and relay bytes and ms) -> benchmarks/results/tensor_parallel_gpu.json
+GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+if [ "$GPUS" -gt 1 ]; then
+    SIZES="1 2"
+    [ "$GPUS" -ge 4 ] && SIZES="$SIZES 4"
+    [ "$GPUS" -ge 8 ] && SIZES="$SIZES 8"
+    step 240 "tensor parallel TP $SIZES over NCCL" "$PY" -m benchmarks.tensor_parallel --device cuda --dtype bfloat16 \
+        --tp $SIZES --hidden 4096 --layers 4 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 32000 \
+        --batch 1 32 --context 512 --decode-steps 32 --out benchmarks/results/tensor_parallel_gpu.json
+else
+    echo "== tensor parallel: skipped ($GPUS GPU present; needs 2 or more)" | tee -a "$LOG"
+fi
+
 if [ -n "${OUT:-}" ]; then
+    cp benchmarks/results/tensor_parallel_gpu.json "$OUT/" 2>/dev/null
     cp benchmarks/results/attention_kernel.json "$OUT/" 2>/dev/null
     cp "$LOG" "$OUT/gpu_check.log"
 fi

@@ -133,6 +133,38 @@ class ServerArgs:
     data_parallel_rank: int = _opt(
         0, "this replica's rank among data_parallel_size, set per replica by the launcher (its KV events' rank, port)"
     )
+    # tensor parallelism (issue 27; runtime/model/parallel/, runtime/serve/worker_rank.py)
+    tensor_parallel_size: int = _opt(
+        1,
+        "worker ranks the model is sharded over (Megatron-style, one device each: NCCL on CUDA, gloo on CPU)",
+        alias="-tp",
+    )
+    nnodes: int = _opt(
+        1, "nodes the tensor-parallel ranks span (torchrun's --nnodes); tensor_parallel_size / nnodes per node"
+    )
+    node_rank: int = _opt(0, "this node's index (torchrun's --node-rank): 0 runs the scheduler and tokenizer too")
+    master_addr: str = _opt("127.0.0.1", "address of node 0, where rank 0 hosts the process group's store (torchrun's)")
+    master_port: int | None = _opt(None, "TCP port of that store (torchrun's; None: a free port, single node only)")
+    tp_timeout_s: float = _opt(
+        60.0, "seconds a rank waits in a collective (or idle for rank 0's next step) before it fails the worker"
+    )
+
+    def _validate_parallel(self) -> None:
+        checks = [
+            ("tensor_parallel_size", self.tensor_parallel_size >= 1, ">= 1"),
+            (
+                "nnodes",
+                self.nnodes >= 1 and self.tensor_parallel_size % self.nnodes == 0,
+                "a divisor of tensor_parallel_size",
+            ),
+            ("node_rank", 0 <= self.node_rank < self.nnodes, "in [0, nnodes)"),
+            ("master_port", self.master_port is not None or self.nnodes == 1, "set when nnodes > 1"),
+            ("master_port", self.master_port is None or 0 < self.master_port < 65536, "None or in (0, 65536)"),
+            ("tp_timeout_s", self.tp_timeout_s > 0, "> 0"),
+        ]
+        for name, ok, rule in checks:
+            if not ok:
+                raise InvalidConfig(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -196,6 +228,7 @@ class ServerArgs:
             raise InvalidConfig(f"chat_template must be a readable file, got {self.chat_template!r}")
         if self.preemption_mode == "swap" and self.num_host_blocks == 0:
             raise InvalidConfig("preemption_mode 'swap' needs num_host_blocks > 0 (the host pool it swaps into)")
+        self._validate_parallel()
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> ServerArgs:

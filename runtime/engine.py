@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from radix.manager import KVCacheManager
-from runtime.config import ServerArgs
+from runtime.config import InvalidConfig, ServerArgs
 from runtime.prompt_check import prompt_char_limit
 from runtime.protocol import (
     ERR_INVALID,
@@ -118,6 +118,10 @@ class Engine:
         from runtime.text.chat_templates import override_chat_template
 
         self.args = ServerArgs.from_kwargs(model=model, **kwargs)
+        if self.args.tensor_parallel_size != 1:  # the ranks are processes: runtime/serve/worker_rank.py
+            raise InvalidConfig(
+                "tensor_parallel_size > 1 needs the server (radixserve -tp N); the Engine runs one rank"
+            )
         self.runner = ModelRunner(self.args)
         ready = self.runner.ready
         self.manager = KVCacheManager(

@@ -11,7 +11,7 @@ penalties.py. The process loop around it is runtime/serve/worker_process.py.
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -30,6 +30,9 @@ from runtime.model.threads import set_cpu_threads
 from runtime.model.worker_seqs import StepInputs, WorkerSeq, WorkerSeqs
 from runtime.protocol import ForwardBatch, ForwardResult, PromptLogprobs, Ready, ScheduledSeq, TokenLogprobs
 from runtime.structured_outputs import GRAMMAR_PENDING, GRAMMAR_WAIT_S
+
+if TYPE_CHECKING:
+    from runtime.model.parallel.group import TPGroup
 
 logger = logging.getLogger(__name__)
 
@@ -67,13 +70,18 @@ class ModelRunner:
     v_cache / host_k_cache / host_v_cache (kv's tensors),
     model (called as model(input_ids, meta, k_cache, v_cache) at each run, so a wrapper assigned here is used).
 
+    group: this rank's tensor-parallel group (runtime/model/parallel/): the runner then holds the rank's slices of the
+    model and its KV heads, with the block count every rank agreed on; every rank executes every batch alike and
+    samples the same tokens. None: the whole model (tensor_parallel_size 1).
+
     Raises (at construction): runtime.model.loader.ModelLoadError subclasses; runtime.config.InvalidConfig (also for
     a KV pool of fewer than MIN_USABLE_BLOCKS usable blocks). Logs one warning when the pool holds fewer tokens than
     max_model_len.
     """
 
-    def __init__(self, args: ServerArgs) -> None:
+    def __init__(self, args: ServerArgs, group: TPGroup | None = None) -> None:
         self.args = args
+        self.group = group
         self.device = torch.device(args.device)
         if self.device.type == "cpu":
             set_cpu_threads()
@@ -92,12 +100,19 @@ class ModelRunner:
         backend = None
         if args.attention_backend != "auto":
             backend = args.attention_backend
-        weights = load_weights(folder, self.dtype, self.device)
         self.quantization = QuantPlan.for_folder(args.quantization, folder, self.device.type)
         logger.info("weight quantization: %s", self.quantization.describe())
-        self.model = build_model(cfg, weights, self.max_model_len, backend, quantization=self.quantization)
         self.block_size = args.block_size
-        self.kv = KVCache(args, cfg, self.block_size, self.dtype, self.device)
+        if group is None:
+            weights = load_weights(folder, self.dtype, self.device)
+            self.model = build_model(cfg, weights, self.max_model_len, backend, quantization=self.quantization)
+            self.kv = KVCache(args, cfg, self.block_size, self.dtype, self.device)
+        else:  # this rank's slices and KV heads (runtime/model/parallel/)
+            from runtime.model.parallel.load import load_rank_model
+
+            rank = load_rank_model(args, folder, cfg, group, self.dtype, self.max_model_len, backend, self.quantization)
+            self.model = rank.model
+            self.kv = rank.kv
         self.num_blocks = self.kv.num_blocks
         self._warn_if_pool_below_max_model_len()
         self.sampler = Sampler(args.seed, cfg.eos_token_ids)
@@ -205,6 +220,8 @@ class ModelRunner:
         if not sampling or not len(self.grammars):
             return
         pending = set(self.grammars.pending(sampling, GRAMMAR_WAIT_S))
+        if self.group is not None:  # a compile's finish is timing: the ranks must hold the same sequences back
+            pending = self.group.union(pending)
         if not pending:
             return
         for seq_id in pending:

@@ -50,6 +50,7 @@ from runtime.serve.process import (
     stop_on_sigterm,
     zmq_reason,
 )
+from runtime.serve.worker_rank import RANK_ROLE, free_port, worker_roles
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,8 @@ def child_main(spec_json: str) -> int:
     try:
         if spec.role == "worker":
             from runtime.serve.worker_process import run_worker_process as run
+        elif spec.role.startswith(RANK_ROLE):
+            from runtime.serve.worker_rank import run_worker_rank as run
         elif spec.role == "scheduler":
             from runtime.serve.scheduler_process import run_scheduler_process as run
         elif spec.role == "http":
@@ -132,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(flag, dest=f.name, default=default, help=help_, action=argparse.BooleanOptionalAction)
             continue
         tp, choices = _flag_type(hints[f.name])
-        parser.add_argument(flag, dest=f.name, default=default, help=help_, type=tp, choices=choices)
+        flags = [flag, f.metadata["alias"]] if "alias" in f.metadata else [flag]
+        parser.add_argument(*flags, dest=f.name, default=default, help=help_, type=tp, choices=choices)
     parser.add_argument("--log-level", default="INFO", help="logging level of the launcher and its children")
     return parser
 
@@ -146,6 +150,8 @@ class Launcher:
     """
 
     def __init__(self, args: ServerArgs, startup_timeout_s: float = 600.0) -> None:
+        if args.tensor_parallel_size > 1 and args.master_port is None:  # a single node: the ranks' store port
+            args = dataclasses.replace(args, master_port=free_port(args.master_addr))
         self.args = args
         self.startup_timeout_s = startup_timeout_s
         self.ipc_base = new_ipc_base()
@@ -185,9 +191,10 @@ class Launcher:
         """Spawns the children and waits for their ProcessReady (the HTTP server's once the tokenizer is ready);
         returns the public endpoint (tcp://host:port)."""
         deadline = time.monotonic() + self.startup_timeout_s
-        for role in ROLES:
+        roles = worker_roles(self.args) + (list(ROLES[1:]) if self.args.node_rank == 0 else [])
+        for role in roles:
             self.procs[role] = self._spawn(role)
-        self._wait_ready(set(ROLES), deadline)
+        self._wait_ready(set(roles), deadline)
         if self.args.http_port is not None:
             self.procs["http"] = self._spawn("http")
             self._wait_ready({"http"}, deadline)
@@ -374,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
             launcher.shutdown(f"start-up failed: {cause}", p.ERR_SERVER)
         return 1
     # after the http child's own "radixserve http ready at" line
-    return launcher.serve_forever(f"radixserve ready at {endpoint}")
+    ready = f"radixserve ready at {endpoint}" if endpoint else f"radixserve node {args.node_rank}: worker ranks ready"
+    return launcher.serve_forever(ready)
 
 
 if __name__ == "__main__":

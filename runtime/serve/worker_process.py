@@ -21,6 +21,7 @@ import zmq
 
 from runtime import protocol as p
 from runtime.serve.process import POLL_MS, bind, parent_alive, report, report_failure
+from runtime.serve.worker_rank import NoRelay, Relay, run_rank_loop, start_runner
 
 logger = logging.getLogger(__name__)
 
@@ -34,21 +35,30 @@ class StepRunner(Protocol):
 
 
 def serve_worker(
-    runner: StepRunner, pull: zmq.Socket, push: zmq.Socket, alive: Callable[[], bool], poll_ms: int = POLL_MS
+    runner: StepRunner,
+    pull: zmq.Socket,
+    push: zmq.Socket,
+    alive: Callable[[], bool],
+    poll_ms: int = POLL_MS,
+    relay: Relay | None = None,
 ) -> None:
     """Answers ForwardBatches from `pull` with ForwardResults, and WorkerProbes with WorkerProbeReplies, on `push`
     until alive() is False.
 
     Mutates the runner's per-sequence state (through execute). A frame that decodes as neither is logged and dropped
     (the scheduler only sends typed messages); an exception in execute becomes ForwardResult(step_id, [], [],
-    error=...) so the scheduler fails that step's requests instead of hanging.
+    error=...) so the scheduler fails that step's requests instead of hanging. relay (tensor parallelism,
+    runtime/serve/worker_rank.py) gets each ForwardBatch's bytes before execute and a call after each idle poll and
+    each probe (its heartbeat).
     """
+    relay = relay or NoRelay()
     decoder = msgspec.msgpack.Decoder(p.WorkerInput)
     encoder = msgspec.msgpack.Encoder()
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
     while alive():
         if not poller.poll(poll_ms):
+            relay.idle()
             continue
         frame = pull.recv(copy=False)
         try:
@@ -58,7 +68,9 @@ def serve_worker(
             continue
         if isinstance(msg, p.WorkerProbe):
             push.send(encoder.encode(p.WorkerProbeReply(msg.probe_id)))
+            relay.idle()
             continue
+        relay.send(bytes(frame.buffer))
         try:
             result = runner.execute(msg)
         except Exception as exc:  # the step fails, the worker keeps serving
@@ -68,15 +80,14 @@ def serve_worker(
 
 
 def run_worker_process(spec) -> None:
-    """Worker process entry (spec: runtime.serve.process.ChildSpec). Returns when the launcher dies, or after
-    reporting ProcessFailed when the model runner or a socket cannot start."""
+    """Worker process entry (spec: runtime.serve.process.ChildSpec), rank 0 under tensor parallelism
+    (runtime/serve/worker_rank.py). Returns when the launcher dies, or after reporting ProcessFailed when the model
+    runner or a socket cannot start."""
     ctx = zmq.Context()
     reports = ctx.socket(zmq.PUSH)
     reports.connect(spec.endpoints.launcher)
     try:
-        from runtime.model.runner import ModelRunner
-
-        runner = ModelRunner(spec.server_args)
+        runner, relay, group = start_runner(spec.server_args, 0)
         pull = ctx.socket(zmq.PULL)
         bind(pull, spec.endpoints.worker_in, "worker_in")
         push = ctx.socket(zmq.PUSH)
@@ -87,4 +98,7 @@ def run_worker_process(spec) -> None:
     push.send(msgspec.msgpack.encode(runner.ready))
     report(reports, p.ProcessReady("worker", os.getpid()))
     logger.info("worker ready: %s", runner.ready)
-    serve_worker(runner, pull, push, lambda: parent_alive(spec))
+    if group is None:
+        serve_worker(runner, pull, push, lambda: parent_alive(spec))
+        return
+    run_rank_loop(lambda: serve_worker(runner, pull, push, lambda: parent_alive(spec), relay=relay))

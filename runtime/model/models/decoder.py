@@ -122,6 +122,17 @@ def _attention(
     )
 
 
+class TokenEmbedding(torch.nn.Module):
+    """The embedding lookup: input_ids int64 [T] -> rows of weight [T, hidden] (weight shared with a tied head)."""
+
+    def __init__(self, weight: torch.nn.Parameter) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.weight)
+
+
 class CausalLM(torch.nn.Module):
     """A decoder-only causal LM over a flat varlen batch and a paged KV cache, built from a Hugging Face state dict
     (emptied as tensors are taken) with the variations of `family`.
@@ -150,6 +161,7 @@ class CausalLM(torch.nn.Module):
         embed = src.take("model.embed_tokens.weight")
         self.config = cfg
         self.embed_weight = frozen(embed)
+        self.embed_tokens: torch.nn.Module = TokenEmbedding(self.embed_weight)  # a vocab-parallel one under TP
         # transformers' Gemma rounds sqrt(hidden) to the model dtype before it multiplies (bfloat16: 55.4256 -> 55.5)
         scale = None
         if family.scale_embeddings:
@@ -189,7 +201,7 @@ class CausalLM(torch.nn.Module):
         input_ids: int64 [T]; k_cache, v_cache: [num_layers, num_blocks, block_size, num_kv_heads, head_dim]
         (mutated: this step's K/V are written into their slots before attention reads them).
         """
-        x = F.embedding(input_ids, self.embed_weight)
+        x = self.embed_tokens(input_ids)
         if self.embed_scale is not None:
             x = x * self.embed_scale
         for i, layer in enumerate(self.layers):
