@@ -10,7 +10,8 @@ radix cache (a node whose window block is evicted stays in the tree).
 What each method adds to the base's, in both groups all or nothing:
 - match_prefix: the base's match, cut to the longest prefix whose window (the blocks a query after it reads) is
   cached in group 1; add_sequence locks that window there and takes the new blocks in both groups.
-- allocate / can_allocate: a new position needs one block in each group (the tables are aligned), so both count.
+- allocate: a new position needs one block in each group (the tables are aligned), so both count; can_allocate
+  counts group 1 as the window a sequence keeps (cdiv(W, B) + 1 blocks at most), not the whole request.
 - prepare_write: copy-on-write in each group; group 1's pairs wait in take_window_copies.
 - commit_computed / free: group 0 caches full blocks in the tree; group 1 gives each newly cached node the sequence's
   window block, then releases the blocks the window has passed (they stay cached, evictable on their own).
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from radix.block_pool import NoFreeBlocksError
 from radix.blocks import cdiv
 from radix.keys import BlockKeys
 from radix.manager import KVCacheManager
@@ -131,12 +133,20 @@ class HybridKVCacheManager(KVCacheManager):
         return blocks
 
     def can_allocate(self, num_blocks: int) -> bool:
-        """Whether num_blocks new blocks can be had in each group now. O(1)."""
-        return super().can_allocate(num_blocks) and self._window.can_allocate(num_blocks)
+        """Whether num_blocks new blocks can be had in group 0 now, and in group 1 as many as a sequence keeps live
+        at once after a step (min(num_blocks, cdiv(W, B) + 1): the scheduler asks before admitting a whole prompt,
+        whose window blocks are released chunk by chunk; add_sequence / allocate check each chunk's exact need).
+        O(1)."""
+        live = min(num_blocks, cdiv(self._window.window, self.block_size) + 1)
+        return super().can_allocate(num_blocks) and self._window.can_allocate(live)
 
     def prepare_write(self, seq_id: int, start: int, end: int) -> list[tuple[int, int]]:
-        """Copy-on-write in both groups; returns group 0's (src, dst) pairs, group 1's wait in take_window_copies.
-        Raises as the base (NoFreeBlocksError: check can_allocate first)."""
+        """Copy-on-write in both groups, all or nothing; returns group 0's (src, dst) pairs, group 1's wait in
+        take_window_copies. Raises as the base (NoFreeBlocksError, also when group 1 lacks room: nothing changed)."""
+        self._live(seq_id)
+        shared = self._window.shared_in(seq_id, start, end) if start < end else []
+        if not self._window.can_allocate(len(shared)):
+            raise NoFreeBlocksError(f"window group: copy-on-write needs {len(shared)} blocks, cannot free enough")
         pairs = super().prepare_write(seq_id, start, end)
         self._window_copies.extend(self._window.copy_on_write(seq_id, start, end))
         return pairs

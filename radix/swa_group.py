@@ -187,14 +187,20 @@ class SlidingWindowGroup:
         self.lock([b for b in table if b != NULL_BLOCK])
         self.tables[child_id] = table
 
+    def shared_in(self, seq_id: int, start: int, end: int) -> list[int]:
+        """The indices of seq_id's table entries covering positions [start, end) that another holder shares (ref
+        count > 1): the ones copy_on_write replaces. O(blocks in range)."""
+        table = self.tables[seq_id]
+        rcs = self.pool.ref_counts
+        bs = self.block_size
+        return [i for i in range(start // bs, cdiv(end, bs)) if table[i] != NULL_BLOCK and rcs[table[i]] > 1]
+
     def copy_on_write(self, seq_id: int, start: int, end: int) -> list[tuple[int, int]]:
         """Give seq_id its own block for each shared (ref count > 1) block covering positions [start, end); the old
         one loses this table's reference. Returns (src, dst) pairs. O(blocks in range). Raises NoFreeBlocksError
         (nothing changed)."""
         table = self.tables[seq_id]
-        rcs = self.pool.ref_counts
-        bs = self.block_size
-        shared = [i for i in range(start // bs, cdiv(end, bs)) if table[i] != NULL_BLOCK and rcs[table[i]] > 1]
+        shared = self.shared_in(seq_id, start, end)
         if not shared:
             return []
         pairs = []

@@ -118,6 +118,18 @@ class ServerArgs:
         "seconds the tokenizer waits for the scheduler's answer to a health, "
         "stats or KV snapshot request before it answers ERR_SERVER",
     )
+    # hybrid KV memory: a sliding-window KV cache group (radix/hybrid_manager.py, runtime/model/hybrid_kv.py)
+    kv_groups: Literal["single", "auto"] = _opt(
+        "single",
+        "KV cache groups: single (every layer keeps its whole KV) or auto (a model with sliding-window layers keeps "
+        "only their window, in a second pool)",
+    )
+    window_blocks_ratio: float = _opt(
+        0.25, "with kv_groups auto: sliding-window blocks per full-attention block when sizing from the memory budget"
+    )
+    num_window_blocks: int | None = _opt(
+        None, "with kv_groups auto: sliding-window blocks (null block included); overrides window_blocks_ratio"
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -160,6 +172,8 @@ class ServerArgs:
             ("worker_probe_timeout_s", self.worker_probe_timeout_s > 0, "> 0"),
             ("control_timeout_s", self.control_timeout_s > self.worker_probe_timeout_s, "> worker_probe_timeout_s"),
             ("max_prompt_chars", self.max_prompt_chars is None or self.max_prompt_chars >= 1, "None or >= 1"),
+            ("window_blocks_ratio", 0.0 < self.window_blocks_ratio <= 1.0, "in (0, 1]"),
+            ("num_window_blocks", self.num_window_blocks is None or self.num_window_blocks >= 2, "None or >= 2"),
         ]
         for name, ok, rule in checks:
             if not ok:

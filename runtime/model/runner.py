@@ -18,6 +18,7 @@ import torch
 from runtime.config import ServerArgs
 from runtime.model.cpu_features import resolve_dtype
 from runtime.model.grammar import GrammarCache, GrammarState
+from runtime.model.hybrid_kv import HybridKVCache, hybrid_layout
 from runtime.model.isolation import run_isolated
 from runtime.model.kv_cache import KVCache
 from runtime.model.loader import load_config, load_tokenizer, load_weights, resolve_model
@@ -97,7 +98,12 @@ class ModelRunner:
         logger.info("weight quantization: %s", self.quantization.describe())
         self.model = build_model(cfg, weights, self.max_model_len, backend, quantization=self.quantization)
         self.block_size = args.block_size
-        self.kv = KVCache(args, cfg, self.block_size, self.dtype, self.device)
+        window = hybrid_layout(args, cfg)
+        self.kv: KVCache | HybridKVCache
+        if window is None:
+            self.kv = KVCache(args, cfg, self.block_size, self.dtype, self.device)
+        else:
+            self.kv = HybridKVCache(args, cfg, window, self.block_size, self.dtype, self.device)
         self.num_blocks = self.kv.num_blocks
         self._warn_if_pool_below_max_model_len()
         self.sampler = Sampler(args.seed, cfg.eos_token_ids)
@@ -109,7 +115,13 @@ class ModelRunner:
         )
         self.step_prompt_logprobs: dict[int, PromptLogprobs] = {}  # this step's, until finish_step takes them
         self.live = WorkerSeqs(
-            self.num_blocks, self.block_size, self.max_model_len, self.penalties, self.grammars, self.device
+            self.num_blocks,
+            self.block_size,
+            self.max_model_len,
+            self.penalties,
+            self.grammars,
+            self.device,
+            self.kv.num_window_blocks,
         )
         self.ready = Ready(
             num_blocks=self.num_blocks,
@@ -119,6 +131,8 @@ class ModelRunner:
             vocab_size=cfg.vocab_size,
             eos_token_ids=list(cfg.eos_token_ids),
             num_host_cache_blocks=self.kv.num_host_cache_blocks,
+            num_window_blocks=self.kv.num_window_blocks,
+            sliding_window=self.kv.window,
         )
         logger.info(
             "model %s loaded from %s (%s): %d KV blocks of %d tokens, max_model_len %d",
@@ -220,7 +234,7 @@ class ModelRunner:
             meta = inputs.meta
             assert meta.logits_indices is not None
             meta.logits_indices = torch.cat([meta.logits_indices, plan.rows.to(meta.logits_indices.device)])
-        logits = self.model(inputs.input_ids, inputs.meta, self.kv.k_cache, self.kv.v_cache)
+        logits = self.model(inputs.input_ids, inputs.meta, self.kv.layer_k, self.kv.layer_v)
         if plan is not None:
             num_sampled = len(inputs.sample_seqs)
             self.step_prompt_logprobs.update(prompt_logprobs(logits[num_sampled:], plan))
@@ -275,6 +289,7 @@ class ModelRunner:
             self.live.forget(seq_id)
         self.kv.swap(batch.swap_out, batch.swap_in)
         self.kv.copy(batch.copies)
+        self.kv.copy_window(batch.window_copies)
         step = StepSeqs([], {})
         for s in batch.seqs:
             problem = self.live.register(s)

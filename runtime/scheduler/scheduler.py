@@ -37,6 +37,7 @@ from runtime.scheduler.admission import Admission
 from runtime.scheduler.beam_search import BeamSearch
 from runtime.scheduler.chunk_planner import ChunkPlanner
 from runtime.scheduler.finish import Finisher
+from runtime.scheduler.kv_groups import take_window_copies
 from runtime.scheduler.parallel_samples import ParallelSamples
 from runtime.scheduler.preemption import Preemption
 from runtime.scheduler.registry import SequenceRegistry
@@ -229,6 +230,7 @@ class Scheduler:
             if not self.swapped:
                 self._admission.admit(step)
         step.add_tier_copies(self.manager.take_tier_copies())  # after the step's last allocation (its evictions)
+        step.window_copies.extend(take_window_copies(self.manager))  # beam forks' copies of the window group
         if not (step.seqs or step.swap_out or step.swap_in or step.copies or self._drops or forks.forks):
             self._inflight = []
             return None
