@@ -4,7 +4,7 @@ manager is the plain KVCacheManager and each function here adds nothing to a ste
 
 from __future__ import annotations
 
-from radix.hybrid_manager import HybridKVCacheManager
+from radix.hybrid_manager import HybridKVCacheManager, WindowGroupStats
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
 from runtime.protocol import Ready
@@ -48,3 +48,8 @@ def take_window_copies(manager: KVCacheManager) -> list[tuple[int, int]]:
     if not isinstance(manager, HybridKVCacheManager):
         return []
     return manager.take_window_copies()
+
+
+def window_stats(manager: KVCacheManager) -> WindowGroupStats | None:
+    """The sliding-window group's block counters (None with one group). O(1)."""
+    return manager.window_stats() if isinstance(manager, HybridKVCacheManager) else None

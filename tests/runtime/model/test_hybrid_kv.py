@@ -41,6 +41,10 @@ def _assert_window_idle(engine: Engine) -> None:
     manager.check_invariants()
     window = manager.window_stats()
     assert window.in_use_blocks == 0 and window.evictable_blocks == window.cached_blocks
+    stats = engine.stats()  # the same counters in ServerStats (and /metrics)
+    assert stats.num_window_blocks == window.total_blocks + 1 and stats.num_window_used_blocks == 0
+    assert stats.num_window_cached_blocks == window.cached_blocks > 0
+    assert stats.num_window_evicted_blocks == window.evicted_blocks
 
 
 def test_hybrid_equals_the_all_full_path_and_transformers(tiny_folder):
