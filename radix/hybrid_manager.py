@@ -112,12 +112,16 @@ class HybridKVCacheManager(KVCacheManager):
         if match.window_epoch != window.epoch:
             raise StaleMatchError(f"window blocks matched at epoch {match.window_epoch}, now {window.epoch}")
         n_new = match.keys.num_tokens - match.num_tokens if num_new_tokens is None else num_new_tokens
-        need = cdiv(match.num_tokens + max(0, n_new), self.block_size) - match.num_tokens // self.block_size
-        if not window.fits(need, match.window_blocks):
+        num_cached = match.num_tokens // self.block_size
+        need = cdiv(match.num_tokens + max(0, n_new), self.block_size) - num_cached
+        # the window of the prefix the match keeps (a caller may cut a match short, as a prompt_logprobs request does)
+        keep = num_cached - window.first_live(match.num_tokens)
+        blocks = match.window_blocks[len(match.window_blocks) - keep :] if keep > 0 else []
+        if not window.fits(need, blocks):
             return None
         cached = super().add_sequence(seq_id, match, num_new_tokens, count_stats=count_stats)
         if cached is not None:
-            window.add(seq_id, cached, match.window_blocks, need)
+            window.add(seq_id, cached, blocks, need)
         return cached
 
     def allocate(self, seq_id: int, num_new_tokens: int) -> list[int] | None:

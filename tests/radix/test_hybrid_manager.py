@@ -151,3 +151,18 @@ def test_admission_fails_cleanly_when_the_window_group_is_full() -> None:
     assert m.swap_out(1) is None
     m.free(1)
     m.check_invariants()
+
+
+def test_a_match_cut_to_nothing_takes_no_window_blocks() -> None:
+    m = hybrid()
+    prompt = list(range(1, 22))
+    admit(m, 1, prompt)
+    m.commit_computed(1, 21)
+    m.free(1)
+    taken = m.match_prefix(m.block_keys(prompt + [5]))
+    assert taken.num_tokens == 20 and taken.window_blocks == [4, 5]
+    # what the scheduler does for a prompt_logprobs request: no cached prefix
+    cut = taken._replace(block_ids=[], num_tokens=0, last_node=None, host_nodes=[])
+    assert m.add_sequence(2, cut, 4) == 0
+    assert m.window_block_table(2) == [7]  # the free queue: 7 .. 15, then 6 (the partial block freed last)
+    m.check_invariants()
