@@ -13,10 +13,19 @@ chunk of `chunk` tokens up to its context (the window group releases the blocks 
 commit). Concurrency: pools sized from `memory` bytes (hybrid: window_blocks_ratio = the steady window blocks per full
 block of a sequence at that context, what an operator would set, runtime/model/hybrid_kv.py), sequences admitted one
 after another until one cannot get its blocks; the count is the real managers' answer, prefill transients included.
+
+    .venv/bin/python -m benchmarks.kv_hybrid            # 1k / 4k / 8k, 2 GiB -> results/kv_memory_hybrid.json
+    .venv/bin/python -m benchmarks.kv_hybrid --smoke    # 256 / 1k, 64 MiB; writes nothing unless --out is given
+(benchmarks/kv_memory.py runs the same rows into its own JSON.)
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.cli import output_path
 from radix.blocks import cdiv
 from radix.hybrid_manager import HybridKVCacheManager
 from radix.manager import KVCacheManager
@@ -25,6 +34,7 @@ LAYERS = 18
 FULL_LAYERS = 3
 WINDOW = 512
 TOKEN_LAYER_BYTES = 2 * 1 * 256 * 2  # K and V, 1 KV head, head_dim 256, bfloat16
+RESULTS = Path(__file__).parent / "results" / "kv_memory_hybrid.json"
 
 
 def formula_fraction(context: int) -> float:
@@ -119,3 +129,32 @@ def hybrid_rows(contexts: list[int], memory: int, block_size: int, chunk: int) -
         "prefill_chunk": chunk,
         "rows": rows,
     }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--contexts", default="1024,4096,8192", help="sequence contexts (tokens)")
+    parser.add_argument("--memory", type=int, default=2 * 2**30, help="KV bytes of the concurrency rows")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--chunk", type=int, default=512, help="prefill chunk (tokens)")
+    parser.add_argument("--smoke", action="store_true", help="256 / 1k tokens, 64 MiB; writes nothing by default")
+    parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {RESULTS}; none in --smoke)")
+    ns = parser.parse_args(argv)
+    if ns.smoke:
+        ns.contexts = "256,1024"
+        ns.memory = 64 * 2**20
+    from runtime.model.cpu_features import machine_facts
+
+    contexts = [int(n) for n in ns.contexts.split(",")]
+    result = hybrid_rows(contexts, ns.memory, ns.block_size, ns.chunk)
+    result["machine"] = machine_facts()
+    print(json.dumps(result, indent=1))
+    path = output_path(ns.out, ns.smoke, RESULTS)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -80,3 +80,12 @@ def test_hybrid_rows_match_the_formula_on_gemma3_270m_shapes():
     assert long["concurrent_sequences"] == {"all_full": 0, "hybrid": 1}
     assert mid["concurrent_sequences"] == {"all_full": 64 * 2**20 // (1024 * 18 * 1024), "hybrid": 5}
     assert short["concurrent_sequences"] == {"all_full": 14, "hybrid": 14}
+
+
+def test_kv_hybrid_smoke_writes_json(tmp_path: Path):
+    from benchmarks.kv_hybrid import main as hybrid_main
+
+    out = tmp_path / "kv_memory_hybrid.json"
+    result = hybrid_main(["--smoke", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert [r["context"] for r in result["rows"]] == [256, 1024] and "cpu" in json.dumps(result["machine"]).lower()
