@@ -47,6 +47,15 @@ def _assert_window_idle(engine: Engine) -> None:
     assert stats.num_window_evicted_blocks == window.evicted_blocks
 
 
+def test_one_prompt_past_the_window_equals_the_all_full_path(tiny_folder):
+    prompt = random_prompts([97], seed=6)[0]  # 3 chunks of 40, then decodes to 113: past three windows of 32
+    outs = [
+        _engine(tiny_folder, g).generate(input_ids=[prompt], sampling_params=greedy(16)) for g in ("auto", "single")
+    ]
+    assert outs[0][0].token_ids == outs[1][0].token_ids and len(outs[0][0].token_ids) == 16
+
+
+@pytest.mark.slow
 def test_hybrid_equals_the_all_full_path_and_transformers(tiny_folder):
     prompts = random_prompts(PROMPT_LENS)
     hybrid = _engine(tiny_folder)
