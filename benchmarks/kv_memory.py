@@ -20,6 +20,8 @@ Three measurements (every figure is a slot count over the 16,000 slots, or a fra
 - parallel sampling: n = 4 samples over one shared 512-token prompt, forked as the scheduler forks them (prefill of
   prompt[:-1], fork, each child writes the last prompt token through prepare_write: copy-on-write of the shared
   partial block), against 4 full copies; blocks in use after the prompt and at the end of generation.
+- hybrid KV memory (benchmarks/kv_hybrid.py): Gemma 3 270M's shapes, KV bytes per sequence and concurrent sequences
+  at a fixed memory, all-full against sliding-window groups, at 1k / 4k / 8k contexts, beside the issue's formula.
 - beam search (benchmarks/beam_memory.py): the real Engine on a model (default the embedded SmolLM2), K = 2, 4, 8
   beams, 3 prompts, 64 and 256 generated tokens: peak blocks shared by the forked beams against each beam holding a
   full private copy, and the saving beside the PagedAttention paper's 37.6-55.2%.
@@ -38,6 +40,7 @@ import time
 from pathlib import Path
 
 from benchmarks.cli import output_path
+from benchmarks.kv_hybrid import hybrid_rows
 from benchmarks.kv_replay import VOCAB, ContiguousSim, PagedSim, draw_requests, static_replay, token_ids
 from radix.blocks import cdiv
 from radix.manager import KVCacheManager
@@ -169,9 +172,13 @@ def run(
     seed: int,
     gen_tokens: int,
     beam: dict | None = None,
+    hybrid: dict | None = None,
 ) -> dict:
-    """All the measurements (beam: beam_memory.run's model, widths, token counts and prompts; None: no beam rows);
-    returns the JSON-ready result."""
+    """All the measurements (beam: beam_memory.run's model, widths, token counts and prompts; None: no beam rows;
+    hybrid: kv_hybrid.hybrid_rows' contexts, memory, block_size and chunk; None: none); returns the JSON-ready
+    result."""
+    from runtime.model.cpu_features import machine_facts
+
     t0 = time.perf_counter()
     reqs = draw_requests(requests, mean_len, max_len, seed)
     contiguous = ContiguousSim(reqs, num_blocks * block_size, max_len)
@@ -195,6 +202,9 @@ def run(
         "dynamic": {"contiguous": contiguous.summary(), "paged": paged.summary()},
         "parallel_sampling": parallel_sampling(4, 512, gen_tokens, block_size),
     }
+    if hybrid is not None:
+        result["hybrid_kv"] = hybrid_rows(**hybrid)
+    result["machine"] = machine_facts()
     if beam is not None:
         from benchmarks import beam_memory
 
@@ -220,6 +230,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--beam-model", default="smollm2", help="model of the beam search rows ('' for none)")
     parser.add_argument("--beam-tokens", default="64,256", help="generated tokens of the beam search rows")
+    parser.add_argument("--hybrid-contexts", default="1024,4096,8192", help="contexts of the hybrid rows ('' none)")
+    parser.add_argument("--hybrid-memory", type=int, default=2 * 2**30, help="KV bytes of the hybrid concurrency")
     parser.add_argument("--quick", action="store_true", help="300 requests")
     parser.add_argument("--smoke", action="store_true", help="100 blocks, 40 requests; writes nothing by default")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {RESULTS}; none in --smoke)")
@@ -231,6 +243,8 @@ def main(argv: list[str] | None = None) -> dict:
         ns.max_context = 512
         ns.requests = 40
         ns.gen_tokens = 40
+        ns.hybrid_contexts = "256,1024"
+        ns.hybrid_memory = 64 * 2**20
     beam = (
         {
             "model": ns.beam_model,
@@ -243,7 +257,13 @@ def main(argv: list[str] | None = None) -> dict:
     )
     if ns.smoke and beam is not None:
         beam.update(widths=[2], prompts=1, gen_tokens=[8])
-    result = run(ns.num_blocks, ns.block_size, ns.max_context, ns.mean_len, ns.requests, ns.seed, ns.gen_tokens, beam)
+    hybrid = None
+    if ns.hybrid_contexts:
+        contexts = [int(n) for n in ns.hybrid_contexts.split(",")]
+        hybrid = {"contexts": contexts, "memory": ns.hybrid_memory, "block_size": ns.block_size, "chunk": 512}
+    result = run(
+        ns.num_blocks, ns.block_size, ns.max_context, ns.mean_len, ns.requests, ns.seed, ns.gen_tokens, beam, hybrid
+    )
     print(json.dumps(result, indent=1))
     path = output_path(ns.out, ns.smoke, RESULTS)
     if path is not None:

@@ -239,6 +239,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         choices=["openai", "stdlib"],
         help="radixserve-http's client: the openai SDK, or the openai=URL targets' http.client code",
     )
+    parser.add_argument(
+        "--kv-groups", default="single", choices=["single", "auto"], help="our server targets' ServerArgs.kv_groups"
+    )
+    parser.add_argument("--num-window-blocks", type=int, default=None, help="with --kv-groups auto: window blocks")
+    parser.add_argument(
+        "--chat-template", default=None, help="chat template file for a base model (benchmarks/chat/templates/)"
+    )
     parser.add_argument("--quick", action="store_true", help=f"{QUICK}")
     parser.add_argument("--smoke", action="store_true", help=f"{SMOKE}; writes nothing unless --out is given")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {RESULTS}; PNG beside it)")
@@ -258,9 +265,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         dtype=ns.dtype,
         quantization=ns.quantization,
         http_client=ns.http_client,
+        kv_groups=ns.kv_groups,
+        num_window_blocks=ns.num_window_blocks,
+        chat_template=ns.chat_template,
     )
     cfg.num_blocks = ns.num_blocks or default_num_blocks(cfg)
-    tokenizer = load_tokenizer(cfg.model)
+    from runtime.text.chat_templates import override_chat_template
+
+    tokenizer = override_chat_template(load_tokenizer(cfg.model), cfg.chat_template)
     wl = cfg.workload(tokenizer)
     result = run(cfg, wl, tokenizer)
     print_table(result["targets"])

@@ -26,7 +26,9 @@ class PrefixMatch(NamedTuple):
     handle of the last block (None when nothing matched). epoch: the tree's epoch when taken. Valid only until the
     next eviction / uncache / reset / load-back (any of them bumps the epoch; is_current tells): after that its
     blocks may be free, reused or on another tier. Blocks cached after it was taken do not invalidate it, they only
-    make it shorter than a new match.
+    make it shorter than a new match. With a sliding-window group (radix/hybrid_manager.py): window_blocks, that
+    group's cached blocks of the window before the match's end, and window_epoch, its epoch when taken (stale too
+    once it moves on).
     """
 
     block_ids: list[int]
@@ -35,6 +37,8 @@ class PrefixMatch(NamedTuple):
     last_node: Node | None
     epoch: int
     host_nodes: list[Node] = []
+    window_blocks: list[int] = []
+    window_epoch: int = 0
 
     @property
     def num_host_tokens(self) -> int:

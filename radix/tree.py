@@ -33,7 +33,7 @@ e names its blocks on the tiers it says only while the epoch is still e (radix/m
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from radix.block_pool import BlockPool
 from radix.events import KvEventLog
@@ -129,6 +129,14 @@ class RadixTree(PrefixCache):
     def host_hashes(self) -> list[BlockHash]:
         """Hashes of the blocks with a host copy (insertion order). O(nodes)."""
         return [h for h, node in self._nodes.by_hash.items() if node.host_block >= 0]
+
+    def holds(self, node: Node) -> bool:
+        """Whether node is in the tree now (on either tier). O(1)."""
+        return node.block_hash is not None and self._nodes.by_hash.get(node.block_hash) is node
+
+    def watch_forget(self, callback: Callable[[Node], None]) -> None:
+        """Call callback(node) for each node leaving the tree from now on (a window group drops its block). O(1)."""
+        self._nodes.on_forget = callback
 
     def lru_order(self) -> list[int]:
         """Evictable device leaves, next victim first (for tests). O(number of such leaves)."""

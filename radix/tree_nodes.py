@@ -17,6 +17,8 @@ order (radix/events.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sortedcontainers import SortedList
 
 from radix.block_pool import BlockPool
@@ -53,6 +55,7 @@ class TreeNodes:
         self.removed: list[BlockHash] = []  # left the device in the current call
         self.host_stored: list[Node] = []  # written back in the current call
         self.host_removed: list[BlockHash] = []  # left the host tier in the current call
+        self.on_forget: Callable[[Node], None] | None = None  # told of each node leaving (a window group's hook)
 
     def tick(self) -> int:
         """Advance the logical clock; returns the new time. O(1)."""
@@ -128,6 +131,8 @@ class TreeNodes:
         assert parent is not None and parent.children is not None
         children = parent.children
         del children[node.key]
+        if self.on_forget is not None:
+            self.on_forget(node)
         if children:
             return
         parent.children = None
@@ -191,6 +196,8 @@ class TreeNodes:
         if self.num_evictable != self.num_device or (host is not None and host.num_pinned):
             return False
         for node in self.by_hash.values():
+            if self.on_forget is not None:
+                self.on_forget(node)
             if node.block_id >= 0:
                 self.by_block[node.block_id] = None
                 self.pool.decref(node.block_id)

@@ -149,6 +149,19 @@ class ServerArgs:
         60.0, "seconds a rank waits in a collective (or idle for rank 0's next step) before it fails the worker"
     )
 
+    # hybrid KV memory: a sliding-window KV cache group (radix/hybrid_manager.py, runtime/model/hybrid_kv.py)
+    kv_groups: Literal["single", "auto"] = _opt(
+        "single",
+        "KV cache groups: single (every layer keeps its whole KV) or auto (a model with sliding-window layers keeps "
+        "only their window, in a second pool)",
+    )
+    window_blocks_ratio: float = _opt(
+        0.25, "with kv_groups auto: sliding-window blocks per full-attention block when sizing from the memory budget"
+    )
+    num_window_blocks: int | None = _opt(
+        None, "with kv_groups auto: sliding-window blocks (null block included); overrides window_blocks_ratio"
+    )
+
     def _validate_parallel(self) -> None:
         checks = [
             ("tensor_parallel_size", self.tensor_parallel_size >= 1, ">= 1"),
@@ -207,6 +220,8 @@ class ServerArgs:
             ("worker_probe_timeout_s", self.worker_probe_timeout_s > 0, "> 0"),
             ("control_timeout_s", self.control_timeout_s > self.worker_probe_timeout_s, "> worker_probe_timeout_s"),
             ("max_prompt_chars", self.max_prompt_chars is None or self.max_prompt_chars >= 1, "None or >= 1"),
+            ("window_blocks_ratio", 0.0 < self.window_blocks_ratio <= 1.0, "in (0, 1]"),
+            ("num_window_blocks", self.num_window_blocks is None or self.num_window_blocks >= 2, "None or >= 2"),
         ]
         checks.append(("data_parallel_size", self.data_parallel_size >= 1, ">= 1"))
         checks.append(

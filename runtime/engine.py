@@ -18,7 +18,6 @@ from typing import Any
 
 import msgspec
 
-from radix.manager import KVCacheManager
 from runtime.config import InvalidConfig, ServerArgs
 from runtime.prompt_check import prompt_char_limit
 from runtime.protocol import (
@@ -35,6 +34,7 @@ from runtime.protocol import (
 )
 from runtime.results import Choice, CompletionFold
 from runtime.sampling_params import SamplingParams
+from runtime.scheduler.kv_groups import make_manager
 from runtime.scheduler.request import RequestRejected
 from runtime.scheduler.scheduler import Scheduler
 from runtime.text.completion_stream import CompletionStream
@@ -124,13 +124,7 @@ class Engine:
             )
         self.runner = ModelRunner(self.args)
         ready = self.runner.ready
-        self.manager = KVCacheManager(
-            ready.num_blocks,
-            ready.block_size,
-            self.args.enable_prefix_caching,
-            ready.num_host_blocks,
-            num_host_cache_blocks=ready.num_host_cache_blocks,
-        )
+        self.manager = make_manager(ready, self.args)
         self.scheduler = Scheduler(
             self.manager, self.args, ready.max_model_len, ready.eos_token_ids, vocab_size=ready.vocab_size
         )

@@ -32,6 +32,9 @@ class Config:
     dtype: str = "auto"
     quantization: str = "none"
     http_client: str = "openai"
+    kv_groups: str = "single"  # our server targets' KV cache groups (ServerArgs.kv_groups)
+    num_window_blocks: int | None = None  # and their sliding-window pool (ServerArgs.num_window_blocks)
+    chat_template: str | None = None  # a template file for a base model (ServerArgs.chat_template)
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace, targets: list[str], block_size: int, **settings: Any) -> Config:
@@ -72,6 +75,9 @@ class Config:
             http_port=0 if http else None,
             dtype=cast(Any, self.dtype),
             quantization=cast(Any, self.quantization),
+            kv_groups=cast(Any, self.kv_groups),
+            num_window_blocks=self.num_window_blocks,
+            chat_template=self.chat_template,
         )
 
     @property

@@ -71,6 +71,21 @@ class KVCache:
         self.host_k_cache = torch.zeros(host_shape, dtype=dtype, pin_memory=pin)
         self.host_v_cache = torch.zeros(host_shape, dtype=dtype, pin_memory=pin)
         self.host_copies = HostCopies(device)
+        self.num_window_blocks = 0  # one KV cache group (runtime/model/hybrid_kv.py has two)
+        self.window = 0
+
+    @property
+    def layer_k(self) -> torch.Tensor:
+        """What the model indexes by layer for its K cache: k_cache itself (layer i's blocks are k_cache[i])."""
+        return self.k_cache
+
+    @property
+    def layer_v(self) -> torch.Tensor:
+        """What the model indexes by layer for its V cache: v_cache itself."""
+        return self.v_cache
+
+    def copy_window(self, pairs: list[tuple[int, int]]) -> None:
+        """A sliding-window group's copies: none with one group (ForwardBatch.window_copies is empty)."""
 
     def copy(self, pairs: list[tuple[int, int]]) -> None:
         """Copy device block src to dst for each (src, dst) of pairs, K and V (copy-on-write; nothing when empty).

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from runtime.config import ServerArgs
+from runtime.config import InvalidConfig, ServerArgs
 from runtime.model.cpu_features import resolve_dtype
 from runtime.model.grammar import GrammarCache, GrammarState
+from runtime.model.hybrid_kv import HybridKVCache, hybrid_layout
 from runtime.model.isolation import run_isolated
 from runtime.model.kv_cache import KVCache
 from runtime.model.loader import load_config, load_tokenizer, load_weights, resolve_model
@@ -32,6 +33,7 @@ from runtime.protocol import ForwardBatch, ForwardResult, PromptLogprobs, Ready,
 from runtime.structured_outputs import GRAMMAR_PENDING, GRAMMAR_WAIT_S
 
 if TYPE_CHECKING:
+    from runtime.model.hf_config import ModelConfig
     from runtime.model.parallel.group import TPGroup
 
 logger = logging.getLogger(__name__)
@@ -103,13 +105,16 @@ class ModelRunner:
         self.quantization = QuantPlan.for_folder(args.quantization, folder, self.device.type)
         logger.info("weight quantization: %s", self.quantization.describe())
         self.block_size = args.block_size
+        self.kv: KVCache | HybridKVCache
         if group is None:
             weights = load_weights(folder, self.dtype, self.device)
             self.model = build_model(cfg, weights, self.max_model_len, backend, quantization=self.quantization)
-            self.kv = KVCache(args, cfg, self.block_size, self.dtype, self.device)
+            self.kv = self._device_kv(args, cfg)
         else:  # this rank's slices and KV heads (runtime/model/parallel/)
             from runtime.model.parallel.load import load_rank_model
 
+            if hybrid_layout(args, cfg) is not None:
+                raise InvalidConfig("kv_groups 'auto' is not supported with tensor_parallel_size > 1: use 'single'")
             rank = load_rank_model(args, folder, cfg, group, self.dtype, self.max_model_len, backend, self.quantization)
             self.model = rank.model
             self.kv = rank.kv
@@ -124,7 +129,13 @@ class ModelRunner:
         )
         self.step_prompt_logprobs: dict[int, PromptLogprobs] = {}  # this step's, until finish_step takes them
         self.live = WorkerSeqs(
-            self.num_blocks, self.block_size, self.max_model_len, self.penalties, self.grammars, self.device
+            self.num_blocks,
+            self.block_size,
+            self.max_model_len,
+            self.penalties,
+            self.grammars,
+            self.device,
+            self.kv.num_window_blocks,
         )
         self.ready = Ready(
             num_blocks=self.num_blocks,
@@ -134,6 +145,8 @@ class ModelRunner:
             vocab_size=cfg.vocab_size,
             eos_token_ids=list(cfg.eos_token_ids),
             num_host_cache_blocks=self.kv.num_host_cache_blocks,
+            num_window_blocks=self.kv.num_window_blocks,
+            sliding_window=self.kv.window,
         )
         logger.info(
             "model %s loaded from %s (%s): %d KV blocks of %d tokens, max_model_len %d",
@@ -144,6 +157,14 @@ class ModelRunner:
             self.block_size,
             self.max_model_len,
         )
+
+    def _device_kv(self, args: ServerArgs, cfg: ModelConfig) -> KVCache | HybridKVCache:
+        """The KV tensors: one group (KVCache), or two when args asks for KV cache groups and the model has sliding
+        layers (HybridKVCache). Raises InvalidConfig for a pool too small."""
+        window = hybrid_layout(args, cfg)
+        if window is None:
+            return KVCache(args, cfg, self.block_size, self.dtype, self.device)
+        return HybridKVCache(args, cfg, window, self.block_size, self.dtype, self.device)
 
     def _warn_if_pool_below_max_model_len(self) -> None:
         pool_tokens = (self.num_blocks - 1) * self.block_size
@@ -237,7 +258,7 @@ class ModelRunner:
             meta = inputs.meta
             assert meta.logits_indices is not None
             meta.logits_indices = torch.cat([meta.logits_indices, plan.rows.to(meta.logits_indices.device)])
-        logits = self.model(inputs.input_ids, inputs.meta, self.kv.k_cache, self.kv.v_cache)
+        logits = self.model(inputs.input_ids, inputs.meta, self.kv.layer_k, self.kv.layer_v)
         if plan is not None:
             num_sampled = len(inputs.sample_seqs)
             self.step_prompt_logprobs.update(prompt_logprobs(logits[num_sampled:], plan))
@@ -292,6 +313,7 @@ class ModelRunner:
             self.live.forget(seq_id)
         self.kv.swap(batch.swap_out, batch.swap_in)
         self.kv.copy(batch.copies)
+        self.kv.copy_window(batch.window_copies)
         step = StepSeqs([], {})
         for s in batch.seqs:
             problem = self.live.register(s)

@@ -33,6 +33,8 @@ class WorkerSeq:
     sample_index: int
     row: int
     prompt_token_ids: list[int] | None = None  # with params.prompt_logprobs: the prompt (runtime/model/prompt_logprobs)
+    window_table: list[int] | None = None  # with a sliding-window KV cache group: that group's table
+    window_row: int = -1  # and its row of WorkerSeqs.window_tables
 
 
 class StepInputs(NamedTuple):
@@ -56,6 +58,9 @@ class WorkerSeqs:
         grammars: the GrammarState of the runner, kept the same way for sequences with structured_outputs (their
             matcher replays the output tokens the sequence carries when it registers).
         device: where the step's inputs go.
+        num_window_blocks: blocks of the sliding-window KV cache group's pool (0: one group). With one, each
+            sequence also keeps that group's table (ScheduledSeq.new_window_block_ids; 0, the null block, before its
+            window) in window_tables, and a step's metadata gets its window part (AttentionMetadata.window).
 
     Public state: seqs (live sequences only: an entry leaves with forget), block_tables (BlockTableRows; a row is
     valid while its sequence is in seqs).
@@ -69,8 +74,10 @@ class WorkerSeqs:
         penalties: PenaltyState,
         grammars: GrammarState,
         device: torch.device,
+        num_window_blocks: int = 0,
     ) -> None:
         self.num_blocks = num_blocks
+        self.num_window_blocks = num_window_blocks
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.penalties = penalties
@@ -78,6 +85,7 @@ class WorkerSeqs:
         self.device = device
         self.seqs: dict[int, WorkerSeq] = {}
         self.block_tables = BlockTableRows(cdiv(max_model_len, block_size) + 1)
+        self.window_tables = BlockTableRows(cdiv(max_model_len, block_size) + 1) if num_window_blocks else None
 
     def fork(self, parent_id: int, child_id: int, shared: int) -> None:
         """Start child_id (replacing any entry it had) with the first `shared` blocks of parent_id's table and the
@@ -91,6 +99,10 @@ class WorkerSeqs:
         self.seqs[child_id] = WorkerSeq(
             table, parent.params, parent.prompt_len, parent.sample_index, row, parent.prompt_token_ids
         )
+        if parent.window_table is not None and self.window_tables is not None:
+            child = self.seqs[child_id]
+            child.window_table = parent.window_table[:shared]
+            child.window_row = self.window_tables.add(child.window_table)
 
     def forget(self, seq_id: int) -> None:
         """Drop seq_id's entry in seqs, its block-table row, its penalty state and its grammar matcher (each a no-op
@@ -98,6 +110,8 @@ class WorkerSeqs:
         state = self.seqs.pop(seq_id, None)
         if state is not None:
             self.block_tables.free(state.row)
+            if self.window_tables is not None and state.window_row >= 0:
+                self.window_tables.free(state.window_row)
         self.penalties.remove(seq_id)
         self.grammars.remove(seq_id)
 
@@ -109,6 +123,9 @@ class WorkerSeqs:
         bad = [b for b in s.new_block_ids if not 0 < b < self.num_blocks]
         if bad:
             return f"seq {s.seq_id}: block ids {bad[:4]} outside the pool [1, {self.num_blocks})"
+        problem = self._check_window_ids(s)
+        if problem is not None:
+            return problem
         if s.sampling_params is not None:
             self.forget(s.seq_id)
             row = self.block_tables.add(s.new_block_ids)
@@ -116,6 +133,7 @@ class WorkerSeqs:
             self.seqs[s.seq_id] = WorkerSeq(
                 table, s.sampling_params, s.prompt_len, s.sample_index, row, s.prompt_token_ids
             )
+            self._extend_window(self.seqs[s.seq_id], s)
             return self._register_penalties(s, s.sampling_params) or self._check_prompt_ids(s, s.sampling_params)
         state = self.seqs.get(s.seq_id)
         if state is None:
@@ -123,7 +141,33 @@ class WorkerSeqs:
         if s.new_block_ids:
             state.block_table.extend(s.new_block_ids)
             self.block_tables.extend(state.row, s.new_block_ids)
+            self._extend_window(state, s)
         return None
+
+    def _check_window_ids(self, s: ScheduledSeq) -> str | None:
+        """The problem of s's window block ids, if any: present exactly when there is a window group, aligned with
+        new_block_ids, inside [0, num_window_blocks) (0: released before the window). O(len(new_block_ids))."""
+        ids = s.new_window_block_ids
+        if not self.num_window_blocks:
+            return None if ids is None else f"seq {s.seq_id}: window block ids without a sliding-window group"
+        if ids is None or len(ids) != len(s.new_block_ids):
+            return f"seq {s.seq_id}: window block ids not aligned with its {len(s.new_block_ids)} new blocks"
+        bad = [b for b in ids if not 0 <= b < self.num_window_blocks]
+        if bad:
+            return f"seq {s.seq_id}: window block ids {bad[:4]} outside the pool [0, {self.num_window_blocks})"
+        return None
+
+    def _extend_window(self, state: WorkerSeq, s: ScheduledSeq) -> None:
+        """Append s's window block ids (checked) to state's window table and row; nothing with one group."""
+        ids = s.new_window_block_ids
+        if ids is None or self.window_tables is None:
+            return
+        if state.window_table is None:
+            state.window_table = list(ids)
+            state.window_row = self.window_tables.add(ids)
+        else:
+            state.window_table.extend(ids)
+            self.window_tables.extend(state.window_row, ids)
 
     def _check_prompt_ids(self, s: ScheduledSeq, params: SamplingParams) -> str | None:
         """The problem of s's prompt_token_ids, if any: missing or not prompt_len long while params ask for prompt
@@ -188,6 +232,17 @@ class WorkerSeqs:
             self.block_size,
             self.device,
         )
+        if self.window_tables is not None:
+            window = [st.window_table or [] for st in states]
+            meta.window = step_metadata(
+                [s.start_pos for s in seqs],
+                [len(s.token_ids) for s in seqs],
+                [s.sample for s in seqs],
+                window,
+                self.window_tables.gather([st.window_row for st in states], width),
+                self.block_size,
+                self.device,
+            )
         tokens = [t for s in seqs for t in s.token_ids]
         sample_seqs = [s for s in seqs if s.sample]
         return StepInputs(torch.tensor(tokens, dtype=torch.int64, device=self.device), meta, sample_seqs)

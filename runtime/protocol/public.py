@@ -294,6 +294,10 @@ class ServerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     num_host_cache_blocks = num_host_cache_free_blocks + num_host_cache_evictable_blocks + num_host_cache_used_blocks
     (used: pinned by a copy in flight); num_host_cached_blocks: blocks with a host copy; num_written_back_blocks /
     num_loaded_back_blocks: blocks copied device -> host on eviction / host -> device on a hit, since start.
+    Sliding-window KV cache group (0 with one group, kv_groups single; radix/hybrid_manager.py): num_window_blocks
+    (null block included) = 1 + num_window_free_blocks + num_window_evictable_blocks + num_window_used_blocks;
+    num_window_cached_blocks: window blocks held by radix tree nodes; num_window_evicted_blocks: those evicted since
+    start. The device KV block fields above are the full-attention group's.
     """
 
     num_running: int = 0
@@ -326,6 +330,12 @@ class ServerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     num_host_cached_blocks: int = 0
     num_written_back_blocks: int = 0
     num_loaded_back_blocks: int = 0
+    num_window_blocks: int = 0
+    num_window_free_blocks: int = 0
+    num_window_evictable_blocks: int = 0
+    num_window_used_blocks: int = 0
+    num_window_cached_blocks: int = 0
+    num_window_evicted_blocks: int = 0
 
 
 class StatsResponse(msgspec.Struct, tag="stats_response", forbid_unknown_fields=True):

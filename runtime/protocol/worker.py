@@ -34,6 +34,9 @@ class ScheduledSeq(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     prompt_token_ids: with sampling_params whose prompt_logprobs is set, else None: the whole prompt, so the worker
         knows the next prompt token of every position it runs, across chunks (runtime/model/prompt_logprobs.py); sent
         once per registration, one nil byte for every other sequence.
+    new_window_block_ids: with a sliding-window KV cache group (Ready.num_window_blocks > 0), that group's block ids
+        appended since the previous step, aligned with new_block_ids (a new sequence: its whole window table, 0 before
+        its window); None (one nil byte) with one group.
     """
 
     seq_id: int
@@ -46,6 +49,7 @@ class ScheduledSeq(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     sample_index: int = 0
     penalty_token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
+    new_window_block_ids: list[int] | None = None
 
 
 class ForwardBatch(msgspec.Struct, tag="forward_batch", forbid_unknown_fields=True):
@@ -67,6 +71,7 @@ class ForwardBatch(msgspec.Struct, tag="forward_batch", forbid_unknown_fields=Tr
     swap_in: (host block, device block) pairs to copy host -> device (swapped sequences coming back, and the host
         tier's load-backs; the forward reads them, so they are done before it).
     copies: copy-on-write (src device block, dst device block) pairs.
+    window_copies: copy-on-write pairs of the sliding-window group's blocks (with copies, before the forward).
     """
 
     step_id: int
@@ -77,6 +82,7 @@ class ForwardBatch(msgspec.Struct, tag="forward_batch", forbid_unknown_fields=Tr
     copies: list[tuple[int, int]] = []
     forks: list[tuple[int, int, int]] = []
     fork_copies: list[tuple[int, int]] = []
+    window_copies: list[tuple[int, int]] = []
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
@@ -136,7 +142,9 @@ class Ready(msgspec.Struct, tag="ready", forbid_unknown_fields=True):
 
     num_blocks includes the reserved null block 0; block_size and max_model_len are in tokens. num_host_blocks: the
     swap pool; num_host_cache_blocks: the host tier of the prefix cache, held after the swap pool in the worker's
-    host KV tensor (host ids num_host_blocks .. num_host_blocks + num_host_cache_blocks - 1).
+    host KV tensor (host ids num_host_blocks .. num_host_blocks + num_host_cache_blocks - 1). num_window_blocks and
+    sliding_window: the sliding-window KV cache group's blocks (null block included) and its window in tokens (0, 0:
+    one group).
     """
 
     num_blocks: int
@@ -146,6 +154,8 @@ class Ready(msgspec.Struct, tag="ready", forbid_unknown_fields=True):
     vocab_size: int
     eos_token_ids: list[int]
     num_host_cache_blocks: int = 0
+    num_window_blocks: int = 0
+    sliding_window: int = 0
 
 
 class WorkerProbe(msgspec.Struct, tag="worker_probe", forbid_unknown_fields=True):

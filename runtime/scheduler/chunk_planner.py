@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from radix.block_pool import NoFreeBlocksError
 from radix.manager import KVCacheManager
+from runtime.scheduler.kv_groups import take_window_copies, window_delta
 from runtime.scheduler.parallel_samples import ParallelSamples
 from runtime.scheduler.preemption import Preemption
 from runtime.scheduler.request import SchedulerSeq
@@ -71,17 +72,20 @@ class ChunkPlanner:
                     pass
             if not may_preempt or not self._preemption.make_room(seq, step):
                 return  # seq was the victim or finished, or may not preempt: not planned this step
-        if copies and seq.in_worker:  # the worker's table copy cannot express a replaced entry: re-register seq
+        window_copies = take_window_copies(self._manager)
+        if (copies or window_copies) and seq.in_worker:  # a replaced table entry: the worker re-registers seq
             self._drops.append(seq.seq_id)
             seq.in_worker = False
         step.copies.extend(copies)
+        step.window_copies.extend(window_copies)
         table = self._manager.block_table(seq.seq_id)
         if seq.in_worker:
             new_blocks = table[seq.sent_blocks :]
         else:
             new_blocks = list(table)
         sample = not seq.prefill_only and computed + chunk == len(seq.token_ids)
-        step.add(seq, computed, chunk, new_blocks, sample, first=not seq.in_worker, is_decode=is_decode)
+        window = window_delta(self._manager, seq.seq_id, seq.sent_blocks, not seq.in_worker)
+        step.add(seq, computed, chunk, new_blocks, sample, not seq.in_worker, is_decode, window)
         seq.in_worker = True
         seq.sent_blocks = len(table)
         if not is_decode:

@@ -37,6 +37,7 @@ from runtime.scheduler.admission import Admission
 from runtime.scheduler.beam_search import BeamSearch
 from runtime.scheduler.chunk_planner import ChunkPlanner
 from runtime.scheduler.finish import Finisher
+from runtime.scheduler.kv_groups import take_window_copies, window_stats
 from runtime.scheduler.parallel_samples import ParallelSamples
 from runtime.scheduler.preemption import Preemption
 from runtime.scheduler.registry import SequenceRegistry
@@ -229,6 +230,7 @@ class Scheduler:
             if not self.swapped:
                 self._admission.admit(step)
         step.add_tier_copies(self.manager.take_tier_copies())  # after the step's last allocation (its evictions)
+        step.window_copies.extend(take_window_copies(self.manager))  # beam forks' copies of the window group
         if not (step.seqs or step.swap_out or step.swap_in or step.copies or self._drops or forks.forks):
             self._inflight = []
             return None
@@ -286,6 +288,6 @@ class Scheduler:
     def stats(self) -> ServerStats:
         """A ServerStats snapshot (see its fields): the queues, the manager's block counts and the counters.
         tokens_per_s is 0.0 (no interval here; the scheduler process fills it in). O(sequences)."""
-        return scheduler_stats(
-            self.counters, self.manager.stats(), len(self.running), len(self.waiting), len(self.swapped)
-        )
+        manager = self.manager
+        queues = (len(self.running), len(self.waiting), len(self.swapped))
+        return scheduler_stats(self.counters, manager.stats(), *queues, window_stats(manager))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from radix.hybrid_manager import WindowGroupStats
 from radix.stats import KVStats
 from runtime.protocol import ServerStats
 
@@ -35,12 +36,28 @@ class SchedulerCounters:
 
 
 def scheduler_stats(
-    counters: SchedulerCounters, kv: KVStats, num_running: int, num_waiting: int, num_swapped: int
+    counters: SchedulerCounters,
+    kv: KVStats,
+    num_running: int,
+    num_waiting: int,
+    num_swapped: int,
+    window: WindowGroupStats | None = None,
 ) -> ServerStats:
-    """ServerStats from the counters, the queue lengths (sequences) and kv (blocks exclude the null block, so
-    num_blocks = kv.total_blocks + 1). tokens_per_s is left 0.0: a rate needs an interval, which the caller keeps.
-    Pure; O(fields)."""
+    """ServerStats from the counters, the queue lengths (sequences), kv (blocks exclude the null block, so
+    num_blocks = kv.total_blocks + 1) and the sliding-window group's counters (None: one group). tokens_per_s is
+    left 0.0: a rate needs an interval, which the caller keeps. Pure; O(fields)."""
     c = counters
+    if window is not None:
+        groups = {
+            "num_window_blocks": window.total_blocks + 1,
+            "num_window_free_blocks": window.free_blocks,
+            "num_window_evictable_blocks": window.evictable_blocks,
+            "num_window_used_blocks": window.in_use_blocks,
+            "num_window_cached_blocks": window.cached_blocks,
+            "num_window_evicted_blocks": window.evicted_blocks,
+        }
+    else:
+        groups = {}
     return ServerStats(
         num_running=num_running,
         num_waiting=num_waiting,
@@ -61,4 +78,5 @@ def scheduler_stats(
         num_written_back_blocks=kv.written_back_blocks,
         num_loaded_back_blocks=kv.loaded_back_blocks,
         **dataclasses.asdict(c),
+        **groups,
     )

@@ -41,6 +41,7 @@ class StepPlan:
     copies: list[tuple[int, int]] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    window_copies: list[tuple[int, int]] = field(default_factory=list)  # the sliding-window group's copy-on-write
     inflight: list[InflightChunk] = field(default_factory=list)
 
     def add(
@@ -52,6 +53,7 @@ class StepPlan:
         sample: bool,
         first: bool,
         is_decode: bool,
+        new_window_block_ids: list[int] | None = None,
     ) -> None:
         """Schedule tokens [start, start + num_tokens) of seq. first: seq is new to the worker, so the entry carries
         its SamplingParams, prompt length, sample index, (with penalties) penalty_token_ids and (with
@@ -71,6 +73,7 @@ class StepPlan:
                 seq.index if first else 0,
                 seq.penalty_token_ids() if first else None,
                 req.prompt_ids if first and req.params.prompt_logprobs is not None else None,
+                new_window_block_ids,
             )
         )
         self.inflight.append(InflightChunk(seq, start, num_tokens, sample))
@@ -88,5 +91,13 @@ class StepPlan:
         (ForwardBatch.forks and fork_copies)."""
         forks = forks or ForkDeltas([], [])
         return ForwardBatch(
-            self.step_id, self.seqs, drop_seq_ids, self.swap_out, self.swap_in, self.copies, forks.forks, forks.copies
+            self.step_id,
+            self.seqs,
+            drop_seq_ids,
+            self.swap_out,
+            self.swap_in,
+            self.copies,
+            forks.forks,
+            forks.copies,
+            self.window_copies,
         )

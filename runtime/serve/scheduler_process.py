@@ -271,17 +271,14 @@ def _wait_worker_ready(links: _Links, spec) -> p.Ready | None:
 def _make_server(spec, ready: p.Ready, links: _Links) -> SchedulerServer:
     """The Scheduler over a KVCacheManager sized from the worker's Ready, behind a SchedulerServer. Raises what they
     raise for sizes they cannot serve (ValueError, InvalidConfig)."""
-    from radix.manager import KVCacheManager
+    from runtime.scheduler.kv_groups import make_manager
     from runtime.scheduler.scheduler import Scheduler
 
     args = spec.server_args
-    manager = KVCacheManager(
-        ready.num_blocks,
-        ready.block_size,
-        args.enable_prefix_caching,
-        ready.num_host_blocks,
+    manager = make_manager(
+        ready,
+        args,
         record_events=True,  # the PUB socket publishes (and so drains) them
-        num_host_cache_blocks=ready.num_host_cache_blocks,
         event_token_ids=links.vllm_events.records_token_ids,  # vLLM's BlockStored carries them
     )
     scheduler = Scheduler(manager, args, ready.max_model_len, ready.eos_token_ids, vocab_size=ready.vocab_size)

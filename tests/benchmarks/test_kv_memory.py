@@ -63,3 +63,29 @@ def test_smoke_writes_json_and_png(tmp_path: Path):
     assert (row["width"], row["generated_tokens"], row["registrations"]) == (2, 8, 1)
     assert row["forks"] >= 1 and 0 < row["peak_shared_blocks"] < row["peak_private_blocks"]
     assert beam["by_width"]["2"]["saving"] == round(1 - row["peak_shared_blocks"] / row["peak_private_blocks"], 4)
+
+
+def test_hybrid_rows_match_the_formula_on_gemma3_270m_shapes():
+    from benchmarks.kv_hybrid import formula_fraction, hybrid_rows
+
+    out = hybrid_rows([256, 1024, 8192], 64 * 2**20, 16, 512)
+    short, mid, long = out["rows"]
+    # 256 tokens, inside the 512-token window: every layer keeps everything, as all-full does
+    assert short["kv_bytes_per_seq"] == {"all_full": 16 * 18 * 16 * 1024, "hybrid": 16 * 18 * 16 * 1024}
+    # 1024 = 64 blocks: the 3 full layers keep 64, the 15 sliding ones cdiv(512, 16) = 32 (block-aligned context)
+    assert mid["kv_bytes_per_seq"]["hybrid"] == (3 * 64 + 15 * 32) * 16 * 1024
+    assert mid["hybrid_fraction"] == round(formula_fraction(1024), 4) == round((3 + 15 * 0.5) / 18, 4)
+    assert long["window_blocks_per_seq"] == 32 and long["fraction_vs_formula"] == 1.0
+    # 64 MiB: an 8k sequence needs 8192 x 18 KiB = 144 MiB all-full, 31.5 MiB hybrid
+    assert long["concurrent_sequences"] == {"all_full": 0, "hybrid": 1}
+    assert mid["concurrent_sequences"] == {"all_full": 64 * 2**20 // (1024 * 18 * 1024), "hybrid": 5}
+    assert short["concurrent_sequences"] == {"all_full": 14, "hybrid": 14}
+
+
+def test_kv_hybrid_smoke_writes_json(tmp_path: Path):
+    from benchmarks.kv_hybrid import main as hybrid_main
+
+    out = tmp_path / "kv_memory_hybrid.json"
+    result = hybrid_main(["--smoke", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert [r["context"] for r in result["rows"]] == [256, 1024] and "cpu" in json.dumps(result["machine"]).lower()

@@ -74,7 +74,10 @@ class Attention(torch.nn.Module):
     def forward(
         self, x: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
-        """x [T, hidden] -> [T, hidden]. Writes this step's K/V into k_cache/v_cache [num_blocks, bs, kvh, d]."""
+        """x [T, hidden] -> [T, hidden]. Writes this step's K/V into k_cache/v_cache [num_blocks, bs, kvh, d] (a
+        sliding layer's blocks are its KV cache group's when meta has a window part)."""
+        if self.sliding_window is not None and meta.window is not None:
+            meta = meta.window
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         t = x.shape[0]

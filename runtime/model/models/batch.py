@@ -26,6 +26,8 @@ class AttentionMetadata:
     max_query_len, max_seq_len: host-side maxima of the query lengths and seq_lens (tokens), so no device sync.
     logits_indices: int64 [num_rows], the token rows whose logits the model returns (each sequence's last token, or
         all tokens); None returns every row.
+    window: with a sliding-window KV cache group, the metadata the sliding layers read instead (the same tokens, that
+        group's block_tables and slot_mapping); None with one group.
     """
 
     positions: torch.Tensor
@@ -36,6 +38,7 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     logits_indices: torch.Tensor | None = None
+    window: AttentionMetadata | None = None  # the sliding layers' (their KV cache group's tables and slots), or None
 
 
 _MIN_ROWS = 8  # rows of the first allocation; rows and columns double when full

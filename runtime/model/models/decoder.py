@@ -10,7 +10,7 @@ attention scale (query_pre_attn_scalar), the final logit softcap, the activation
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -194,12 +194,17 @@ class CausalLM(torch.nn.Module):
 
     @torch.inference_mode()
     def forward(
-        self, input_ids: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        k_cache: torch.Tensor | Sequence[torch.Tensor],
+        v_cache: torch.Tensor | Sequence[torch.Tensor],
     ) -> torch.Tensor:
         """Run one step and return float32 logits [len(meta.logits_indices) or T, vocab_size].
 
         input_ids: int64 [T]; k_cache, v_cache: [num_layers, num_blocks, block_size, num_kv_heads, head_dim]
-        (mutated: this step's K/V are written into their slots before attention reads them).
+        (mutated: this step's K/V are written into their slots before attention reads them), or one
+        [num_blocks, block_size, num_kv_heads, head_dim] tensor per layer (KV cache groups: runtime/model/hybrid_kv.py).
         """
         x = self.embed_tokens(input_ids)
         if self.embed_scale is not None:

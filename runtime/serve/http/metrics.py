@@ -135,12 +135,19 @@ COUNTERS = (
     ("generation_tokens", "generated_tokens", "Completion tokens sampled."),
     ("num_preemptions", "num_preemptions", "Sequences preempted (recompute or swap)."),
     ("evicted_blocks", "num_evicted_blocks", "Cached KV blocks evicted from the radix tree to make room."),
+    (
+        "window_evicted_blocks",
+        "num_window_evicted_blocks",
+        "Cached sliding-window KV blocks evicted to make room (0 with one KV cache group).",
+    ),
 )
 GAUGES = (
     ("num_requests_running", "num_running", "Sequences in the running batch."),
     ("num_requests_waiting", "num_waiting", "Sequences waiting for admission."),
     ("kv_cache_usage_perc", "kv_usage", "KV cache usage: used blocks / usable blocks (1 means 100 percent)."),
     ("cached_blocks", "num_cached_blocks", "KV blocks in the radix tree (evictable or in use)."),
+    ("window_used_blocks", "num_window_used_blocks", "Sliding-window KV blocks listed by a sequence (0: one group)."),
+    ("window_cached_blocks", "num_window_cached_blocks", "Sliding-window KV blocks held by radix tree nodes."),
 )
 FINISH_REASONS = ("stop", "length")  # always exposed (0 until seen); others appear when the first one is observed
 
