@@ -38,7 +38,9 @@ def hybrid_layout(args: ServerArgs, cfg: ModelConfig) -> int | None:
     if not windows:
         return None
     if len(windows) > 1:  # one window group is built; several would each need their own pool
-        logger.warning("kv_groups auto: sliding windows %s differ; every layer keeps its whole KV", sorted(windows))
+        logger.warning(
+            "kv_groups auto: sliding windows %s differ; every layer keeps its whole KV", sorted(w or 0 for w in windows)
+        )
         return None
     return windows.pop()
 
