@@ -9,7 +9,8 @@ Admission, in this order (what runtime/scheduler/scheduler.py does):
     keys = manager.block_keys(prompt, cache_salt)    # once per request: packed blocks (radix/keys.py)
     match = manager.match_prefix(keys)               # pure; repeat while waiting (is_current says when to)
     cached = manager.add_sequence(seq_id, match, num_new_tokens=chunk)   # locks that match, no second walk
-then per step allocate / prepare_write / commit_computed (/ append_tokens after sampling), and free at the end.
+then per step allocate / prepare_write / commit_computed (/ append_tokens after sampling; release_uncomputed after a
+speculative step), and free at the end.
 
 Prefix cache: a RadixTree (radix/tree.py), or with prefix caching off a NoPrefixCache (radix/no_cache.py) that keeps
 nothing; the choice is made once, here, and no method asks again. Device blocks, the swap pool and the host tier's
@@ -48,14 +49,7 @@ from radix.sequence import SeqBlocks
 from radix.stats import KVStats, count_stats
 from radix.tree import RadixTree
 
-__all__ = [
-    "KVCacheManager",
-    "KVStats",
-    "NoFreeBlocksError",
-    "PrefixMatch",
-    "StaleMatchError",
-    "UnknownSequenceError",
-]
+__all__ = ["KVCacheManager", "KVStats", "NoFreeBlocksError", "PrefixMatch", "StaleMatchError", "UnknownSequenceError"]
 
 
 class UnknownSequenceError(KeyError):
@@ -251,6 +245,13 @@ class KVCacheManager:
             raise ValueError(f"commit of {num_tokens} tokens outside [{seq.num_computed}, {limit}]")
         seq.num_computed = num_tokens
         self._cache.cache_full_blocks(seq, num_tokens // self.block_size)
+
+    def release_uncomputed(self, seq_id: int) -> list[int]:
+        """Speculative decoding's rollback: the table entries past cdiv(num_computed_tokens, block_size) (slots of
+        rejected draft tokens) leave it, each losing this sequence's reference (BlockSupply.release_tail).
+        Returns the released block ids. O(released * log n). Raises UnknownSequenceError, ValueError (swapped out)."""
+        seq = self._live(seq_id)
+        return self._supply.release_tail(seq.block_table, cdiv(seq.num_computed, self.block_size))
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """Register child_id as a copy of parent_id (parallel sampling): same tokens, same block table, every

@@ -34,6 +34,8 @@ class ScheduledSeq(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     prompt_token_ids: with sampling_params whose prompt_logprobs is set, else None: the whole prompt, so the worker
         knows the next prompt token of every position it runs, across chunks (runtime/model/prompt_logprobs.py); sent
         once per registration, one nil byte for every other sequence.
+    num_draft_tokens: speculative decoding (runtime/scheduler/speculation.py): the last num_draft_tokens of token_ids
+        are a draft (then sample is True) the worker verifies (runtime/model/spec_verify.py); 0: no draft.
     """
 
     seq_id: int
@@ -46,6 +48,7 @@ class ScheduledSeq(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     sample_index: int = 0
     penalty_token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
+    num_draft_tokens: int = 0
 
 
 class ForwardBatch(msgspec.Struct, tag="forward_batch", forbid_unknown_fields=True):
@@ -116,6 +119,9 @@ class ForwardResult(msgspec.Struct, tag="forward_result", forbid_unknown_fields=
     failed_seq_ids / failed_errors: the sequences the worker could not run this step (an invalid delta, or a forward
         or draw that raised with them alone in the batch) and one "ExceptionType: message" each, aligned; the
         scheduler fails their requests, every other sequence of the step has its result above.
+    accepted_token_ids: seq_id -> the draft tokens the verification accepted (maybe []), for each sequence of
+        seq_ids that ran a draft: they come before its token_ids entry (runtime/model/spec_verify.py); None when no
+        sequence of the step ran one.
     error: set (and nothing sampled) when the step failed as a whole (its drops, swaps or copies could not be
         applied); the scheduler fails the batch's requests.
     """
@@ -129,6 +135,7 @@ class ForwardResult(msgspec.Struct, tag="forward_result", forbid_unknown_fields=
     failed_seq_ids: list[int] = []
     failed_errors: list[str] = []
     prompt_logprobs: dict[int, PromptLogprobs] | None = None
+    accepted_token_ids: dict[int, list[int]] | None = None
 
 
 class Ready(msgspec.Struct, tag="ready", forbid_unknown_fields=True):
