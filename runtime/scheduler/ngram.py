@@ -34,26 +34,25 @@ class NgramProposer:
         self.max_n = max_n
 
     def propose(self, token_ids: Sequence[int], max_tokens: int) -> list[int]:
-        """The draft for a sequence whose known tokens are token_ids: for the longest n in [min_n, max_n] whose
-        last-n-token suffix occurs earlier in token_ids, the (at most max_tokens) tokens that follow its most
-        recent earlier occurrence that max_tokens tokens follow, else its most recent one; [] when no suffix recurs
-        or max_tokens < 1.
+        """The draft for a sequence whose known tokens are token_ids: the (at most max_tokens) tokens that follow the
+        most recent earlier occurrence of its last-n-token suffix, for the longest n in [min_n, max_n] that has an
+        occurrence with max_tokens tokens after it, else for the longest n that has any; [] when no suffix recurs or
+        max_tokens < 1.
 
         The search is bytes.rfind over the tokens packed as int32 (C speed), a hit kept only at a token boundary:
-        O(len(token_ids) * max_n) worst case, one buffer of 4 * len(token_ids) bytes per call."""
+        O(len(token_ids) * max_n) per search, at most 2 * (max_n - min_n + 1) searches, one buffer of
+        4 * len(token_ids) bytes per call."""
         total = len(token_ids)
         if max_tokens < 1 or total < self.min_n + 1:
             return []
         buf = array("i", token_ids).tobytes()
-        for n in range(min(self.max_n, total - 1), self.min_n - 1, -1):
-            pattern = buf[(total - n) * _ITEM :]
-            # first an occurrence followed by max_tokens tokens (inside a run of one token, the most recent one is
-            # followed by a single token), then any occurrence ending before the last token (never the suffix itself)
-            for last in (total - max_tokens, total - 1):
-                hit = _rfind_token(buf, pattern, last) if last >= n else -1
+        # first an occurrence followed by max_tokens tokens (inside a run of one token, the most recent one is
+        # followed by a single token), then any occurrence ending before the last token (never the suffix itself)
+        for last in (total - max_tokens, total - 1):
+            for n in range(min(self.max_n, last), self.min_n - 1, -1):
+                hit = _rfind_token(buf, buf[(total - n) * _ITEM :], last)
                 if hit >= 0:
-                    follow = hit + n
-                    return list(token_ids[follow : follow + max_tokens])
+                    return list(token_ids[hit + n : hit + n + max_tokens])
         return []
 
 
