@@ -294,6 +294,8 @@ class ServerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     num_host_cache_blocks = num_host_cache_free_blocks + num_host_cache_evictable_blocks + num_host_cache_used_blocks
     (used: pinned by a copy in flight); num_host_cached_blocks: blocks with a host copy; num_written_back_blocks /
     num_loaded_back_blocks: blocks copied device -> host on eviction / host -> device on a hit, since start.
+    Speculative decoding (vLLM's spec_decode_* counters, 0 when off): drafts verified (one per sequence and step),
+    draft tokens proposed, draft tokens accepted, and per draft position i the drafts whose token i was accepted.
     """
 
     num_running: int = 0
@@ -326,6 +328,10 @@ class ServerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     num_host_cached_blocks: int = 0
     num_written_back_blocks: int = 0
     num_loaded_back_blocks: int = 0
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] = []
 
 
 class StatsResponse(msgspec.Struct, tag="stats_response", forbid_unknown_fields=True):

@@ -304,5 +304,10 @@ class Scheduler:
         """A ServerStats snapshot (see its fields): the queues, the manager's block counts and the counters.
         tokens_per_s is 0.0 (no interval here; the scheduler process fills it in). O(sequences)."""
         return scheduler_stats(
-            self.counters, self.manager.stats(), len(self.running), len(self.waiting), len(self.swapped)
+            self.counters,
+            self.manager.stats(),
+            len(self.running),
+            len(self.waiting),
+            len(self.swapped),
+            self.speculation.counters,
         )

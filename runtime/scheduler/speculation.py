@@ -15,25 +15,12 @@ beam search: the proposal is empty) and per step when at least disable_by_batch_
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from radix.manager import KVCacheManager
 from runtime.scheduler.finish import Finisher
 from runtime.scheduler.ngram import NgramProposer, NoProposer
 from runtime.scheduler.request import SchedulerSeq, SeqStatus
+from runtime.scheduler.stats import SpecCounters
 from runtime.speculative import SpeculativeConfig
-
-
-@dataclass
-class SpecCounters:
-    """vLLM's spec decode counters, totals since start: num_drafts (verify steps of one sequence with a draft),
-    num_draft_tokens (tokens proposed), num_accepted_tokens (draft tokens the target accepted), accepted_per_pos
-    (position i: drafts whose token i was accepted; length num_speculative_tokens)."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
 
 
 def may_speculate(seq: SchedulerSeq) -> bool:

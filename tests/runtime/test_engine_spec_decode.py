@@ -60,6 +60,13 @@ def test_greedy_equals_plain_decoding_across_blocks(make_engine, plain_outputs):
     assert 0 < c.num_accepted_tokens < c.num_draft_tokens  # drafts both accepted and rejected
     assert c.num_accepted_tokens == sum(c.accepted_per_pos)
     assert c.accepted_per_pos == sorted(c.accepted_per_pos, reverse=True)  # position i needs i - 1 before it
+    s = spec.stats()
+    assert (s.spec_decode_num_drafts, s.spec_decode_num_draft_tokens, s.spec_decode_num_accepted_tokens) == (
+        c.num_drafts,
+        c.num_draft_tokens,
+        c.num_accepted_tokens,
+    )
+    assert s.spec_decode_num_accepted_tokens_per_pos == c.accepted_per_pos
     assert _saved_steps(batches) > 0
     assert_idle(spec)
 
@@ -90,7 +97,7 @@ def test_mixed_batch_with_params_that_do_not_speculate(make_engine, plain_output
 
 def test_seeded_sampling_equals_plain_decoding(make_engine, plain_outputs):
     spec = make_engine(speculative_config=NGRAM)
-    params = SamplingParams(max_tokens=30, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, seed=7, ignore_eos=True)
+    params = SamplingParams(max_tokens=20, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, seed=7, ignore_eos=True)
     assert [o.token_ids for o in spec.generate(input_ids=PROMPTS, sampling_params=params)] == plain_outputs(
         PROMPTS, params
     )
@@ -145,3 +152,21 @@ def test_disable_by_batch_size(make_engine):
     assert _drafted(batches) == 0  # three running: off every step
     spec.generate(input_ids=PROMPTS[:2], sampling_params=greedy(8))
     assert _drafted(batches) > 0
+
+
+COPY_TEXT = (
+    "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n"
+    "    return 2 * (width + height)\n"
+)
+
+
+@pytest.mark.slow
+def test_smollm2_copy_task_greedy_equals_plain_decoding():
+    messages = [{"role": "user", "content": "Repeat this code exactly:\n" + COPY_TEXT}]
+    params = SamplingParams(max_tokens=40, temperature=0.0)
+    want = Engine(dtype="float32").generate(messages=[messages], sampling_params=params)[0]
+    spec = Engine(dtype="float32", speculative_config=NGRAM)
+    got = spec.generate(messages=[messages], sampling_params=params)[0]
+    assert got.token_ids == want.token_ids
+    c = spec.scheduler.speculation.counters
+    assert c.num_accepted_tokens > len(got.token_ids) // 3  # the copy is mostly proposed right
