@@ -13,10 +13,11 @@ Per run: decode_tok_s = tokens produced by decode steps (steps whose every seque
 token and a draft) / the seconds those steps took (the runner's execute, wall clock); e2e_tok_s = completion tokens
 / the run's wall clock (prefill included); acceptance_rate = accepted / draft tokens; mean_accepted_length =
 1 + accepted / drafts (vLLM's mean acceptance length: tokens per verify step of a drafting sequence);
-ratio_vs_off: decode_tok_s over the off setting's, same workload and concurrency. machine:
+ratio_vs_off: decode_tok_s over the off setting's, same workload and concurrency; decode_tok_per_cpu_s and
+cpu_ratio_vs_off: the same with this process's CPU seconds (less disturbed by other jobs on a shared machine). machine:
 runtime.model.cpu_features.machine_facts(). A shared machine disturbs the figures: compare rows of one run.
 
-    .venv/bin/python -m benchmarks.spec_decode              # SmolLM2, 3 conversations x 2 turns, 96 tokens per turn
+    .venv/bin/python -m benchmarks.spec_decode              # SmolLM2, 2 conversations x 2 turns, 80 tokens per turn
     .venv/bin/python -m benchmarks.spec_decode --smoke      # seconds: writes nothing unless --out is given
     .venv/bin/python -m benchmarks.spec_decode --speculative-config '{"method": "ngram", ...}'
 Targets (issue 26): copy single-stream decode >= 2x off; chat at concurrency 8 never below 0.95x off.
@@ -84,10 +85,12 @@ def copy_turns(conversations: int) -> list[list[str]]:
 
 
 class StepClock:
-    """Wraps engine.runner.execute: seconds and tokens of the decode steps (every sequence decodes)."""
+    """Wraps engine.runner.execute: wall and CPU seconds (this process, every thread) and tokens of the decode
+    steps (every sequence decodes)."""
 
     def __init__(self, engine: Engine) -> None:
         self.decode_s = 0.0
+        self.decode_cpu_s = 0.0
         self.decode_tokens = 0
         self._execute = engine.runner.execute
         engine.runner.execute = self._timed  # type: ignore[method-assign]
@@ -98,10 +101,12 @@ class StepClock:
 
     def _timed(self, batch: ForwardBatch) -> ForwardResult:
         start = time.perf_counter()
+        cpu = time.process_time()
         result = self._execute(batch)
         elapsed = time.perf_counter() - start
         if batch.seqs and all(len(s.token_ids) - s.num_draft_tokens == 1 for s in batch.seqs):
             self.decode_s += elapsed
+            self.decode_cpu_s += time.process_time() - cpu
             accepted = result.accepted_token_ids or {}
             self.decode_tokens += len(result.seq_ids) + sum(len(a) for a in accepted.values())
         return result
@@ -150,6 +155,9 @@ def run_setting(args: argparse.Namespace, name: str, spec: dict[str, Any] | None
             engine.runner.execute = clock.unwrap()  # type: ignore[method-assign]
             row = {"setting": name, "workload": wl_name, "concurrency": concurrency, "completion_tokens": tokens}
             row["decode_tok_s"] = round(clock.decode_tokens / clock.decode_s, 2) if clock.decode_s else 0.0
+            row["decode_tok_per_cpu_s"] = (
+                round(clock.decode_tokens / clock.decode_cpu_s, 2) if clock.decode_cpu_s else 0.0
+            )
             row["e2e_tok_s"] = round(tokens / wall, 2)
             row.update(spec_counts(before, engine.stats()))
             row["replies"] = replies
@@ -187,6 +195,8 @@ def summarise(rows: list[dict]) -> list[dict]:
         if base is not None:
             row["ratio_vs_off"] = round(r["decode_tok_s"] / base["decode_tok_s"], 3) if base["decode_tok_s"] else 0.0
             row["e2e_ratio_vs_off"] = round(r["e2e_tok_s"] / base["e2e_tok_s"], 3) if base["e2e_tok_s"] else 0.0
+            cpu_base = base["decode_tok_per_cpu_s"]
+            row["cpu_ratio_vs_off"] = round(r["decode_tok_per_cpu_s"] / cpu_base, 3) if cpu_base else 0.0
             row["same_outputs"] = r["replies"] == base["replies"]
         out.append(row)
     return out
@@ -196,9 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--conversations", type=int, default=3)
+    p.add_argument("--conversations", type=int, default=2)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--max-tokens", type=int, default=80)
     p.add_argument("--speculative-config", default=json.dumps(NGRAM), help="the ngram setting's JSON")
     p.add_argument("--smoke", action="store_true", help="seconds: 1 conversation, 8 tokens, concurrency 1 and 2")
     p.add_argument("--out", type=Path, default=None)
