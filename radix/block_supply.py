@@ -78,6 +78,14 @@ class BlockSupply:
         return pairs
 
     # ----------------------------------------------------------------- swapping
+    def release_tail(self, table: list[int], keep: int) -> list[int]:
+        """Cut table to its first keep entries and drop one reference from each entry cut (a private block returns to
+        the free queue). Returns the cut block ids. O(cut * log n)."""
+        released = table[keep:]
+        del table[keep:]
+        self.cache.unlock(released)
+        return released
+
     def swap_out(self, seq: SeqBlocks) -> list[tuple[int, int]] | None:
         """Give every block of seq's (live) table a host block and release its device references (radix/swap.py).
         Returns (device, host) pairs, or None with no side effect when the swap pool lacks room. O(blocks * log n)."""

@@ -9,7 +9,8 @@ Admission, in this order (what runtime/scheduler/scheduler.py does):
     keys = manager.block_keys(prompt, cache_salt)    # once per request: packed blocks (radix/keys.py)
     match = manager.match_prefix(keys)               # pure; repeat while waiting (is_current says when to)
     cached = manager.add_sequence(seq_id, match, num_new_tokens=chunk)   # locks that match, no second walk
-then per step allocate / prepare_write / commit_computed (/ append_tokens after sampling), and free at the end.
+then per step allocate / prepare_write / commit_computed (/ append_tokens after sampling; release_uncomputed after a
+speculative step), and free at the end.
 
 Prefix cache: a RadixTree (radix/tree.py), or with prefix caching off a NoPrefixCache (radix/no_cache.py) that keeps
 nothing; the choice is made once, here, and no method asks again. Device blocks, the swap pool and the host tier's
@@ -20,13 +21,12 @@ back to host blocks and stay matchable; add_sequence loads a matched host-only s
 Each step the scheduler puts take_tier_copies() into its ForwardBatch, holds a sequence for which waits_for_loads()
 is True out of that step's forward, and calls tier_copies_done() when the step's result arrives.
 
-Reference rules: a block table entry holds one reference; the tree holds one per cached block; when a sequence
-writes a block the tree already holds, an idle resident copy is replaced by the sequence's (and freed), while one in
-use stays and the sequence also holds a reference on it (its "shadow"), so every sequence references the whole cached
-path it stands on, every evictable block is truly reclaimable, and an idle duplicate never costs a second block.
-A block enters the tree only from commit_computed / free, i.e. once its KV is written, never at allocation; it is
-hashed then, once (radix/tree.py). Methods that cannot be served return None (or raise) with no side effect.
-Complexities assume B tokens per block.
+Reference rules: a block table entry holds one reference; the tree holds one per cached block; when a sequence writes a
+block the tree already holds, an idle resident copy is replaced by the sequence's (and freed), while one in use stays
+and the sequence also holds a reference on it (its "shadow"), so every sequence references the whole cached path it
+stands on, every evictable block is truly reclaimable, and an idle duplicate never costs a second block. A block enters
+the tree only from commit_computed / free, i.e. once its KV is written, never at allocation; it is hashed then, once
+(radix/tree.py). Methods that cannot be served return None (or raise) with no side effect. B: tokens per block.
 """
 
 from __future__ import annotations
@@ -48,14 +48,7 @@ from radix.sequence import SeqBlocks
 from radix.stats import KVStats, count_stats
 from radix.tree import RadixTree
 
-__all__ = [
-    "KVCacheManager",
-    "KVStats",
-    "NoFreeBlocksError",
-    "PrefixMatch",
-    "StaleMatchError",
-    "UnknownSequenceError",
-]
+__all__ = ["KVCacheManager", "KVStats", "NoFreeBlocksError", "PrefixMatch", "StaleMatchError", "UnknownSequenceError"]
 
 
 class UnknownSequenceError(KeyError):
@@ -253,6 +246,13 @@ class KVCacheManager:
             raise ValueError(f"commit of {num_tokens} tokens outside [{seq.num_computed}, {limit}]")
         seq.num_computed = num_tokens
         self._cache.cache_full_blocks(seq, num_tokens // self.block_size)
+
+    def release_uncomputed(self, seq_id: int) -> list[int]:
+        """Speculative decoding's rollback: the table entries past cdiv(num_computed_tokens, block_size) (slots of
+        rejected draft tokens) leave it, each losing this sequence's reference (BlockSupply.release_tail).
+        Returns the released block ids. O(released * log n). Raises UnknownSequenceError, ValueError (swapped out)."""
+        seq = self._live(seq_id)
+        return self._supply.release_tail(seq.block_table, cdiv(seq.num_computed, self.block_size))
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """Register child_id as a copy of parent_id (parallel sampling): same tokens, same block table, every

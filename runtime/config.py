@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from runtime.speculative import InvalidSpeculativeConfig, parse_speculative_config
+
 MIN_USABLE_BLOCKS = 4  # a pool with fewer usable KV blocks (block 0 excluded) is refused at start-up
 
 
@@ -162,6 +164,14 @@ class ServerArgs:
         None, "with kv_groups auto: sliding-window blocks (null block included); overrides window_blocks_ratio"
     )
 
+    # speculative decoding (issue 26): runtime/speculative.py parses it, runtime/scheduler/speculation.py uses it
+    speculative_config: str | None = _opt(
+        None,
+        'speculative decoding as JSON in vLLM\'s names, e.g. {"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 4} (prompt lookup; optional "disable_by_batch_size": N); '
+        "None: off",
+    )
+
     def _validate_parallel(self) -> None:
         checks = [
             ("tensor_parallel_size", self.tensor_parallel_size >= 1, ">= 1"),
@@ -241,6 +251,12 @@ class ServerArgs:
             raise InvalidConfig("attention_backend 'triton' needs a CUDA device (or TRITON_INTERPRET=1 for debugging)")
         if self.chat_template is not None and not os.path.isfile(self.chat_template):
             raise InvalidConfig(f"chat_template must be a readable file, got {self.chat_template!r}")
+        try:
+            parse_speculative_config(self.speculative_config)
+        except InvalidSpeculativeConfig as e:
+            raise InvalidConfig(str(e)) from e
+        if self.speculative_config is not None and self.kv_groups == "auto":
+            raise InvalidConfig("speculative_config is not supported with kv_groups 'auto' yet: use 'single'")
         if self.preemption_mode == "swap" and self.num_host_blocks == 0:
             raise InvalidConfig("preemption_mode 'swap' needs num_host_blocks > 0 (the host pool it swaps into)")
         self._validate_parallel()

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from radix.blocks import cdiv
 from runtime.config import InvalidConfig, ServerArgs
+from runtime.model import spec_verify
 from runtime.model.cpu_features import resolve_dtype
 from runtime.model.grammar import GrammarCache, GrammarState
 from runtime.model.hybrid_kv import HybridKVCache, hybrid_layout
@@ -50,10 +52,12 @@ class StepSeqs(NamedTuple):
 
 
 class Sampled(NamedTuple):
-    """One sequence's draw: the sampled token id and its logprobs (None: not asked)."""
+    """One sequence's draw: the sampled token id and its logprobs (None: not asked); after a speculative draft, the
+    draft tokens accepted before it (runtime/model/spec_verify.py; None: no draft)."""
 
     token_id: int
     logprobs: TokenLogprobs | None
+    accepted: list[int] | None = None
 
 
 class ModelRunner:
@@ -253,6 +257,9 @@ class ModelRunner:
         """Forward + sample seqs: seq_id -> Sampled of each sequence that samples. The prompt logprobs of the
         sequences that ask go to self.step_prompt_logprobs (a re-run writes the same entries again)."""
         inputs = self.prepare(seqs)
+        verify = spec_verify.logits_rows(seqs)
+        if verify is not None:  # every row of each draft: the verification draws one token per row
+            inputs.meta.logits_indices = torch.tensor(verify, dtype=torch.int64, device=self.device)
         plan = prompt_rows(seqs, self.seqs)
         if plan is not None:  # their rows' logits come after the sampled rows'
             meta = inputs.meta
@@ -260,7 +267,7 @@ class ModelRunner:
             meta.logits_indices = torch.cat([meta.logits_indices, plan.rows.to(meta.logits_indices.device)])
         logits = self.model(inputs.input_ids, inputs.meta, self.kv.layer_k, self.kv.layer_v)
         if plan is not None:
-            num_sampled = len(inputs.sample_seqs)
+            num_sampled = len(inputs.sample_seqs) if verify is None else len(verify)
             self.step_prompt_logprobs.update(prompt_logprobs(logits[num_sampled:], plan))
             logits = logits[:num_sampled]
         return self.sample(logits, inputs.sample_seqs)
@@ -278,6 +285,7 @@ class ModelRunner:
         for seq_id in failed:
             self.live.forget(seq_id)
         order = [seq_id for seq_id in order if seq_id not in failed]
+        accepted = self._roll_back_drafts(runnable, sampled, failed)
         token_ids = [sampled[seq_id].token_id for seq_id in order]
         self.penalties.record(order, token_ids)  # each sampled token once, whatever the isolation re-ran
         logprobs = [sampled[seq_id].logprobs for seq_id in order]
@@ -292,7 +300,22 @@ class ModelRunner:
             failed_seq_ids=list(failed),
             failed_errors=list(failed.values()),
             prompt_logprobs=prompt or None,
+            accepted_token_ids=accepted or None,
         )
+
+    def _roll_back_drafts(
+        self, runnable: list[ScheduledSeq], sampled: dict[int, Sampled], failed: dict[int, str]
+    ) -> dict[int, list[int]]:
+        """seq_id -> accepted draft tokens of each sequence that ran a draft and did not fail; each one's block
+        table is cut to the blocks of its computed tokens (start + 1 + accepted), as the scheduler cuts its own.
+        O(drafts)."""
+        accepted: dict[int, list[int]] = {}
+        for s in runnable:
+            if s.num_draft_tokens and s.seq_id in sampled and s.seq_id not in failed:
+                kept = sampled[s.seq_id].accepted or []
+                accepted[s.seq_id] = kept
+                self.live.truncate(s.seq_id, cdiv(s.start_pos + 1 + len(kept), self.block_size))
+        return accepted
 
     @torch.inference_mode()
     def apply_structure(self, batch: ForwardBatch) -> StepSeqs:
@@ -340,12 +363,21 @@ class ModelRunner:
         if not sample_seqs:
             return {}
         rows = []
+        seq_ids = []  # the sequence of each row (a draft's sequence has 1 + num_draft_tokens rows)
         for s in sample_seqs:
             state = self.seqs[s.seq_id]
-            token_index = s.start_pos + len(s.token_ids) - state.prompt_len
-            rows.append(SampleRequest(state.params, state.sample_index, token_index))
-        seq_ids = [s.seq_id for s in sample_seqs]
+            for token_index in spec_verify.row_token_indexes(s, state.prompt_len):
+                rows.append(SampleRequest(state.params, state.sample_index, token_index))
+                seq_ids.append(s.seq_id)
         out = self.sampler(logits, rows, self.penalties.rows(seq_ids), token_bitmask=self.grammars.rows(seq_ids))
         logprobs = out.logprobs or [None] * len(rows)
-        draws = zip(sample_seqs, out.token_ids, logprobs, strict=True)
-        return {s.seq_id: Sampled(token_id, lp) for s, token_id, lp in draws}
+        result = {}
+        row = 0
+        for s in sample_seqs:
+            if s.num_draft_tokens:
+                verified = spec_verify.accept(s, out.token_ids[row : row + s.num_draft_tokens + 1])
+                result[s.seq_id] = Sampled(verified.token, None, verified.accepted)
+            else:
+                result[s.seq_id] = Sampled(out.token_ids[row], logprobs[row])
+            row += s.num_draft_tokens + 1
+        return result

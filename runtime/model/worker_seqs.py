@@ -18,6 +18,7 @@ from runtime.model.grammar import GrammarState
 from runtime.model.models import AttentionMetadata
 from runtime.model.models.batch import BlockTableRows, step_metadata
 from runtime.model.penalties import PenaltyState
+from runtime.model.spec_verify import draft_problem
 from runtime.protocol import ScheduledSeq
 from runtime.sampling_params import SamplingParams
 
@@ -204,15 +205,23 @@ class WorkerSeqs:
         return None
 
     def check(self, s: ScheduledSeq) -> str | None:
-        """The problem of running s's tokens (s registered), if any: a context beyond max_model_len, or a block
-        table too short for it. O(1)."""
+        """The problem of running s's tokens (s registered), if any: a context beyond max_model_len, a block
+        table too short for it, or a draft it may not run (spec_verify.draft_problem). O(1)."""
         end = s.start_pos + len(s.token_ids)
         if end > self.max_model_len:
             return f"seq {s.seq_id}: context {end} exceeds max_model_len {self.max_model_len}"
-        table = self.seqs[s.seq_id].block_table
+        state = self.seqs[s.seq_id]
+        table = state.block_table
         if len(table) * self.block_size < end:
             return f"seq {s.seq_id}: {len(table)} blocks of {self.block_size} cannot hold {end} tokens"
-        return None
+        return draft_problem(s, state.params)
+
+    def truncate(self, seq_id: int, num_blocks: int) -> None:
+        """Cut seq_id's block table (and its row) to its first num_blocks entries: speculative decoding's rollback,
+        the scheduler's KVCacheManager.release_uncomputed by the same rule. O(width)."""
+        state = self.seqs[seq_id]
+        del state.block_table[num_blocks:]
+        self.block_tables.truncate(state.row, num_blocks)
 
     def prepare(self, seqs: list[ScheduledSeq]) -> StepInputs:
         """Flatten seqs (each registered and checked, none empty) into the model's inputs.

@@ -37,6 +37,8 @@ class ScheduledSeq(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     new_window_block_ids: with a sliding-window KV cache group (Ready.num_window_blocks > 0), that group's block ids
         appended since the previous step, aligned with new_block_ids (a new sequence: its whole window table, 0 before
         its window); None (one nil byte) with one group.
+    num_draft_tokens: speculative decoding (runtime/scheduler/speculation.py): the last num_draft_tokens of token_ids
+        are a draft (then sample is True) the worker verifies (runtime/model/spec_verify.py); 0: no draft.
     """
 
     seq_id: int
@@ -50,6 +52,7 @@ class ScheduledSeq(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     penalty_token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
     new_window_block_ids: list[int] | None = None
+    num_draft_tokens: int = 0
 
 
 class ForwardBatch(msgspec.Struct, tag="forward_batch", forbid_unknown_fields=True):
@@ -122,6 +125,9 @@ class ForwardResult(msgspec.Struct, tag="forward_result", forbid_unknown_fields=
     failed_seq_ids / failed_errors: the sequences the worker could not run this step (an invalid delta, or a forward
         or draw that raised with them alone in the batch) and one "ExceptionType: message" each, aligned; the
         scheduler fails their requests, every other sequence of the step has its result above.
+    accepted_token_ids: seq_id -> the draft tokens the verification accepted (maybe []), for each sequence of
+        seq_ids that ran a draft: they come before its token_ids entry (runtime/model/spec_verify.py); None when no
+        sequence of the step ran one.
     error: set (and nothing sampled) when the step failed as a whole (its drops, swaps or copies could not be
         applied); the scheduler fails the batch's requests.
     """
@@ -135,6 +141,7 @@ class ForwardResult(msgspec.Struct, tag="forward_result", forbid_unknown_fields=
     failed_seq_ids: list[int] = []
     failed_errors: list[str] = []
     prompt_logprobs: dict[int, PromptLogprobs] | None = None
+    accepted_token_ids: dict[int, list[int]] | None = None
 
 
 class Ready(msgspec.Struct, tag="ready", forbid_unknown_fields=True):

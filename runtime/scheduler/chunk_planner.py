@@ -1,7 +1,8 @@
 """ChunkPlanner: one sequence's next chunk in a step. It reserves the chunk's blocks (preempting another sequence when
 none can be freed), decides the copy-on-write copies and the block table delta the worker needs, and adds the chunk
-to the StepPlan. A decode is 1 token; a prompt longer than chunked_prefill_size is split into chunks (chunked
-prefill, Agrawal et al. 2023, "SARATHI"). Pure Python (no torch)."""
+to the StepPlan. A decode is 1 token, plus a speculative draft when one is proposed (runtime/scheduler/speculation.py);
+a prompt longer than chunked_prefill_size is split into chunks (chunked prefill, Agrawal et al. 2023, "SARATHI").
+Pure Python (no torch)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from runtime.scheduler.kv_groups import take_window_copies, window_delta
 from runtime.scheduler.parallel_samples import ParallelSamples
 from runtime.scheduler.preemption import Preemption
 from runtime.scheduler.request import SchedulerSeq
+from runtime.scheduler.speculation import Speculation
 from runtime.scheduler.stats import SchedulerCounters
 from runtime.scheduler.step_plan import StepPlan
 
@@ -25,6 +27,7 @@ class ChunkPlanner:
         samples: forks the children of an n > 1 parent whose prompt[:-1] is computed.
         drops: the seq ids the next ForwardBatch drops from the worker (a sequence to re-register joins them).
         counters: the Scheduler's counters (prefill_tokens_computed).
+        speculation: proposes a decode's draft (runtime/scheduler/speculation.py; off: always empty).
     """
 
     def __init__(
@@ -35,8 +38,10 @@ class ChunkPlanner:
         samples: ParallelSamples,
         drops: list[int],
         counters: SchedulerCounters,
+        speculation: Speculation,
     ) -> None:
         self._manager = manager
+        self._speculation = speculation
         self._chunked_prefill_size = chunked_prefill_size
         self._preemption = preemption
         self._samples = samples
@@ -57,8 +62,10 @@ class ChunkPlanner:
             return
         remaining = seq.target - computed
         is_decode = remaining == 1 and seq.num_output > 0
+        draft: list[int] = []
         if is_decode:
-            chunk = 1
+            draft = self._speculation.propose(seq)
+            chunk = 1 + len(draft)
         else:
             chunk = min(remaining, self._chunked_prefill_size, step.prefill_budget)
         if chunk <= 0:
@@ -70,6 +77,10 @@ class ChunkPlanner:
                     break
                 except NoFreeBlocksError:
                     pass
+            if draft:  # no room for the draft's slots: a plain decode (a draft never preempts anyone)
+                draft = []
+                chunk = 1
+                continue
             if not may_preempt or not self._preemption.make_room(seq, step):
                 return  # seq was the victim or finished, or may not preempt: not planned this step
         window_copies = take_window_copies(self._manager)
@@ -83,9 +94,9 @@ class ChunkPlanner:
             new_blocks = table[seq.sent_blocks :]
         else:
             new_blocks = list(table)
-        sample = not seq.prefill_only and computed + chunk == len(seq.token_ids)
+        sample = not seq.prefill_only and computed + chunk - len(draft) == len(seq.token_ids)
         window = window_delta(self._manager, seq.seq_id, seq.sent_blocks, not seq.in_worker)
-        step.add(seq, computed, chunk, new_blocks, sample, not seq.in_worker, is_decode, window)
+        step.add(seq, computed, chunk, new_blocks, sample, not seq.in_worker, is_decode, window, draft)
         seq.in_worker = True
         seq.sent_blocks = len(table)
         if not is_decode:

@@ -18,6 +18,7 @@ The Scheduler coordinates a step; its parts do the work, each given what it need
   finish.py           Finisher: sampled tokens, finishing, the TokenOutput deltas and RequestFailures
   parallel_samples.py ParallelSamples: n > 1 completions forked from one prefill
   beam_search.py      BeamSearch: beam steps and forks (beam_scores.py: candidates, scores, final outputs)
+  speculation.py      Speculation: speculative decoding's drafts (ngram.py) and the verified tokens
 The queues (running, waiting, swapped), the drops list and the counters are the Scheduler's; the parts share them.
 """
 
@@ -42,9 +43,11 @@ from runtime.scheduler.parallel_samples import ParallelSamples
 from runtime.scheduler.preemption import Preemption
 from runtime.scheduler.registry import SequenceRegistry
 from runtime.scheduler.request import RequestFailure, RequestRejected, RequestState, SchedulerSeq, SeqStatus
+from runtime.scheduler.speculation import Speculation
 from runtime.scheduler.stats import SchedulerCounters, scheduler_stats
 from runtime.scheduler.step_plan import InflightChunk, StepPlan
 from runtime.scheduler.waiting_queue import WaitingQueue
+from runtime.speculative import parse_speculative_config
 from runtime.structured_outputs import GRAMMAR_PENDING
 
 _ADMISSION_ORDER = attrgetter("admitted_at")
@@ -56,7 +59,7 @@ class Scheduler:
     Args:
         manager: the KV block manager (sized from the worker's Ready).
         args: ServerArgs (max_running_requests, max_prefill_tokens, chunked_prefill_size, schedule_policy,
-            preemption_mode, enable_prefix_caching).
+            preemption_mode, enable_prefix_caching, speculative_config).
         max_model_len: context limit in tokens.
         eos_token_ids: ids that end a completion unless ignore_eos.
         lpm_starvation_steps: under lpm, a sequence that has waited this many steps is admitted in fcfs order first.
@@ -119,8 +122,17 @@ class Scheduler:
             self.counters,
             self._finisher,
         )
+        self.speculation = Speculation(
+            parse_speculative_config(args.speculative_config), manager, self._finisher, max_model_len
+        )
         self._planner = ChunkPlanner(
-            manager, args.chunked_prefill_size, self._preemption, self._samples, self._drops, self.counters
+            manager,
+            args.chunked_prefill_size,
+            self._preemption,
+            self._samples,
+            self._drops,
+            self.counters,
+            self.speculation,
         )
         self._admission = Admission(
             manager, args, self.waiting, self.running, self._planner, self.counters, clock, lpm_starvation_steps
@@ -218,6 +230,7 @@ class Scheduler:
         step = StepPlan(self._step_id, self.args.max_prefill_tokens)
         forks = self.beam.take_forks()
         preempted_before = self.counters.num_preemptions
+        self.speculation.begin_step(len(self.running))
         for seq in sorted(self.running, key=_ADMISSION_ORDER):
             if seq.status == SeqStatus.RUNNING:
                 self._planner.plan(seq, step, may_preempt=True)
@@ -258,9 +271,13 @@ class Scheduler:
         sampled = dict(zip(result.seq_ids, result.token_ids, strict=True))
         logprobs = dict(zip(result.seq_ids, result.logprobs, strict=True)) if result.logprobs else {}
         self.counters.forward_tokens += result.num_forward_tokens
-        for seq, start, num_tokens, sample in self._inflight:
+        accepted = result.accepted_token_ids or {}
+        for seq, start, num_tokens, sample, draft in self._inflight:
             if seq.status != SeqStatus.RUNNING:
                 continue  # aborted or stopped while the step ran
+            if draft:  # a verified speculative decode (it samples, never a beam)
+                self.speculation.on_verified(seq, start, draft, accepted.get(seq.seq_id, []), sampled[seq.seq_id])
+                continue
             self.manager.commit_computed(seq.seq_id, start + num_tokens)
             if result.prompt_logprobs and seq.seq_id in result.prompt_logprobs:
                 self._finisher.on_prompt_logprobs(seq, result.prompt_logprobs[seq.seq_id])
@@ -290,4 +307,6 @@ class Scheduler:
         tokens_per_s is 0.0 (no interval here; the scheduler process fills it in). O(sequences)."""
         manager = self.manager
         queues = (len(self.running), len(self.waiting), len(self.swapped))
-        return scheduler_stats(self.counters, manager.stats(), *queues, window_stats(manager))
+        return scheduler_stats(
+            self.counters, manager.stats(), *queues, window_stats(manager), self.speculation.counters
+        )

@@ -4,7 +4,7 @@ built from those totals, the queue lengths and the KV manager's KVStats. Pure Py
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radix.hybrid_manager import WindowGroupStats
 from radix.stats import KVStats
@@ -35,6 +35,18 @@ class SchedulerCounters:
         self.host_cached_tokens += host_cached_tokens
 
 
+@dataclass
+class SpecCounters:
+    """vLLM's spec decode counters, totals since start: num_drafts (verify steps of one sequence with a draft),
+    num_draft_tokens (tokens proposed), num_accepted_tokens (draft tokens the target accepted), accepted_per_pos
+    (position i: drafts whose token i was accepted; length num_speculative_tokens)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+
 def scheduler_stats(
     counters: SchedulerCounters,
     kv: KVStats,
@@ -42,10 +54,12 @@ def scheduler_stats(
     num_waiting: int,
     num_swapped: int,
     window: WindowGroupStats | None = None,
+    spec: SpecCounters | None = None,
 ) -> ServerStats:
     """ServerStats from the counters, the queue lengths (sequences), kv (blocks exclude the null block, so
-    num_blocks = kv.total_blocks + 1) and the sliding-window group's counters (None: one group). tokens_per_s is
-    left 0.0: a rate needs an interval, which the caller keeps. Pure; O(fields)."""
+    num_blocks = kv.total_blocks + 1), the sliding-window group's counters (None: one group) and spec (speculative
+    decoding's counters, the spec_decode_* fields). tokens_per_s is left 0.0: a rate needs an interval, which the
+    caller keeps. Pure; O(fields)."""
     c = counters
     if window is not None:
         groups = {
@@ -77,6 +91,10 @@ def scheduler_stats(
         num_host_cached_blocks=kv.host_cached_blocks,
         num_written_back_blocks=kv.written_back_blocks,
         num_loaded_back_blocks=kv.loaded_back_blocks,
+        spec_decode_num_drafts=spec.num_drafts if spec else 0,
+        spec_decode_num_draft_tokens=spec.num_draft_tokens if spec else 0,
+        spec_decode_num_accepted_tokens=spec.num_accepted_tokens if spec else 0,
+        spec_decode_num_accepted_tokens_per_pos=list(spec.accepted_per_pos) if spec else [],
         **dataclasses.asdict(c),
         **groups,
     )

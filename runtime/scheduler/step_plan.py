@@ -20,12 +20,14 @@ class ForkDeltas(NamedTuple):
 
 class InflightChunk(NamedTuple):
     """Tokens [start, start + num_tokens) of seq, computed by the step in flight. sample: the chunk reaches the end
-    of seq's known tokens, so the step samples its next token."""
+    of seq's known tokens, so the step samples its next token. draft: a decode's speculative draft (its last
+    len(draft) tokens, not yet seq's: runtime/scheduler/speculation.py), else empty."""
 
     seq: SchedulerSeq
     start: int
     num_tokens: int
     sample: bool
+    draft: list[int]
 
 
 @dataclass(eq=False)
@@ -54,17 +56,20 @@ class StepPlan:
         first: bool,
         is_decode: bool,
         new_window_block_ids: list[int] | None = None,
+        draft: list[int] | None = None,
     ) -> None:
         """Schedule tokens [start, start + num_tokens) of seq. first: seq is new to the worker, so the entry carries
         its SamplingParams, prompt length, sample index, (with penalties) penalty_token_ids and (with
         prompt_logprobs) the prompt. A chunk that is not a
-        decode spends prefill_budget. Mutates seqs, inflight and prefill_budget only; O(num_tokens +
+        decode spends prefill_budget. draft: a decode's speculative draft, run after its one token (num_tokens
+        counts it). Mutates seqs, inflight and prefill_budget only; O(num_tokens +
         len(new_block_ids)), plus O(prompt + output) for a first entry with penalties."""
         req = seq.req
+        draft = draft or []
         self.seqs.append(
             ScheduledSeq(
                 seq.seq_id,
-                seq.token_ids[start : start + num_tokens],
+                seq.token_ids[start : start + num_tokens - len(draft)] + draft,
                 start,
                 new_block_ids,
                 sample,
@@ -74,9 +79,10 @@ class StepPlan:
                 seq.penalty_token_ids() if first else None,
                 req.prompt_ids if first and req.params.prompt_logprobs is not None else None,
                 new_window_block_ids,
+                len(draft),
             )
         )
-        self.inflight.append(InflightChunk(seq, start, num_tokens, sample))
+        self.inflight.append(InflightChunk(seq, start, num_tokens, sample, draft))
         if not is_decode:
             self.prefill_budget -= num_tokens
 

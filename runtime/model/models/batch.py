@@ -77,6 +77,12 @@ class BlockTableRows:
         self.table[row, start:end] = torch.tensor(block_ids, dtype=torch.int32)
         self._lens[row] = end
 
+    def truncate(self, row: int, num_blocks: int) -> None:
+        """Keep the first num_blocks entries of row (a live row), the rest back to the null block. O(width)."""
+        if num_blocks < self._lens[row]:
+            self.table[row, num_blocks:].zero_()
+            self._lens[row] = num_blocks
+
     def free(self, row: int) -> None:
         """Release row for reuse: zeroed, so its padding stays the null block. O(width)."""
         self.table[row].zero_()

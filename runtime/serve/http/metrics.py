@@ -5,7 +5,9 @@ Every series is under the `radixserve:` prefix with a `model_name` label (the se
 - The backend's ServerStats, fetched by the app when /metrics is scraped (never a cached snapshot) and passed to
   render(): the counters prefix_cache_queries_total / prefix_cache_hits_total (prompt tokens looked up in / found in
   the radix cache, each request counted once, at its first admission), prompt_tokens_total, generation_tokens_total
-  (sampled completion tokens, stop-string trimming not subtracted), num_preemptions_total, evicted_blocks_total, and
+  (sampled completion tokens, stop-string trimming not subtracted), num_preemptions_total, evicted_blocks_total,
+  speculative decoding's spec_decode_num_drafts_total / _num_draft_tokens_total / _num_accepted_tokens_total and
+  spec_decode_num_accepted_tokens_per_pos_total{position} (vLLM's names; 0 and no position when it is off), and
   the gauges num_requests_running / num_requests_waiting (sequences: a request with n > 1 counts n),
   kv_cache_usage_perc (used KV blocks / usable blocks, 0..1, as vLLM's) and cached_blocks (blocks in the radix
   tree). A prometheus Counter cannot be set, so these come from a custom collector that reads the stats given to
@@ -140,6 +142,9 @@ COUNTERS = (
         "num_window_evicted_blocks",
         "Cached sliding-window KV blocks evicted to make room (0 with one KV cache group).",
     ),
+    ("spec_decode_num_drafts", "spec_decode_num_drafts", "Speculative drafts verified (one per sequence and step)."),
+    ("spec_decode_num_draft_tokens", "spec_decode_num_draft_tokens", "Speculative draft tokens proposed."),
+    ("spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens", "Speculative draft tokens accepted."),
 )
 GAUGES = (
     ("num_requests_running", "num_running", "Sequences in the running batch."),
@@ -236,6 +241,7 @@ class HttpMetrics:
                 counter = CounterMetricFamily(PREFIX + name, help, labels=["model_name"])
                 counter.add_metric(labels, getattr(s, field))
                 yield counter
+            yield _accepted_per_pos(s, labels)
             for name, field, help in GAUGES:
                 gauge = GaugeMetricFamily(PREFIX + name, help, labels=["model_name"])
                 gauge.add_metric(labels, getattr(s, field))
@@ -250,6 +256,18 @@ class HttpMetrics:
         yield success
         for hist in (self.ttft, self.itl, self.e2e, self.queue):
             yield hist.family(self.model_name)
+
+
+def _accepted_per_pos(stats: ServerStats, labels: list[str]) -> CounterMetricFamily:
+    """spec_decode_num_accepted_tokens_per_pos_total{position}: drafts whose token at position (0-based) stood."""
+    family = CounterMetricFamily(
+        PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+        "Speculative drafts whose token at this position was accepted.",
+        labels=["model_name", "position"],
+    )
+    for position, count in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
+        family.add_metric([*labels, str(position)], count)
+    return family
 
 
 class _Collector:

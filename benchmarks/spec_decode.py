@@ -1,0 +1,245 @@
+"""Speculative decoding (n-gram prompt lookup) against plain decoding, in-process Engine, embedded SmolLM2, this CPU.
+
+Two multi-turn workloads, the same turns for every setting:
+- chat: the multi-turn chat workload's conversations (benchmarks/chat/workload.py: a shared system prompt, background
+  text and a question per user turn), the model's own replies kept in the history;
+- copy: a user pastes a piece of code or text and asks for it back with a small edit, then (next turn) for the
+  result again with another edit: the case prompt lookup is for.
+Each setting (off; ngram with --speculative-config) runs each workload single-stream (--conversations conversations,
+one at a time) and at concurrency 8 (8 conversations, each turn submitted together). Greedy decoding, so every
+setting must produce the same tokens (same_outputs records the check).
+
+Per run: decode_tok_s = tokens produced by decode steps (steps whose every sequence decodes: one token, or one
+token and a draft) / the seconds those steps took (the runner's execute, wall clock); e2e_tok_s = completion tokens
+/ the run's wall clock (prefill included); acceptance_rate = accepted / draft tokens; mean_accepted_length =
+1 + accepted / drafts (vLLM's mean acceptance length: tokens per verify step of a drafting sequence);
+ratio_vs_off: decode_tok_s over the off setting's, same workload and concurrency; decode_tok_per_cpu_s and
+cpu_ratio_vs_off: the same with this process's CPU seconds (less disturbed by other jobs on a shared machine). machine:
+runtime.model.cpu_features.machine_facts(). A shared machine disturbs the figures: compare rows of one run.
+
+    .venv/bin/python -m benchmarks.spec_decode              # SmolLM2, 2 conversations x 2 turns, 80 tokens per turn
+    .venv/bin/python -m benchmarks.spec_decode --smoke      # seconds: writes nothing unless --out is given
+    .venv/bin/python -m benchmarks.spec_decode --speculative-config '{"method": "ngram", ...}'
+Targets (issue 26): copy single-stream decode >= 2x off; chat at concurrency 8 never below 0.95x off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.chat.workload import build_workload
+from benchmarks.cli import apply_preset, write_result
+from runtime.engine import Engine
+from runtime.model.cpu_features import machine_facts
+from runtime.model.loader import load_tokenizer
+from runtime.protocol import ForwardBatch, ForwardResult, ServerStats
+from runtime.sampling_params import SamplingParams
+
+RESULTS = Path(__file__).parent / "results" / "spec_decode.json"
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+SNIPPETS = [
+    (
+        "def moving_average(values, window):\n    if window <= 0:\n"
+        "        raise ValueError('window must be positive')\n    sums = [0]\n"
+        "    for v in values:\n        sums.append(sums[-1] + v)\n"
+        "    return [(sums[i + window] - sums[i]) / window for i in range(len(values) - window + 1)]\n",
+        "rename the function moving_average to rolling_mean",
+        "change the error message to 'the window must be at least 1'",
+    ),
+    (
+        "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+        "        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n\n"
+        "    def is_empty(self):\n        return len(self.items) == 0\n",
+        "rename the class Stack to LifoStack",
+        "rename the method is_empty to empty",
+    ),
+    (
+        "Dear members, the library will be closed on Monday for maintenance of the heating system. "
+        "Books due that day may be returned on Tuesday without a fine. The reading room reopens on Wednesday "
+        "morning at nine, and the children's story hour moves to Thursday at eleven.\n",
+        "replace Monday with Friday",
+        "replace the story hour's day with Saturday",
+    ),
+]
+
+
+def copy_turns(conversations: int) -> list[list[str]]:
+    """User turns of the copy workload: conversation c pastes snippet c % 3 and asks for it back edited, then asks
+    for the whole result again with a second edit."""
+    out = []
+    for c in range(conversations):
+        text, edit1, edit2 = SNIPPETS[c % len(SNIPPETS)]
+        out.append(
+            [
+                f"Here is my text:\n\n{text}\nGive it back in full, unchanged except: {edit1}. "
+                "Reply with the text only.",
+                f"Thanks. Now give the whole text back once more, with one more change: {edit2}.",
+            ]
+        )
+    return out
+
+
+class StepClock:
+    """Wraps engine.runner.execute: wall and CPU seconds (this process, every thread) and tokens of the decode
+    steps (every sequence decodes)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.decode_s = 0.0
+        self.decode_cpu_s = 0.0
+        self.decode_tokens = 0
+        self._execute = engine.runner.execute
+        engine.runner.execute = self._timed  # type: ignore[method-assign]
+
+    def unwrap(self):
+        """The execute it wraps (to put back)."""
+        return self._execute
+
+    def _timed(self, batch: ForwardBatch) -> ForwardResult:
+        start = time.perf_counter()
+        cpu = time.process_time()
+        result = self._execute(batch)
+        elapsed = time.perf_counter() - start
+        if batch.seqs and all(len(s.token_ids) - s.num_draft_tokens == 1 for s in batch.seqs):
+            self.decode_s += elapsed
+            self.decode_cpu_s += time.process_time() - cpu
+            accepted = result.accepted_token_ids or {}
+            self.decode_tokens += len(result.seq_ids) + sum(len(a) for a in accepted.values())
+        return result
+
+
+def run_workload(
+    engine: Engine, turns: list[list[str]], system: str | None, concurrency: int, max_tokens: int, salt: str
+):
+    """Runs the conversations in groups of `concurrency`, each turn of a group submitted together, under cache_salt
+    salt (so no run hits another's cached blocks); returns (every reply's token ids in conversation order,
+    completion tokens, wall seconds)."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    replies: list[list[int]] = []
+    tokens = 0
+    start = time.perf_counter()
+    for lo in range(0, len(turns), concurrency):
+        group = turns[lo : lo + concurrency]
+        histories: list[list[dict[str, str]]] = [
+            [{"role": "system", "content": system}] if system else [] for _ in group
+        ]
+        for t in range(len(group[0])):
+            for history, conv in zip(histories, group, strict=True):
+                history.append({"role": "user", "content": conv[t]})
+            outs = engine.generate(messages=histories, sampling_params=params, cache_salt=salt)
+            for history, out in zip(histories, outs, strict=True):
+                history.append({"role": "assistant", "content": out.text})
+                replies.append(out.token_ids)
+                tokens += len(out.token_ids)
+    return replies, tokens, time.perf_counter() - start
+
+
+def run_setting(args: argparse.Namespace, name: str, spec: dict[str, Any] | None, workloads: dict) -> list[dict]:
+    """One Engine per setting; a row per (workload, concurrency)."""
+    kw: dict[str, Any] = {"dtype": args.dtype}
+    if spec is not None:
+        kw["speculative_config"] = json.dumps(spec)
+    engine = Engine(model=args.model, **kw)
+    rows = []
+    for wl_name, (turns, system) in workloads.items():
+        for concurrency in args.concurrency:
+            clock = StepClock(engine)
+            before = engine.stats()
+            convs = turns[: max(args.conversations, concurrency)]
+            salt = f"{wl_name}-{concurrency}"
+            replies, tokens, wall = run_workload(engine, convs, system, concurrency, args.max_tokens, salt)
+            engine.runner.execute = clock.unwrap()  # type: ignore[method-assign]
+            row = {"setting": name, "workload": wl_name, "concurrency": concurrency, "completion_tokens": tokens}
+            row["decode_tok_s"] = round(clock.decode_tokens / clock.decode_s, 2) if clock.decode_s else 0.0
+            row["decode_tok_per_cpu_s"] = (
+                round(clock.decode_tokens / clock.decode_cpu_s, 2) if clock.decode_cpu_s else 0.0
+            )
+            row["e2e_tok_s"] = round(tokens / wall, 2)
+            row.update(spec_counts(before, engine.stats()))
+            row["replies"] = replies
+            rows.append(row)
+            logging.info("%s", {k: v for k, v in row.items() if k != "replies"})
+    return rows
+
+
+def spec_counts(before: ServerStats, after: ServerStats) -> dict[str, Any]:
+    """The spec_decode counters of one run (after - before), its acceptance rate and mean accepted length."""
+    drafts = after.spec_decode_num_drafts - before.spec_decode_num_drafts
+    proposed = after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
+    accepted = after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+    per_pos = before.spec_decode_num_accepted_tokens_per_pos or [0] * len(after.spec_decode_num_accepted_tokens_per_pos)
+    return {
+        "num_drafts": drafts,
+        "num_draft_tokens": proposed,
+        "num_accepted_tokens": accepted,
+        "accepted_per_pos": [
+            a - b for a, b in zip(after.spec_decode_num_accepted_tokens_per_pos, per_pos, strict=True)
+        ],
+        "acceptance_rate": round(accepted / proposed, 3) if proposed else 0.0,
+        "mean_accepted_length": round(1 + accepted / drafts, 3) if drafts else 1.0,
+    }
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """Adds ratio_vs_off and same_outputs to each row (against the off row of its workload and concurrency) and
+    drops the replies."""
+    off = {(r["workload"], r["concurrency"]): r for r in rows if r["setting"] == "off"}
+    out = []
+    for r in rows:
+        base = off.get((r["workload"], r["concurrency"]))
+        row = {k: v for k, v in r.items() if k != "replies"}
+        if base is not None:
+            row["ratio_vs_off"] = round(r["decode_tok_s"] / base["decode_tok_s"], 3) if base["decode_tok_s"] else 0.0
+            row["e2e_ratio_vs_off"] = round(r["e2e_tok_s"] / base["e2e_tok_s"], 3) if base["e2e_tok_s"] else 0.0
+            cpu_base = base["decode_tok_per_cpu_s"]
+            row["cpu_ratio_vs_off"] = round(r["decode_tok_per_cpu_s"] / cpu_base, 3) if cpu_base else 0.0
+            row["same_outputs"] = r["replies"] == base["replies"]
+        out.append(row)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--conversations", type=int, default=2)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--max-tokens", type=int, default=80)
+    p.add_argument("--speculative-config", default=json.dumps(NGRAM), help="the ngram setting's JSON")
+    p.add_argument("--smoke", action="store_true", help="seconds: 1 conversation, 8 tokens, concurrency 1 and 2")
+    p.add_argument("--out", type=Path, default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.smoke:
+        apply_preset(parser, args, {"conversations": 2, "max_tokens": 8, "concurrency": [1, 2]})
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    tokenizer = load_tokenizer(args.model)
+    chat = build_workload(tokenizer, max(args.conversations, max(args.concurrency)), 2, 256, 48, 96, seed=0)
+    n = max(args.conversations, max(args.concurrency))
+    workloads = {"chat": (chat.user_turns, chat.system_prompt), "copy": (copy_turns(n), None)}
+    rows = run_setting(args, "off", None, workloads)
+    rows += run_setting(args, "ngram", json.loads(args.speculative_config), workloads)
+    result = {
+        "benchmark": "spec_decode",
+        "model": args.model,
+        "dtype": args.dtype,
+        "max_tokens": args.max_tokens,
+        "conversations": n,
+        "speculative_config": json.loads(args.speculative_config),
+        "machine": machine_facts(),
+        "rows": summarise(rows),
+    }
+    write_result(result, args.out, args.smoke, RESULTS)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Verification of speculative drafts in the worker: one forward over each sequence's last token and its draft
+d_1..d_k (an extend on its own paged blocks), then the rows' draws decide how much of the draft stands.
+
+The rule is the rejection sampling of Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative
+Decoding", sec. 2.3) and Chen et al. 2023 ("Accelerating Large Language Model Decoding with Speculative Sampling",
+alg. 2) for a draft that is a point mass q = 1[x = d_j] (prompt lookup proposes tokens, not distributions):
+
+    accept d_j with probability min(1, p_j(d_j) / q(d_j)) = p_j(d_j); on rejection draw from norm(max(0, p_j - q)),
+    which is p_j with d_j removed and renormalised; after k acceptances draw a bonus token from p_{k+1}.
+
+Row j draws x_j from the target p_j exactly as plain decoding draws that token (every sampling option applied by the
+Sampler, its uniform from the same seed and completion-token index), and the draft stands while x_j == d_j. That is
+the rule above: P(x_j = d_j) = p_j(d_j), and x_j given x_j != d_j is distributed as norm(max(0, p_j - q)); the first
+x_j that differs (or x_k after the last draft) is the extra token. So a seeded request samples exactly the tokens
+plain decoding samples, and a greedy row accepts the longest prefix of the draft equal to its argmaxes.
+Only sequences whose target distribution is the Sampler's alone run a draft (no penalties, structured outputs,
+logprobs or beam search: WorkerSeqs.check refuses the rest).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from runtime.protocol import ScheduledSeq
+from runtime.sampling_params import SamplingParams
+
+
+class Verified(NamedTuple):
+    """One sequence's verified draft: accepted (the draft's longest prefix that stands, maybe empty) and token (the
+    token drawn after it)."""
+
+    accepted: list[int]
+    token: int
+
+
+def logits_rows(seqs: list[ScheduledSeq]) -> list[int] | None:
+    """The rows of the flat token batch of seqs whose logits the step needs when some sequence runs a draft: for
+    each sequence that samples, in batch order, its last 1 + num_draft_tokens rows (the last token before the draft
+    and each draft token); None when no sequence runs a draft (the last row of each sampling sequence then). O(rows)."""
+    if not any(s.num_draft_tokens for s in seqs):
+        return None
+    rows: list[int] = []
+    end = 0
+    for s in seqs:
+        end += len(s.token_ids)
+        if s.sample:
+            rows.extend(range(end - 1 - s.num_draft_tokens, end))
+    return rows
+
+
+def draft_problem(s: ScheduledSeq, params: SamplingParams) -> str | None:
+    """Why s's draft cannot be verified, if it cannot: a draft on a step that does not sample or without a token
+    before it, or params whose target distribution is not the Sampler's alone (penalties, structured outputs,
+    logprobs, beam search). O(1)."""
+    k = s.num_draft_tokens
+    if k == 0:
+        return None
+    if k < 0 or not s.sample or k >= len(s.token_ids):
+        return f"seq {s.seq_id}: {k} draft tokens in a step of {len(s.token_ids)} tokens (sample={s.sample})"
+    if params.has_penalties or params.structured_outputs is not None or params.logprobs is not None:
+        return f"seq {s.seq_id}: a draft with penalties, structured_outputs or logprobs"
+    if params.use_beam_search:
+        return f"seq {s.seq_id}: a draft with beam search"
+    return None
+
+
+def row_token_indexes(s: ScheduledSeq, prompt_len: int) -> range:
+    """The completion-token index each of s's logits rows draws (1 + num_draft_tokens rows; the Sampler's seed
+    input): row j draws the token after position start_pos + len(token_ids) - 1 - num_draft_tokens + j."""
+    first = s.start_pos + len(s.token_ids) - s.num_draft_tokens - prompt_len
+    return range(first, first + s.num_draft_tokens + 1)
+
+
+def accept(s: ScheduledSeq, drawn: list[int]) -> Verified:
+    """The verification of s's draft from its rows' draws drawn (1 + num_draft_tokens token ids, in order): the
+    draft stands while drawn[j] equals draft token j; the first draw that differs, or the last, is the token.
+    O(num_draft_tokens)."""
+    k = s.num_draft_tokens
+    draft = s.token_ids[len(s.token_ids) - k :] if k else []
+    a = 0
+    while a < k and drawn[a] == draft[a]:
+        a += 1
+    return Verified(draft[:a], drawn[a])

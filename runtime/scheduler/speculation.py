@@ -1,0 +1,104 @@
+"""Speculation: the scheduler's side of speculative decoding (Leviathan et al. 2023, "Fast Inference from
+Transformers via Speculative Decoding"; Chen et al. 2023, "Accelerating Large Language Model Decoding with
+Speculative Sampling"). Pure Python (no torch).
+
+A decode step of a sequence with a draft d_1..d_k runs k + 1 tokens (its last sampled token, then the draft) as one
+extend over its own paged blocks; the worker verifies the draft (runtime/model/spec_verify.py) and returns the
+accepted prefix d_1..d_a and one more token. Here those tokens are appended one by one exactly as plain decoding
+appends its one token (EOS, stop ids, max_tokens and max_model_len cut inside the run), each accepted token's KV is
+committed (full blocks enter the radix tree), and the blocks past the computed tokens go back to the pool (the worker
+truncates its table copy by the same rule: cdiv(computed, block_size) blocks).
+
+Speculation is off per sequence for what the verify step does not cover (penalties, structured outputs, logprobs,
+beam search: the proposal is empty) and per step when at least disable_by_batch_size sequences run.
+"""
+
+from __future__ import annotations
+
+from radix.manager import KVCacheManager
+from runtime.scheduler.finish import Finisher
+from runtime.scheduler.ngram import NgramProposer, NoProposer
+from runtime.scheduler.request import SchedulerSeq, SeqStatus
+from runtime.scheduler.stats import SpecCounters
+from runtime.speculative import SpeculativeConfig
+
+
+def may_speculate(seq: SchedulerSeq) -> bool:
+    """Whether seq's params leave the target distribution to the verify step alone: no penalties, no structured
+    outputs (their state would have to advance inside the run), no logprobs (one entry per token), no beam search."""
+    params = seq.req.params
+    return not (
+        params.has_penalties
+        or params.structured_outputs is not None
+        or params.logprobs is not None
+        or params.use_beam_search
+        or seq.prefill_only
+    )
+
+
+class Speculation:
+    """Proposes drafts for decode steps and applies the worker's verification.
+
+    Args:
+        config: the parsed --speculative-config (None: off; every draft is empty).
+        manager: the KV block manager (commits and the rollback of rejected slots).
+        finisher: appends each token as plain decoding does (and finishes sequences).
+        max_model_len: context limit in tokens (a draft never runs past it).
+    Public state: counters (SpecCounters).
+    """
+
+    def __init__(
+        self, config: SpeculativeConfig | None, manager: KVCacheManager, finisher: Finisher, max_model_len: int
+    ) -> None:
+        self._manager = manager
+        self._finisher = finisher
+        self._max_model_len = max_model_len
+        self._proposer: NgramProposer | NoProposer = NoProposer()
+        self._k = 0
+        self._disable_at: int | None = None
+        if config is not None:
+            self._proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+            self._k = config.num_speculative_tokens
+            self._disable_at = config.disable_by_batch_size
+        self._active = False
+        self.counters = SpecCounters(accepted_per_pos=[0] * self._k)
+
+    def begin_step(self, num_running: int) -> None:
+        """Decide for the step about to be planned: drafts are proposed only while num_running is below
+        disable_by_batch_size (vLLM's rule: a large batch already fills the forward, verification then costs more
+        than it saves)."""
+        self._active = self._k > 0 and (self._disable_at is None or num_running < self._disable_at)
+
+    def propose(self, seq: SchedulerSeq) -> list[int]:
+        """The draft of a decode step of seq (maybe []): at most num_speculative_tokens, never past max_tokens
+        (plain decoding samples max_tokens - num_output more tokens, the last one unverified) nor max_model_len.
+        O(proposer)."""
+        if not self._active or not may_speculate(seq):
+            return []
+        room = min(self._k, seq.req.params.max_tokens - seq.num_output - 1, self._max_model_len - len(seq.token_ids))
+        return self._proposer.propose(seq.token_ids, room)
+
+    def on_verified(self, seq: SchedulerSeq, start: int, draft: list[int], accepted: list[int], token: int) -> None:
+        """Apply the verification of seq's step that ran tokens [start, start + 1 + len(draft)): accepted (a prefix
+        of draft) and then token are appended in order, each as plain decoding's one token (a finish inside the run
+        drops the rest); KV is committed through the last accepted token; if seq still runs, the blocks past its
+        computed tokens are released (manager.release_uncomputed) and seq.sent_blocks follows the table.
+        Raises ValueError when accepted is not a prefix of draft (a worker bug). O(len(draft) + blocks)."""
+        if accepted != draft[: len(accepted)]:
+            raise ValueError(f"seq {seq.seq_id}: accepted {accepted} is not a prefix of the draft {draft}")
+        c = self.counters
+        c.num_drafts += 1
+        c.num_draft_tokens += len(draft)
+        c.num_accepted_tokens += len(accepted)
+        for i in range(len(accepted)):
+            c.accepted_per_pos[i] += 1
+        self._manager.commit_computed(seq.seq_id, start + 1)
+        for i, tok in enumerate(accepted):
+            self._finisher.on_token(seq, tok, None)
+            if seq.status != SeqStatus.RUNNING:
+                return
+            self._manager.commit_computed(seq.seq_id, start + 2 + i)
+        self._finisher.on_token(seq, token, None)
+        if seq.status == SeqStatus.RUNNING:
+            self._manager.release_uncomputed(seq.seq_id)
+            seq.sent_blocks = len(self._manager.block_table(seq.seq_id))

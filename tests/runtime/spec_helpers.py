@@ -1,0 +1,36 @@
+"""Speculative decoding test helpers: a tiny random Llama that repeats itself (tied embeddings, small weights: its
+greedy output settles into runs of one token and returns to earlier tokens, so prompt lookup proposes drafts that
+are partly accepted and partly rejected), and the n-gram --speculative-config the tests use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3})
+# prompts whose greedy continuations on the loopy model mix accepted and rejected drafts
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 3, 4, 3, 4, 3], list(range(20, 45))]
+
+
+def save_loopy_llama(folder: Path, tokenizer) -> Path:
+    """Save the loopy tiny Llama (vocab 512, 2 layers, hidden 64, tied embeddings, init std 0.1) into folder."""
+    from transformers import LlamaConfig
+
+    from tests.conftest import _save_tiny
+
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        initializer_range=0.1,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    config.architectures = ["LlamaForCausalLM"]
+    return _save_tiny(folder, config, tokenizer, seed=3)
