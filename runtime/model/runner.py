@@ -11,6 +11,7 @@ penalties.py. The process loop around it is runtime/serve/worker_process.py.
 from __future__ import annotations
 
 import logging
+import time
 from typing import NamedTuple
 
 import torch
@@ -26,7 +27,7 @@ from runtime.model.penalties import PenaltyState
 from runtime.model.prompt_logprobs import prompt_logprobs, prompt_rows
 from runtime.model.quant_plan import QuantPlan
 from runtime.model.sampler import Sampler, SampleRequest
-from runtime.model.threads import set_cpu_threads
+from runtime.model.threads import thread_tuner
 from runtime.model.worker_seqs import StepInputs, WorkerSeq, WorkerSeqs
 from runtime.protocol import ForwardBatch, ForwardResult, PromptLogprobs, Ready, ScheduledSeq, TokenLogprobs
 from runtime.structured_outputs import GRAMMAR_PENDING, GRAMMAR_WAIT_S
@@ -75,8 +76,7 @@ class ModelRunner:
     def __init__(self, args: ServerArgs) -> None:
         self.args = args
         self.device = torch.device(args.device)
-        if self.device.type == "cpu":
-            set_cpu_threads()
+        self.threads = thread_tuner(self.device.type)  # sets torch's CPU threads; tunes them per step (threads.py)
         self.dtype = resolve_dtype(args.dtype, self.device)
         folder = resolve_model(args.model)
         cfg = load_config(folder)
@@ -194,7 +194,10 @@ class ModelRunner:
         self.step_prompt_logprobs = {}
         sampled: dict[int, Sampled] = {}
         if step.runnable:
+            self.threads.before_step()
+            start = time.perf_counter()
             run_isolated(step.runnable, self._run, sampled, failed)
+            self.threads.after_step(time.perf_counter() - start, sum(len(s.token_ids) for s in step.runnable))
         return self.finish_step(batch.step_id, step.runnable, sampled, failed)
 
     def _hold_pending_grammars(self, step: StepSeqs, failed: dict[int, str]) -> None:
