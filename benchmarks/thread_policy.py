@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 class Decoder:
     """The child's runner with `batch` prefilled sequences per batch size; step() runs one decode step of a group."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], dtype: str = "auto", quantization: str = "auto") -> None:
         from benchmarks.decode_throughput import make_prompts
         from radix.blocks import cdiv
         from runtime.config import ServerArgs
@@ -63,7 +63,9 @@ class Decoder:
         batches, context = spec["batches"], spec["context"]
         tokens = context + 2 * spec["reps"] * spec["steps"] * max(2, len(spec["threads"])) + 1
         per_seq = cdiv(tokens, 16)
-        self.runner = ModelRunner(ServerArgs(model=spec["model"], num_blocks=max(8, 1 + per_seq * sum(batches))))
+        blocks = max(8, 1 + per_seq * sum(batches))
+        args = ServerArgs(model=spec["model"], num_blocks=blocks, dtype=dtype, quantization=quantization)  # type: ignore[arg-type]
+        self.runner = ModelRunner(args)
         self.runner.threads.active = spec["tuned"]  # a fixed count is set by this benchmark, step by step
         greedy = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=tokens)
         self.last: dict[int, int] = {}
