@@ -9,7 +9,8 @@ other on the same sequence:
   to its part; per part, ms per layer per step = total / steps / layers. other = the layers' time less their parts
   (residual adds, views, the hooks' own cost); head = the final norm + lm_head; outside = the rest of the step
   (embedding, metadata, sampling). CPU ops are synchronous, so the wall clock of a call is its work.
-- profiled: torch.profiler (CPU) over the steps; the ops with the most self CPU time, per step: calls and ms.
+- profiled: torch.profiler (CPU) over the steps; the ops with the most self CPU time, per step: calls and ms; and
+  op_calls_per_step, every op the profiler saw (nested ones included) per step.
 
     .venv/bin/python -m benchmarks.layer_breakdown   # smollm2, context 512, 32 steps -> results/layer_breakdown.json
     .venv/bin/python -m benchmarks.layer_breakdown --smoke --model <tiny model folder>   # seconds; no file
@@ -96,7 +97,8 @@ def timed_parts(model: torch.nn.Module) -> Iterator[PartClock]:
     try:
         yield clock
     finally:
-        kernels.store_kv, kernels.paged_attention = saved
+        kernels.store_kv = saved[0]
+        kernels.paged_attention = saved[1]
         for handle in handles:
             handle.remove()
 
@@ -146,6 +148,7 @@ def measure(decoder: Any, steps: int) -> dict[str, Any]:
         "step_ms": round(statistics.median(plain) * 1e3, 3),
         "timed_step_ms": round(timed / steps * 1e3, 3),
         **per_layer(clock, steps, layers, timed / steps),
+        "op_calls_per_step": round(sum(e.count for e in prof.key_averages()) / steps, 1),
         "top_ops": top_ops(prof, steps),
     }
 
