@@ -1,8 +1,13 @@
 """The worker's thread policy (runtime/model/threads.py): the most threads, the OpenMP wait policy of the worker's
 environment, and the ThreadTuner's choices on a simulated machine whose second core another process takes and gives
-back (exact thread count per step)."""
+back (exact thread count per step), and that libgomp in the worker reads the wait policy the worker sets."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +22,8 @@ from runtime.model.threads import (
     thread_tuner,
     worker_omp_env,
 )
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_cpu_threads_default_frontend_core_and_override():
@@ -115,3 +122,22 @@ def test_tuner_stops_when_someone_else_sets_the_count_and_with_tune_false():
     single.threads = 1
     one = ThreadTuner(1, lambda: single.threads, single.set)
     assert single.run(one, busy=True, steps=40) == [1] * 40 and not one.active
+
+
+WORKER_START = """
+import os, sys
+from runtime.serve import worker_process
+assert "torch" not in sys.modules  # the worker sets its OpenMP environment before torch loads libgomp
+os.environ.update(worker_process.worker_omp_env(os.environ))
+import torch
+torch.ones(100000).sum()
+"""
+
+
+@pytest.mark.parametrize("user_env,want", [({}, "'PASSIVE'"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "'ACTIVE'")])
+def test_libgomp_reads_the_wait_policy_the_worker_sets(user_env, want):
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(user_env, OMP_DISPLAY_ENV="TRUE", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", WORKER_START], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"OMP_WAIT_POLICY = {want}" in done.stderr  # libgomp prints its settings at start-up
