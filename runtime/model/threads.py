@@ -24,6 +24,7 @@ No pinning (os.sched_setaffinity): a thread pinned to the core the other process
 from __future__ import annotations
 
 # torch is imported inside the functions that need it: worker_omp_env runs before torch loads (worker_process.py)
+import logging
 import os
 import statistics
 from collections.abc import Callable, Mapping
@@ -34,6 +35,7 @@ THREADS_ENV = "RADIXSERVE_THREADS"  # fixes the worker's torch intra-op threads:
 FRONTEND_CORE_FROM = 4  # from this many usable cores on, one is left to the frontend processes
 WAIT_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}  # the worker's OpenMP wait, unless its environment sets one (WAIT_KEYS)
 WAIT_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+logger = logging.getLogger(__name__)
 
 
 def worker_omp_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -162,6 +164,7 @@ class ThreadTuner:
             self.period = min(self.max_period, 2 * self.period)
         else:
             self.period = self.min_period
+            logger.info("torch threads %d -> %d (ms per token by count: %s)", self.count, best, _ms(medians))
         self.count = best
         self.reference = medians[best]
         self.since_probe = 0
@@ -179,3 +182,7 @@ def thread_tuner(device_type: str) -> ThreadTuner:
     most = set_cpu_threads()
     fixed = bool(os.environ.get(THREADS_ENV, "").strip())
     return ThreadTuner(most, torch.get_num_threads, torch.set_num_threads, tune=not fixed)
+
+
+def _ms(seconds: dict[int, float]) -> str:
+    return ", ".join(f"{c}: {s * 1e3:.2f}" for c, s in sorted(seconds.items()))
