@@ -66,7 +66,8 @@ class ModelRunner:
     it leaves with the sequence's entry in seqs), grammars (the GrammarState: one xgrammar matcher per live
     sequence with structured_outputs, advanced by the tokens sampled here; runtime/model/grammar/), k_cache /
     v_cache / host_k_cache / host_v_cache (kv's tensors),
-    model (called as model(input_ids, meta, k_cache, v_cache) at each run, so a wrapper assigned here is used).
+    model (called as model(input_ids, meta, k_cache, v_cache) at each run, so a wrapper assigned here is used),
+    threads (the ThreadTuner that sets torch's CPU threads before each step's forward: runtime/model/threads.py).
 
     Raises (at construction): runtime.model.loader.ModelLoadError subclasses; runtime.config.InvalidConfig (also for
     a KV pool of fewer than MIN_USABLE_BLOCKS usable blocks). Logs one warning when the pool holds fewer tokens than
