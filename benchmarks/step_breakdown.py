@@ -23,6 +23,8 @@ ipc) / step: what an overlap scheduler (SGLang's) could hide at most, the forwar
 
     .venv/bin/python -m benchmarks.step_breakdown          # batches 1 8 32, context 512, float32 and auto, 16 steps
     .venv/bin/python -m benchmarks.step_breakdown --smoke  # seconds; writes nothing unless --out is given
+    .venv/bin/python -m benchmarks.step_breakdown --per-layer   # adds "per_layer": benchmarks/layer_breakdown.py's
+        # single-stream split of the forward per layer (norm, qkv, rotary, store KV, attention, o, MLP) and its profile
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import msgspec
 import torch
 import zmq
 
+from benchmarks import layer_breakdown
 from benchmarks.cli import output_path
 from radix.blocks import cdiv
 from radix.manager import KVCacheManager
@@ -288,6 +291,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=16, help="timed decode steps per thread count")
     parser.add_argument("--penalty-batch", type=int, default=32, help="batch of the frequency_penalty rows (0: none)")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {RESULTS}; none in --smoke)")
+    parser.add_argument("--per-layer", action="store_true", help="add the single-stream per-layer split (last dtype)")
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if ns.smoke:
@@ -309,6 +313,9 @@ def main(argv: list[str] | None = None) -> dict:
         "parts": list(PARTS),
         "rows": rows,
     }
+    if ns.per_layer:
+        steps = ns.steps if ns.smoke else 2 * ns.steps
+        result["per_layer"] = layer_breakdown.run(ns.model, ns.context, steps, ns.dtypes[-1], "auto")
     text = json.dumps(result, indent=1)
     path = output_path(ns.out, ns.smoke, RESULTS)
     if path is not None:

@@ -11,6 +11,7 @@ penalties.py. The process loop around it is runtime/serve/worker_process.py.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -29,7 +30,7 @@ from runtime.model.penalties import PenaltyState
 from runtime.model.prompt_logprobs import prompt_logprobs, prompt_rows
 from runtime.model.quant_plan import QuantPlan
 from runtime.model.sampler import Sampler, SampleRequest
-from runtime.model.threads import set_cpu_threads
+from runtime.model.threads import thread_tuner
 from runtime.model.worker_seqs import StepInputs, WorkerSeq, WorkerSeqs
 from runtime.protocol import ForwardBatch, ForwardResult, PromptLogprobs, Ready, ScheduledSeq, TokenLogprobs
 from runtime.structured_outputs import GRAMMAR_PENDING, GRAMMAR_WAIT_S
@@ -74,7 +75,8 @@ class ModelRunner:
     it leaves with the sequence's entry in seqs), grammars (the GrammarState: one xgrammar matcher per live
     sequence with structured_outputs, advanced by the tokens sampled here; runtime/model/grammar/), k_cache /
     v_cache / host_k_cache / host_v_cache (kv's tensors),
-    model (called as model(input_ids, meta, k_cache, v_cache) at each run, so a wrapper assigned here is used).
+    model (called as model(input_ids, meta, k_cache, v_cache) at each run, so a wrapper assigned here is used),
+    threads (the ThreadTuner that sets torch's CPU threads before each step's forward: runtime/model/threads.py).
 
     group: this rank's tensor-parallel group (runtime/model/parallel/): the runner then holds the rank's slices of the
     model and its KV heads, with the block count every rank agreed on; every rank executes every batch alike and
@@ -89,8 +91,7 @@ class ModelRunner:
         self.args = args
         self.group = group
         self.device = torch.device(args.device)
-        if self.device.type == "cpu":
-            set_cpu_threads()
+        self.threads = thread_tuner(self.device.type)  # sets torch's CPU threads; tunes them per step (threads.py)
         self.dtype = resolve_dtype(args.dtype, self.device)
         folder = resolve_model(args.model)
         cfg = load_config(folder)
@@ -234,7 +235,10 @@ class ModelRunner:
         self.step_prompt_logprobs = {}
         sampled: dict[int, Sampled] = {}
         if step.runnable:
+            self.threads.before_step()
+            start = time.perf_counter()
             run_isolated(step.runnable, self._run, sampled, failed)
+            self.threads.after_step(time.perf_counter() - start, sum(len(s.token_ids) for s in step.runnable))
         return self.finish_step(batch.step_id, step.runnable, sampled, failed)
 
     def _hold_pending_grammars(self, step: StepSeqs, failed: dict[int, str]) -> None:

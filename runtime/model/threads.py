@@ -1,31 +1,61 @@
-"""The worker's torch intra-op thread count: every usable core by default, or $RADIXSERVE_THREADS.
+"""The worker's thread policy: how many torch intra-op threads a step runs on, and how idle ones wait.
 
-Every core by default because the scheduler and tokenizer processes sleep in poll while the worker computes, so the
-forward has the cores to itself. On a machine whose cores other jobs keep busy the opposite holds: a descheduled
-thread stalls every parallel op of the forward, and fewer threads run faster; set RADIXSERVE_THREADS there.
-benchmarks/step_breakdown.py measures both counts side by side.
+torch runs its CPU ops on an OpenMP pool (libgomp in the PyPI wheels: `torch.__config__.parallel_info()`) whose
+work is split statically: a parallel op ends when its slowest thread does. Beside a process that holds one of the
+cores, the thread that shares that core is descheduled for whole time slices and every op of the step waits for it,
+while the threads that finished spin (libgomp's default: GOMP_SPINCOUNT 300000 before a futex sleep), taking
+cycles from the very process that holds the core. Three parts, chosen by benchmarks/thread_policy.py (the README's
+"Threads beside other processes" has the figures; on the shared 2-core VM, batch-1 decode with 2 threads ran 0.4
+tok/s spinning, 5.9 with PASSIVE, 5.5-5.7 with 1 thread, and the tuner matched or beat the best fixed count):
+
+- Waiting: the worker process starts with OMP_WAIT_POLICY=PASSIVE unless its environment sets OMP_WAIT_POLICY or
+  GOMP_SPINCOUNT itself (worker_omp_env; libgomp reads them once, when torch loads it, so they are set before the
+  worker imports torch).
+- The most threads: every usable core, less one left to the HTTP, tokenizer and scheduler processes where there
+  are four or more (cpu_threads); $RADIXSERVE_THREADS fixes the count instead (no tuning).
+- Tuning (ThreadTuner): between 1 and that most, the count a step runs on is probed now and then (the neighbouring
+  counts alternate step by step for a few steps, and the fastest per token wins), and at once when a step runs
+  twice slower per token than the last probe found; so a core taken by another process costs the step the thread
+  that shares it, not every op's wait for it.
+
+No pinning (os.sched_setaffinity): a thread pinned to the core the other process holds could not move off it.
 """
 
 from __future__ import annotations
 
+# torch is imported inside the functions that need it: worker_omp_env runs before torch loads (worker_process.py)
+import logging
 import os
-
-import torch
+import statistics
+from collections.abc import Callable, Mapping
 
 from runtime.config import InvalidConfig
-from runtime.model.cpu_features import usable_cores
 
-THREADS_ENV = "RADIXSERVE_THREADS"  # overrides the worker's torch intra-op threads: an integer >= 1
+THREADS_ENV = "RADIXSERVE_THREADS"  # fixes the worker's torch intra-op threads: an integer >= 1 (no tuning)
+FRONTEND_CORE_FROM = 4  # from this many usable cores on, one is left to the frontend processes
+WAIT_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}  # the worker's OpenMP wait, unless its environment sets one (WAIT_KEYS)
+WAIT_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+logger = logging.getLogger(__name__)
+
+
+def worker_omp_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The OpenMP variables to add to environ (a process's environment) before torch is imported: WAIT_ENV, or none
+    when environ sets any of WAIT_KEYS (the user's choice stands)."""
+    if any(key in environ for key in WAIT_KEYS):
+        return {}
+    return dict(WAIT_ENV)
 
 
 def cpu_threads(cores: int, torch_threads: int, env: str | None) -> int:
-    """The worker's torch intra-op threads: the integer in env ($RADIXSERVE_THREADS) when set, else
-    min(torch_threads, cores) (torch_threads: torch's default, the physical cores or OMP_NUM_THREADS).
+    """The worker's most torch intra-op threads: the integer in env ($RADIXSERVE_THREADS) when set, else
+    min(torch_threads, cores), less one core when cores >= FRONTEND_CORE_FROM (torch_threads: torch's default, the
+    physical cores or OMP_NUM_THREADS).
 
     Raises InvalidConfig when env is set and not an integer >= 1.
     """
     if env is None or not env.strip():
-        return max(1, min(torch_threads, cores))
+        spare = 1 if cores >= FRONTEND_CORE_FROM else 0
+        return max(1, min(torch_threads, cores - spare))
     threads = 0
     if env.strip().isdecimal():
         threads = int(env)
@@ -37,6 +67,122 @@ def cpu_threads(cores: int, torch_threads: int, env: str | None) -> int:
 def set_cpu_threads() -> int:
     """Set torch's intra-op threads to cpu_threads(usable cores, torch's count, $RADIXSERVE_THREADS); returns the
     count. Mutates torch's process-wide setting. Raises InvalidConfig for a malformed RADIXSERVE_THREADS."""
+    import torch
+
+    from runtime.model.cpu_features import usable_cores
+
     threads = cpu_threads(usable_cores(), torch.get_num_threads(), os.environ.get(THREADS_ENV))
     torch.set_num_threads(threads)
     return threads
+
+
+class ThreadTuner:
+    """Picks the thread count of each step between 1 and `most` by timing steps (see the module docstring).
+
+    Call before_step() before each step and after_step(seconds, tokens) after it. A probe runs the next
+    probe_steps x 3 steps (x 2 at an end of [1, most]) on the count and its neighbours (count - 1, count + 1 within
+    [1, most]) in turn; the one with the lowest median seconds per token becomes the count. A probe starts `period`
+    steps after the last (the period doubles up to max_period while probes keep the count, and is back to `period`
+    when one changes it), and at once after `slow_steps` steps in a row slower per token than slow_factor x the last
+    probe's figure (only steps of as many tokens as the probe's last are compared). get_threads / set_threads are
+    torch.get_num_threads / set_num_threads (fakes in tests). tune=False, most == 1, or a count changed by someone
+    else (a benchmark fixing its own) leaves the count alone for good. O(1) per step, O(probe_steps) per probe.
+    """
+
+    def __init__(
+        self,
+        most: int,
+        get_threads: Callable[[], int],
+        set_threads: Callable[[int], None],
+        period: int = 16,
+        max_period: int = 512,
+        probe_steps: int = 3,
+        slow_factor: float = 2.0,
+        slow_steps: int = 2,
+        tune: bool = True,
+    ) -> None:
+        assert most >= 1 and period >= 1 and probe_steps >= 1
+        self.most = most
+        self.count = most
+        self.get_threads = get_threads
+        self.set_threads = set_threads
+        self.min_period = period
+        self.period = period
+        self.max_period = max_period
+        self.probe_steps = probe_steps
+        self.slow_factor = slow_factor
+        self.slow_steps = slow_steps
+        self.active = tune and most > 1
+        self.plan: list[int] = []  # the counts of the probe's remaining steps
+        self.samples: dict[int, list[float]] = {}  # count -> seconds per token in this probe
+        self.since_probe = 0
+        self.slow_run = 0
+        self.reference: float | None = None  # the count's seconds per token at the last probe
+        self.reference_tokens = 0  # the tokens of the last probe step (only steps of as many are compared)
+        self.last_set = get_threads()
+
+    def before_step(self) -> None:
+        """Sets the thread count of the next step (the probe's next count, else the chosen one)."""
+        if not self.active:
+            return
+        if self.get_threads() != self.last_set:
+            self.active = False  # someone else sets the count now
+            return
+        want = self.plan[0] if self.plan else self.count
+        if want != self.last_set:
+            self.set_threads(want)
+            self.last_set = want
+
+    def after_step(self, seconds: float, tokens: int) -> None:
+        """Records a step of `tokens` tokens that took `seconds` (wall clock) on the count before_step set."""
+        if not self.active or tokens < 1:
+            return
+        per_token = seconds / tokens
+        if self.plan:
+            self.samples.setdefault(self.plan.pop(0), []).append(per_token)
+            self.reference_tokens = tokens
+            if not self.plan:
+                self._choose()
+            return
+        self.since_probe += 1
+        slow = tokens == self.reference_tokens and per_token > self.slow_factor * (self.reference or 0.0)
+        self.slow_run = self.slow_run + 1 if slow else 0
+        if self.since_probe >= self.period or self.slow_run >= self.slow_steps:
+            self._start_probe(urgent=self.slow_run >= self.slow_steps)
+
+    def _start_probe(self, urgent: bool) -> None:
+        counts = [c for c in (self.count - 1, self.count, self.count + 1) if 1 <= c <= self.most]
+        self.plan = counts * self.probe_steps
+        self.samples = {}
+        if urgent:
+            self.period = self.min_period
+
+    def _choose(self) -> None:
+        medians = {c: statistics.median(s) for c, s in self.samples.items()}
+        best = min(medians, key=lambda c: medians[c])
+        if best == self.count:
+            self.period = min(self.max_period, 2 * self.period)
+        else:
+            self.period = self.min_period
+            logger.info("torch threads %d -> %d (ms per token by count: %s)", self.count, best, _ms(medians))
+        self.count = best
+        self.reference = medians[best]
+        self.since_probe = 0
+        self.slow_run = 0
+
+
+def thread_tuner(device_type: str) -> ThreadTuner:
+    """The worker's tuner: on "cpu", torch's threads set to set_cpu_threads() and tuned below that unless
+    $RADIXSERVE_THREADS fixes them; elsewhere (CUDA) an inactive one. Raises InvalidConfig for a malformed
+    RADIXSERVE_THREADS."""
+    import torch
+
+    if device_type != "cpu":
+        return ThreadTuner(torch.get_num_threads(), torch.get_num_threads, torch.set_num_threads, tune=False)
+    most = set_cpu_threads()
+    fixed = bool(os.environ.get(THREADS_ENV, "").strip())
+    return ThreadTuner(most, torch.get_num_threads, torch.set_num_threads, tune=not fixed)
+
+
+def _ms(seconds: dict[int, float]) -> str:
+    return ", ".join(f"{c}: {s * 1e3:.2f}" for c, s in sorted(seconds.items()))

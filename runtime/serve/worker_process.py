@@ -1,11 +1,12 @@
 """The worker process loop: the ModelRunner behind two ipc sockets (docs/ARCHITECTURE.md, "Processes and sockets").
 
-Start-up: load the model and allocate the KV cache (ModelRunner), then send the runner's Ready to the scheduler and
-ProcessReady to the launcher; any start-up failure (the model, the KV pool, a socket) is reported as ProcessFailed with
-its cause on one line. Then: receive a ForwardBatch (PULL), execute it, send the ForwardResult (PUSH); a WorkerProbe
-(health) is answered with WorkerProbeReply between steps, so only a worker whose loop runs answers it. The
-ModelRunner keeps each live sequence's block table and sampling state, so each step's message carries only deltas. A
-step that raises is answered with ForwardResult(error=...) and the loop goes on. The loop blocks on zmq.Poller with a
+Start-up: set the OpenMP wait policy (before torch is imported: runtime/model/threads.py), load the model and
+allocate the KV cache (ModelRunner), then send the runner's Ready to the scheduler and ProcessReady to the launcher;
+any start-up failure (the model, the KV pool, a socket) is reported as ProcessFailed with its cause on one line.
+Then: receive a ForwardBatch (PULL), execute it, send the ForwardResult (PUSH); a WorkerProbe (health) is answered
+with WorkerProbeReply between steps, so only a worker whose loop runs answers it. The ModelRunner keeps each live
+sequence's block table and sampling state, so each step's message carries only deltas. A step that raises is
+answered with ForwardResult(error=...) and the loop goes on. The loop blocks on zmq.Poller with a
 timeout (no CPU when idle) and exits when the launcher dies (PR_SET_PDEATHSIG's SIGTERM ends it even mid-step).
 """
 
@@ -20,6 +21,7 @@ import msgspec
 import zmq
 
 from runtime import protocol as p
+from runtime.model.threads import worker_omp_env
 from runtime.serve.process import POLL_MS, bind, parent_alive, report, report_failure
 from runtime.serve.worker_rank import NoRelay, Relay, run_rank_loop, start_runner
 
@@ -86,6 +88,7 @@ def run_worker_process(spec) -> None:
     ctx = zmq.Context()
     reports = ctx.socket(zmq.PUSH)
     reports.connect(spec.endpoints.launcher)
+    os.environ.update(worker_omp_env(os.environ))  # before torch loads libgomp, which reads it once (threads.py)
     try:
         runner, relay, group = start_runner(spec.server_args, 0)
         pull = ctx.socket(zmq.PULL)

@@ -62,8 +62,10 @@ def test_the_timed_step_computes_what_execute_computes(tiny_llama_dir):
 
 def test_smoke_writes_every_row(tmp_path: Path, tiny_llama_dir):
     out = tmp_path / "step_breakdown.json"
-    result = main(["--smoke", "--model", str(tiny_llama_dir), "--threads", "1", "2", "--out", str(out)])
+    argv = ["--smoke", "--model", str(tiny_llama_dir), "--threads", "1", "2", "--out", str(out), "--per-layer"]
+    result = main(argv)
     assert json.loads(out.read_text()) == result
+    assert result["per_layer"]["layers"] == 2 and result["per_layer"]["calls_per_step"]["attention"] == 2.0
     assert result["parts"] == list(PARTS) and result["threads"] == [1, 2] and result["context"] == 32
     assert {"cpu_model", "cpu_capability", "flags", "cores", "load_average"} <= set(result["machine"])
     rows = result["rows"]

@@ -79,15 +79,16 @@ class Attention(torch.nn.Module):
         if self.sliding_window is not None and meta.window is not None:
             meta = meta.window
         qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         t = x.shape[0]
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
+        heads = self.num_heads + self.num_kv_heads
         if self.q_norm is not None and self.k_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q, k = self.rotary(meta.positions, q, k)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+            q = self.rotary(meta.positions, self.q_norm(qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)))
+            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim))
+            k = self.rotary(meta.positions, k)
+        else:  # q and k heads side by side in qkv: rotated in one call
+            qk = self.rotary(meta.positions, qkv[:, : self.q_size + self.kv_size].view(t, heads, self.head_dim))
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size :].reshape(t, self.num_kv_heads, self.head_dim)
         kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=self.backend)
         out = kernels.paged_attention(
             q,

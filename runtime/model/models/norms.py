@@ -1,8 +1,8 @@
 """RMSNorm (Zhang & Sennrich 2019) in the two forms the families use: Llama's w * norm(x) and Gemma's norm(x) * (1 + w).
 
-Both normalise in float32 as transformers does; they differ in where the result is rounded to the model dtype
-(Llama rounds norm(x) then multiplies by w in the model dtype; Gemma multiplies in float32 and rounds once), which
-matters in bfloat16 only.
+Both normalise in float32 as transformers does (torch's rms_norm computes in float32 for a bfloat16 input); they
+differ in where the result is rounded to the model dtype (Llama rounds norm(x) then multiplies by w in the model
+dtype; Gemma multiplies in float32 and rounds once), which matters in bfloat16 only.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ class RMSNorm(torch.nn.Module):
         """x [..., dim] -> [..., dim], dtype of x; normalised over the last dimension."""
         if x.dtype == torch.float32:
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
+        # torch normalises a bfloat16 / float16 input in float32 and rounds once: bit for bit x.float()'s result
+        # rounded (tests/runtime/model/test_decode_ops.py), without the two casts
+        return self.weight * F.rms_norm(x, (x.shape[-1],), None, self.eps)
 
 
 class GemmaRMSNorm(torch.nn.Module):

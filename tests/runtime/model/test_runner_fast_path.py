@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.config import InvalidConfig, ServerArgs
+from runtime.config import ServerArgs
 from runtime.model.models.batch import BlockTableRows, decode_metadata, varlen_metadata
 from runtime.model.runner import ModelRunner
 from runtime.model.sampler import row_argmax
-from runtime.model.threads import THREADS_ENV, cpu_threads, set_cpu_threads
 from runtime.protocol import ForwardBatch, ScheduledSeq
 from runtime.sampling_params import SamplingParams
 
@@ -160,22 +159,3 @@ def test_row_argmax_equals_argmax_with_ties_nan_and_infinities(width):
     assert torch.equal(row_argmax(x), want)
     assert want[:5].tolist() == [3, 0, 7, 1, 0]
     assert torch.equal(row_argmax(x.t().contiguous().t()), want)  # a non-contiguous view
-
-
-# ---------------------------------------------------------------------------------------------- threads
-def test_cpu_threads_default_and_override():
-    assert [cpu_threads(c, 64, None) for c in (1, 2, 16)] == [1, 2, 16]  # every core
-    assert cpu_threads(16, 8, None) == 8  # torch's own count (physical cores, OMP_NUM_THREADS) caps it
-    assert cpu_threads(2, 2, "") == 2 and cpu_threads(2, 2, " 2 ") == 2 and cpu_threads(2, 1, "3") == 3
-    for bad in ("0", "-1", "two", "1.5"):
-        with pytest.raises(InvalidConfig, match=f"^{THREADS_ENV}="):
-            cpu_threads(2, 2, bad)
-
-
-def test_set_cpu_threads_reads_the_environment(monkeypatch):
-    saved = torch.get_num_threads()
-    try:
-        monkeypatch.setenv(THREADS_ENV, "1")
-        assert set_cpu_threads() == 1 and torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(saved)

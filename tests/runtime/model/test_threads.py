@@ -1,0 +1,143 @@
+"""The worker's thread policy (runtime/model/threads.py): the most threads, the OpenMP wait policy of the worker's
+environment, and the ThreadTuner's choices on a simulated machine whose second core another process takes and gives
+back (exact thread count per step), and that libgomp in the worker reads the wait policy the worker sets."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.config import InvalidConfig
+from runtime.model.threads import (
+    THREADS_ENV,
+    WAIT_ENV,
+    ThreadTuner,
+    cpu_threads,
+    set_cpu_threads,
+    thread_tuner,
+    worker_omp_env,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_cpu_threads_default_frontend_core_and_override():
+    assert [cpu_threads(c, 64, None) for c in (1, 2, 3, 4, 16)] == [1, 2, 3, 3, 15]  # a core left from 4 on
+    assert cpu_threads(16, 8, None) == 8  # torch's own count (physical cores, OMP_NUM_THREADS) caps it
+    assert cpu_threads(2, 2, "") == 2 and cpu_threads(2, 2, " 2 ") == 2 and cpu_threads(2, 1, "3") == 3
+    assert cpu_threads(16, 64, "16") == 16  # the override takes every core when asked
+    for bad in ("0", "-1", "two", "1.5"):
+        with pytest.raises(InvalidConfig, match=f"^{THREADS_ENV}="):
+            cpu_threads(2, 2, bad)
+
+
+def test_set_cpu_threads_and_the_tuner_read_the_environment(monkeypatch):
+    saved = torch.get_num_threads()
+    try:
+        monkeypatch.setenv(THREADS_ENV, "1")
+        assert set_cpu_threads() == 1 and torch.get_num_threads() == 1
+        assert not thread_tuner("cpu").active  # a fixed count is not tuned
+        assert not thread_tuner("cuda").active
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_worker_omp_env_is_passive_unless_the_user_chose():
+    assert worker_omp_env({"PATH": "/bin"}) == WAIT_ENV == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert worker_omp_env({"OMP_WAIT_POLICY": "ACTIVE"}) == {}
+    assert worker_omp_env({"GOMP_SPINCOUNT": "10000"}) == {}
+
+
+class FakeMachine:
+    """Two cores; seconds per token by thread count, quiet or with the second core taken by another process."""
+
+    PER_TOKEN = {False: {1: 0.015, 2: 0.010}, True: {1: 0.016, 2: 0.100}}  # busy -> threads -> seconds per token
+
+    def __init__(self) -> None:
+        self.threads = 2
+        self.sets: list[int] = []
+
+    def set(self, n: int) -> None:
+        self.threads = n
+        self.sets.append(n)
+
+    def run(self, tuner: ThreadTuner, busy: bool, steps: int, tokens: int = 1) -> list[int]:
+        """steps steps through the tuner; the thread count each ran on."""
+        counts = []
+        for _ in range(steps):
+            tuner.before_step()
+            counts.append(self.threads)
+            tuner.after_step(self.PER_TOKEN[busy][self.threads] * tokens, tokens)
+        return counts
+
+
+def _tuner(machine: FakeMachine, **kw) -> ThreadTuner:
+    return ThreadTuner(2, lambda: machine.threads, machine.set, period=4, max_period=16, probe_steps=2, **kw)
+
+
+def test_tuner_keeps_two_threads_quiet_drops_one_when_a_core_is_taken_and_takes_it_back():
+    m = FakeMachine()
+    tuner = _tuner(m)
+    # 4 steps, a probe (1, 2 in turn: 2 wins, the period doubles to 8), 2 more steps
+    assert m.run(tuner, busy=False, steps=10) == [2, 2, 2, 2, 1, 2, 1, 2, 2, 2]
+    assert (tuner.count, tuner.period, tuner.reference) == (2, 8, 0.010)
+    # another process takes a core: 2 slow steps (> 2 x 10 ms) start a probe at once; 1 thread wins (period 4)
+    assert m.run(tuner, busy=True, steps=6) == [2, 2, 1, 2, 1, 2]
+    assert (tuner.count, tuner.period, tuner.reference) == (1, 4, 0.016)
+    # 4 steps on 1, a probe that keeps 1 (period 8)
+    assert m.run(tuner, busy=True, steps=8) == [1, 1, 1, 1, 1, 2, 1, 2]
+    assert (tuner.count, tuner.period) == (1, 8)
+    # the core is free again: the next periodic probe (8 steps on) finds 2 faster
+    assert m.run(tuner, busy=False, steps=14) == [1] * 8 + [1, 2, 1, 2] + [2, 2]
+    assert (tuner.count, tuner.period) == (2, 4)
+
+
+def test_tuner_compares_only_steps_of_the_probes_token_count_for_the_slow_trigger():
+    m = FakeMachine()
+    tuner = _tuner(m)
+    m.run(tuner, busy=False, steps=8)  # the probe's steps had 1 token each
+    assert (tuner.count, tuner.reference_tokens) == (2, 1)
+    # steps of 8 tokens at 2 threads busy are 10x slower per token, but not comparable: no probe before the period
+    assert m.run(tuner, busy=True, steps=8, tokens=8) == [2] * 8
+    assert tuner.plan == [1, 2, 1, 2]  # the periodic one (8 steps) starts now
+
+
+def test_tuner_stops_when_someone_else_sets_the_count_and_with_tune_false():
+    m = FakeMachine()
+    tuner = _tuner(m)
+    m.run(tuner, busy=False, steps=4)
+    assert tuner.plan == [1, 2, 1, 2]
+    m.threads = 1  # a benchmark fixes its own count
+    assert m.run(tuner, busy=False, steps=10) == [1] * 10
+    assert not tuner.active and m.sets == []
+    fixed = FakeMachine()
+    assert fixed.run(_tuner(fixed, tune=False), busy=True, steps=12) == [2] * 12
+    assert fixed.sets == []
+    single = FakeMachine()
+    single.threads = 1
+    one = ThreadTuner(1, lambda: single.threads, single.set)
+    assert single.run(one, busy=True, steps=40) == [1] * 40 and not one.active
+
+
+WORKER_START = """
+import os, sys
+from runtime.serve import worker_process
+assert "torch" not in sys.modules  # the worker sets its OpenMP environment before torch loads libgomp
+os.environ.update(worker_process.worker_omp_env(os.environ))
+import torch
+torch.ones(100000).sum()
+"""
+
+
+@pytest.mark.parametrize("user_env,want", [({}, "'PASSIVE'"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "'ACTIVE'")])
+def test_libgomp_reads_the_wait_policy_the_worker_sets(user_env, want):
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(user_env, OMP_DISPLAY_ENV="TRUE", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", WORKER_START], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"OMP_WAIT_POLICY = {want}" in done.stderr  # libgomp prints its settings at start-up
