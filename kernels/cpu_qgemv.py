@@ -107,7 +107,9 @@ def load_op() -> Callable[..., torch.Tensor] | None:
     """torch.ops.radixserve_qgemv.qgemv, building it on first use; None when ENABLED is False or (one warning per
     process) when it cannot be built or loaded."""
     global _op, _failed
-    if _op is not None or _failed or not ENABLED:
+    if not ENABLED:
+        return None
+    if _op is not None or _failed:
         return _op
     try:
         if not hasattr(torch.ops.radixserve_qgemv, "qgemv"):
