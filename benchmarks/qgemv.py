@@ -9,8 +9,8 @@ model's layer count), so caches hold none of them, as in a decode step that read
   bfloat16 and back for float32, as Linear's torch path does);
 - dense: F.linear on the weight in x's dtype.
 us: median microseconds per call over `repeats` passes; gb_s: the method's weight bytes (codes, scales, mins) read
-per call / time. crossing[dtype][method]: the largest M at which the method beats dense on every shape (the row
-limit runtime.model.quant_groups.QGEMV_MAX_ROWS records).
+per call / time. crossing[dtype][method]: the largest M up to which the method beats dense on every shape it ran
+(the row limit runtime.model.quant_groups.QGEMV_MAX_ROWS records). The head runs int8 in every model: no int4 rows.
 
 Legs: "native" runs in this process with the qgemv ISA this CPU's flags pick; "avx2" in a subprocess with
 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 (torch's kernels and oneDNN held to AVX2) and the op's AVX2 code.
@@ -45,6 +45,7 @@ SHAPES = {"qkv_proj": (960, 576), "o_proj": (576, 576), "gate_up_proj": (3072, 5
 HEAD = {"lm_head": (49152, 576)}
 SMOKE_SHAPES = {"small": (64, 64), "wide": (96, 128)}
 COLD_BYTES = 256 << 20
+DTYPES = (torch.float32, torch.bfloat16)
 METHODS = ("qgemv_int4", "qgemv_int8", "torch_int4", "torch_int8", "dense")
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
@@ -61,22 +62,25 @@ def weight_bytes(method: str, n: int, k: int, dtype: torch.dtype) -> int:
     }[method]
 
 
-def make_calls(method: str, weights: list[torch.Tensor], dtype: torch.dtype, isa: str) -> list[Callable]:
-    """One callable x -> y per weight copy, for `method`."""
+def make_calls(method: str, weights: list[torch.Tensor], isa: str) -> dict[torch.dtype, list[Callable]]:
+    """{x dtype: one callable x -> y per weight copy} for `method` (quantized copies shared by both dtypes)."""
+    if method == "dense":
+        dense = {dtype: [w.to(dtype) for w in weights] for dtype in DTYPES}
+        return {dtype: [lambda x, w=w: F.linear(x, w) for w in dense[dtype]] for dtype in DTYPES}
+    calls: list[Callable]
     if method == "qgemv_int4":
         q4 = [quant_groups.quantize_q4(w) for w in weights]
-        return [lambda x, w=w: cpu_qgemv.qgemv(x, w, isa) for w in q4]
-    if method == "qgemv_int8":
+        calls = [lambda x, w=w: cpu_qgemv.qgemv(x, w, isa) for w in q4]
+    elif method == "qgemv_int8":
         q8 = [quant_groups.quantize_q8(w) for w in weights]
-        return [lambda x, w=w: cpu_qgemv.qgemv(x, w, isa) for w in q8]
-    if method == "torch_int4":
+        calls = [lambda x, w=w: cpu_qgemv.qgemv(x, w, isa) for w in q8]
+    elif method == "torch_int4":
         p4 = [quant_int4.pack_int4(quant_int4.quantize_int4(w)) for w in weights]
-        return [lambda x, w=w: quant_int4.int4_linear(x, w) for w in p4]
-    if method == "torch_int8":
+        calls = [lambda x, w=w: quant_int4.int4_linear(x, w) for w in p4]
+    else:
         p8 = [quant.quantize_int8(w, quant.KERNEL_DTYPE) for w in weights]
-        return [lambda x, w=w: quant.int8_linear(x, w) for w in p8]
-    dense = [w.to(dtype) for w in weights]
-    return [lambda x, w=w: F.linear(x, w) for w in dense]
+        calls = [lambda x, w=w: quant.int8_linear(x, w) for w in p8]
+    return dict.fromkeys(DTYPES, calls)
 
 
 def time_calls(calls: list[Callable], x: torch.Tensor, repeats: int) -> float:
@@ -93,22 +97,24 @@ def time_calls(calls: list[Callable], x: torch.Tensor, repeats: int) -> float:
 
 
 def measure_leg(shapes: dict[str, tuple[int, int]], rows: list[int], repeats: int, isa: str) -> list[dict]:
-    """Rows of {shape, n, k, dtype, rows, method, us, gb_s} for every shape, dtype, method and row count."""
+    """Rows of {shape, n, k, dtype, rows, method, us, gb_s} for every shape, method, dtype and row count (the head,
+    int8 in every model, without the int4 methods)."""
     out = []
     for name, (n, k) in shapes.items():
         copies = max(2, min(30, COLD_BYTES // (n * k * 4)))
         gen = torch.Generator().manual_seed(0)
         weights = [torch.randn(n, k, generator=gen) * 0.02 for _ in range(copies)]
-        for dtype in (torch.float32, torch.bfloat16):
-            for method in METHODS:
-                calls = make_calls(method, weights, dtype, isa)
+        methods = [m for m in METHODS if not (name in HEAD and m.endswith("int4"))]
+        for method in methods:
+            calls = make_calls(method, weights, isa)
+            for dtype in DTYPES:
                 for m in rows:
                     x = torch.randn(m, k, generator=gen).to(dtype)
-                    us = time_calls(calls, x, repeats)
+                    us = time_calls(calls[dtype], x, repeats)
                     gb_s = weight_bytes(method, n, k, dtype) / us / 1e3
                     row = {"shape": name, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "rows": m}
-                    out.append({**row, "method": method, "us": round(us, 1), "gb_s": round(gb_s, 2)})
-                del calls
+                    out.append({**row, "method": method, "us": round(us, 1), "gb_s": float(f"{gb_s:.3g}")})
+            del calls
     return out
 
 
@@ -121,7 +127,7 @@ def crossings(rows: list[dict]) -> dict[str, dict[str, int]]:
         for method in METHODS[:-1]:
             best = 0
             for m in sorted({r["rows"] for r in rows}):
-                shapes = {r["shape"] for r in rows if r["dtype"] == dtype}
+                shapes = {r["shape"] for r in rows if r["dtype"] == dtype and r["method"] == method}
                 if all(table[(s, dtype, m, method)] < table[(s, dtype, m, "dense")] for s in shapes):
                     best = m
                 else:
