@@ -44,6 +44,7 @@ constexpr int64_t MAX_ROWS = 16;
 constexpr int64_t ISA_SCALAR = 0;
 constexpr int64_t ISA_AVX2 = 1;
 constexpr int64_t ISA_AVX512 = 2;
+constexpr float ROUNDER = 12582912.f;  // 1.5 * 2^23
 
 // x quantized per row per group: q [M, K] int8, scale a [M, G], sum of x [M, G] (float).
 struct QuantizedX {
@@ -91,7 +92,9 @@ QuantizedX quantize_rows(const T* x, Shape s, bool paired) {
             const float inv = a > 0.f ? 1.f / a : 0.f;
             int8_t* row = out.q.data() + m * s.k;
             for (int64_t j = 0; j < GROUP; ++j) {
-                const float r = std::nearbyint(v[j] * inv);  // round half to even, as torch.round
+                // round half to even, as torch.round: adding and subtracting 1.5 * 2^23 leaves no fraction bits
+                // (|v * inv| <= 127), without a libm call (nearbyintf is one below SSE4.1, the build's baseline)
+                const float r = (v[j] * inv + ROUNDER) - ROUNDER;
                 const int64_t at = paired ? pair_order(g, j, s.g) : g * GROUP + j;
                 row[at] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, r)));
             }
@@ -118,6 +121,8 @@ void row_scalar(const Weights& w, int64_t n, const QuantizedX& x, Shape s, bool 
                 dot += wq * xq[g * GROUP + j];
             }
             acc += static_cast<float>(dot) * (d[g] * x.scale[m * s.g + g]);
+            if (four_bit)
+                acc += w.mins[n * s.g + g] * x.sum[m * s.g + g];
         }
         y[m] = acc;
     }
@@ -162,6 +167,18 @@ __attribute__((target("avx2,fma"))) void row_avx2(const Weights& w, int64_t n, c
             acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[m]);
         }
     }
+    if (four_bit)  // + sum_g mins[g] * (sum of x over group g), 8 groups a vector
+        for (int64_t m = 0; m < s.m; ++m) {
+            const float* mins = w.mins + n * s.g;
+            const float* sums = x.sum.data() + m * s.g;
+            int64_t g = 0;
+            for (; g + 8 <= s.g; g += 8)
+                acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(mins + g), _mm256_loadu_ps(sums + g), acc[m]);
+            float rest = 0.f;
+            for (; g < s.g; ++g)
+                rest += mins[g] * sums[g];
+            acc[m] = _mm256_add_ps(acc[m], _mm256_set_ps(0, 0, 0, 0, 0, 0, 0, rest));
+        }
     for (int64_t m = 0; m < s.m; ++m)
         y[m] = hsum256(acc[m]);
 }
@@ -220,6 +237,16 @@ QGEMV_AVX512 void row_avx512(const Weights& w, int64_t n, const QuantizedX& x, S
             tail[m] = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d[g] * x.scale[m * s.g + g]));
         }
     }
+    if (four_bit)  // + sum_g mins[g] * (sum of x over group g), 16 groups a vector, the rest masked
+        for (int64_t m = 0; m < s.m; ++m) {
+            const float* mins = w.mins + n * s.g;
+            const float* sums = x.sum.data() + m * s.g;
+            for (int64_t h = 0; h < s.g; h += 16) {
+                const __mmask16 live = s.g - h >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (s.g - h)) - 1);
+                const __m512 a = _mm512_maskz_loadu_ps(live, mins + h);
+                acc[m] = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(live, sums + h), acc[m]);
+            }
+        }
     for (int64_t m = 0; m < s.m; ++m)
         y[m] = _mm512_reduce_add_ps(acc[m]) + hsum256(tail[m]);
 }
@@ -269,16 +296,8 @@ void run(const T* x, const Weights& w, Shape s, int64_t n, bool four_bit, int64_
                 row_avx2(w, row, xq, s, four_bit, y);
             else
                 row_scalar(w, row, xq, s, four_bit, y);
-            for (int64_t m = 0; m < s.m; ++m) {
-                float v = y[m];
-                if (four_bit) {
-                    const float* mins = w.mins + row * s.g;
-                    const float* sums = xq.sum.data() + m * s.g;
-                    for (int64_t g = 0; g < s.g; ++g)
-                        v += mins[g] * sums[g];
-                }
-                out[m * n + row] = static_cast<T>(v);
-            }
+            for (int64_t m = 0; m < s.m; ++m)
+                out[m * n + row] = static_cast<T>(y[m]);
         }
     });
 }
