@@ -146,8 +146,12 @@ __attribute__((target("avx2,fma"))) inline __m256i load_group_avx2(const uint8_t
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
 }
 
+// ROWS: the row count when known at compile time (then the accumulators stay in registers: for_rows), 0 for s.m.
+template <int ROWS>
 __attribute__((target("avx2,fma"))) void row_avx2(const Weights& w, int64_t n, const QuantizedX& x, Shape s,
                                                   bool four_bit, float* y) {
+    if (ROWS)
+        s.m = ROWS;
     const uint8_t* q = w.q + n * w.row_bytes;
     const float* d = w.scales + n * s.g;
     const int64_t group_bytes = four_bit ? 16 : GROUP;
@@ -199,7 +203,10 @@ QGEMV_AVX512 inline __m512i load_pair_avx512(const uint8_t* q, bool four_bit, __
     return _mm512_abs_epi8(wv);
 }
 
+template <int ROWS>
 QGEMV_AVX512 void row_avx512(const Weights& w, int64_t n, const QuantizedX& x, Shape s, bool four_bit, float* y) {
+    if (ROWS)
+        s.m = ROWS;
     const uint8_t* q = w.q + n * w.row_bytes;
     const float* d = w.scales + n * s.g;
     const int64_t group_bytes = four_bit ? 16 : GROUP;
@@ -283,17 +290,51 @@ void check_inputs(const at::Tensor& x, const at::Tensor& qweight, const at::Tens
     }
 }
 
+using RowFn = void (*)(const Weights&, int64_t, const QuantizedX&, Shape, bool, float*);
+
+// The row function for m rows: compiled for m = 1..8 (its accumulators then stay in registers), generic above.
+template <template <int> class Fn>
+RowFn for_rows(int64_t m) {
+    switch (m) {
+        case 1: return Fn<1>::run;
+        case 2: return Fn<2>::run;
+        case 3: return Fn<3>::run;
+        case 4: return Fn<4>::run;
+        case 5: return Fn<5>::run;
+        case 6: return Fn<6>::run;
+        case 7: return Fn<7>::run;
+        case 8: return Fn<8>::run;
+        default: return Fn<0>::run;
+    }
+}
+
+template <int ROWS>
+struct Avx512Rows {
+    static void run(const Weights& w, int64_t n, const QuantizedX& x, Shape s, bool four_bit, float* y) {
+        row_avx512<ROWS>(w, n, x, s, four_bit, y);
+    }
+};
+
+template <int ROWS>
+struct Avx2Rows {
+    static void run(const Weights& w, int64_t n, const QuantizedX& x, Shape s, bool four_bit, float* y) {
+        row_avx2<ROWS>(w, n, x, s, four_bit, y);
+    }
+};
+
 template <typename T>
 void run(const T* x, const Weights& w, Shape s, int64_t n, bool four_bit, int64_t isa, T* out) {
     const QuantizedX xq = quantize_rows(x, s, four_bit && isa == ISA_AVX512);
     const int64_t grain = std::max<int64_t>(1, 16384 / (w.row_bytes * s.m));
+    const RowFn kernel_avx512 = for_rows<Avx512Rows>(s.m);
+    const RowFn kernel_avx2 = for_rows<Avx2Rows>(s.m);
     at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
         float y[MAX_ROWS];
         for (int64_t row = begin; row < end; ++row) {
             if (isa == ISA_AVX512)
-                row_avx512(w, row, xq, s, four_bit, y);
+                kernel_avx512(w, row, xq, s, four_bit, y);
             else if (isa == ISA_AVX2)
-                row_avx2(w, row, xq, s, four_bit, y);
+                kernel_avx2(w, row, xq, s, four_bit, y);
             else
                 row_scalar(w, row, xq, s, four_bit, y);
             for (int64_t m = 0; m < s.m; ++m)

@@ -125,12 +125,13 @@ def dequantize(w: Q4Weight | Q8Weight) -> torch.Tensor:
     return out.reshape(n, k)
 
 
-# The most rows (tokens) of a step that take the qgemv op, by scheme and model (activation) dtype: where the op
-# stopped beating F.linear on cold SmolLM2-shaped layers (benchmarks/qgemv.py; figures in README, "CPU speed").
-# float16 models do not take the op (it reads float32 and bfloat16 x only).
+# The most rows (tokens) of a step that take the qgemv op, by scheme and model (activation) dtype: the largest row
+# count at which the op still beat F.linear (float32 or bfloat16) on cold SmolLM2 qkv_proj and down_proj shapes, one
+# thread, AVX-512 VNNI (benchmarks/qgemv.py; figures in README, "Quantized decode GEMV"). float16 models do not take
+# the op (it reads float32 and bfloat16 x only).
 QGEMV_MAX_ROWS: dict[str, dict[torch.dtype, int]] = {
-    "int4": {torch.float32: 16, torch.bfloat16: 16},
-    "int8": {torch.float32: 16, torch.bfloat16: 16},
+    "int4": {torch.float32: 12, torch.bfloat16: 4},
+    "int8": {torch.float32: 12, torch.bfloat16: 8},
 }
 
 
