@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
     if cpu_qgemv.load_op() is None:
         raise SystemExit("the qgemv op could not be built (see the warning above)")
     torch.set_num_threads(args.threads)
+    cpu_qgemv.ENABLED = True  # opt-in in the product; measure_decode turns it off for its torch-kernel runner
     if args.leg_json:
         print(json.dumps(run_leg(args, cpu_qgemv.isa_for(cpu_flags()))))
         return {}

@@ -116,7 +116,7 @@ class Linear(torch.nn.Module):
 
     weight [N, K] (kept: it serves inputs above the row limit, and may be shared, e.g. a tied embedding); bias [N] or
     None. The copy runs one of two kernels (attribute `kernel`):
-    - "qgemv" (kernels.cpu_qgemv, when it is built, K % 32 == 0 and weight is float32 or bfloat16): groups of 32
+    - "qgemv" (kernels.cpu_qgemv, opt-in: when enabled and built, K % 32 == 0, weight float32 or bfloat16): groups of 32
       with float32 scales (runtime.model.quant_groups): int4 qweight uint8 [N, K / 2], scales and mins [N, K / 32]
       (quantize_q4: a GGUF 4-bit block's own grid); int8 qweight int8 [N, K], scales [N, K / 32] (quantize_q8);
       x is read in its own dtype; row limit QGEMV_MAX_ROWS.

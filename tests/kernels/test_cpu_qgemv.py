@@ -24,7 +24,11 @@ SHAPES = [(1, 48, 96), (3, 64, 64), (16, 40, 160), (5, 33, 32)]  # (M, N, K): od
 
 @pytest.fixture(scope="module", autouse=True)
 def _built():
+    enabled = cpu_qgemv.ENABLED
+    cpu_qgemv.ENABLED = True  # opt-in in the product (kernels/cpu_qgemv.py)
     assert cpu_qgemv.load_op() is not None, "the op must build on a test machine (a C++ compiler is required)"
+    yield
+    cpu_qgemv.ENABLED = enabled
 
 
 def quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

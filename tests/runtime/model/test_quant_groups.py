@@ -16,6 +16,13 @@ from runtime.model.quant_groups import QGEMV_MAX_ROWS, dequantize, quantize_q4, 
 from runtime.model.quant_int4 import dequantize_int4, quantize_int4
 
 N, K = 48, 256
+
+
+@pytest.fixture(autouse=True)
+def _qgemv_on(monkeypatch):
+    monkeypatch.setattr(cpu_qgemv, "ENABLED", True)  # opt-in in the product (kernels/cpu_qgemv.py)
+
+
 G = K // GROUP
 
 

@@ -32,7 +32,7 @@ Q4_K_M_LIKE = {  # Gemma 3 270M's Q4_K_M layer 0, as its file stores it, but o_p
 
 
 def test_auto_maps_each_type_to_the_scheme_that_keeps_its_bits():
-    expected = {"Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "Q5_0": "int8", "Q5_1": "int8", "Q5_K": "int8"}
+    expected = {"Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int8", "Q5_0": "int8", "Q5_1": "int8", "Q5_K": "int8"}
     expected.update({"Q6_K": "int8", "Q8_0": "int8", "F32": "none", "F16": "none", "BF16": "none"})
     for gguf_type, scheme in expected.items():
         assert QuantPlan("auto", {"w": gguf_type}).scheme("w") == scheme, gguf_type
@@ -41,6 +41,7 @@ def test_auto_maps_each_type_to_the_scheme_that_keeps_its_bits():
 
 def test_auto_runs_q4_k_int4_on_the_qgemv_op_and_int8_without_it(monkeypatch):
     """The op stores Q4_K's groups on their own grid; torch's int4 path would round them a second time."""
+    monkeypatch.setattr(cpu_qgemv, "ENABLED", True)
     plan = QuantPlan("auto", {"w": "Q4_K", "v": "Q4_1"})
     assert plan.scheme("w") == "int4" and plan.head_scheme("w") == "int8"
     monkeypatch.setattr(cpu_qgemv, "ENABLED", False)
