@@ -199,10 +199,10 @@ def main(argv: list[str] | None = None) -> dict:
     args.rows = args.rows or ([1, 2] if args.smoke else [1, 2, 4, 8, 12, 16])
     args.repeats = args.repeats or (1 if args.smoke else 5)
     legs = args.legs or (["native"] if args.smoke else ["native", "avx2"])
+    cpu_qgemv.ENABLED = True  # opt-in in the product; measure_decode turns it off for its torch-kernel runner
     if cpu_qgemv.load_op() is None:
         raise SystemExit("the qgemv op could not be built (see the warning above)")
     torch.set_num_threads(args.threads)
-    cpu_qgemv.ENABLED = True  # opt-in in the product; measure_decode turns it off for its torch-kernel runner
     if args.leg_json:
         print(json.dumps(run_leg(args, cpu_qgemv.isa_for(cpu_flags()))))
         return {}

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from benchmarks.qgemv import METHODS, crossings, main, weight_bytes
+from kernels import cpu_qgemv
 
 
 def test_crossing_is_the_largest_row_count_up_to_which_a_method_beats_dense_everywhere():
@@ -24,7 +25,8 @@ def test_crossing_is_the_largest_row_count_up_to_which_a_method_beats_dense_ever
 
 
 @pytest.mark.slow  # two processes that each import torch and quantize 30 copies per shape: ~30 s on 2 loaded cores
-def test_smoke_run_measures_every_method_on_both_legs(tmp_path):
+def test_smoke_run_measures_every_method_on_both_legs(tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu_qgemv, "ENABLED", cpu_qgemv.ENABLED)  # main() turns the opt-in op on: undone after
     out = tmp_path / "qgemv.json"
     result = main(["--smoke", "--legs", "native", "avx2", "--out", str(out)])
     assert out.exists()
