@@ -5,12 +5,10 @@ The operator ``torch.ops.radixserve.paged_decode`` reads each sequence's K/V blo
 runs on torch's intra-op thread pool (at::parallel_for), so ``torch.set_num_threads`` governs it and no second pool
 competes with torch's.
 
-Build: ``torch.utils.cpp_extension.load`` compiles it into ``$RADIXSERVE_CACHE/kernels`` (default
-``~/.cache/radixserve/kernels``) as ``radixserve_cpu_decode-<key>.so``, key = a hash of the source, the compiler, its
-flags, torch's version and the machine (-march=native ties the binary to this CPU). Concurrent first builds (several
-workers starting at once) are serialized by an flock on a lock file beside it, released by the OS if its holder dies;
-the build runs in a private folder and its library is renamed into place, so a reader never sees a partial file. A
-build or load failure logs one warning and ``load_op`` returns None: the torch path stays in use.
+Build: kernels.cpp_build compiles it on first use into ``$RADIXSERVE_CACHE/kernels`` as
+``radixserve_cpu_decode-<key>.so`` (key: source, compiler, flags, torch, machine: -march=native ties the binary to
+this CPU), once across concurrent processes. A build or load failure logs one warning and ``load_op`` returns None:
+the torch path stays in use.
 
 ``python -m kernels.cpu_decode`` builds it (if needed) and prints where and how long. Set ``RADIXSERVE_CPU_DECODE=0``
 (read once, at import) or ``ENABLED = False`` to turn the kernel off. ``RADIXSERVE_CPU_DECODE_CFLAGS`` (read at import)
@@ -19,22 +17,15 @@ adds compiler flags, e.g. ``-mno-avx512f`` to build and test the AVX2 variant on
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
 import logging
 import os
-import platform
-import shutil
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 
+from kernels import cpp_build
 from kernels.errors import KernelInputError
 
 logger = logging.getLogger(__name__)
@@ -53,34 +44,9 @@ _op: Callable[..., torch.Tensor] | None = None  # torch.ops.radixserve.paged_dec
 _failed = False  # a build or load failed in this process (warned once; the torch path stays in use)
 
 
-class Built(NamedTuple):
-    """Where the library is and whether this call compiled it (seconds: time spent building, 0 if it existed)."""
-
-    path: Path
-    built: bool
-    seconds: float
-
-
-def cache_dir() -> Path:
-    """Folder of the compiled kernels: $RADIXSERVE_CACHE/kernels (default ~/.cache/radixserve/kernels)."""
-    root = os.environ.get("RADIXSERVE_CACHE") or str(Path.home() / ".cache" / "radixserve")
-    return Path(root) / "kernels"
-
-
-def compiler() -> str:
-    """The C++ compiler cpp_extension uses: $CXX, else c++."""
-    return os.environ.get("CXX", "c++")
-
-
-def _machine_key() -> str:
-    # -march=native ties the binary to this CPU: key on its model and feature flags, not only the architecture.
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = "".join(line for line in f if line.startswith(("model name", "flags")))[:4096]
-    except OSError:
-        pass
-    return f"{platform.machine()}|{platform.system()}|{cpu}"
+Built = cpp_build.Built
+cache_dir = cpp_build.cache_dir
+compiler = cpp_build.compiler
 
 
 def source_bytes() -> bytes:
@@ -90,54 +56,17 @@ def source_bytes() -> bytes:
 
 def library_path(source: bytes) -> Path:
     """Path of the library built from ``source`` by compiler() with CFLAGS against this torch, on this machine."""
-    parts = [compiler(), " ".join(CFLAGS), torch.__version__, sys.implementation.cache_tag, _machine_key()]
-    key = hashlib.sha256(b"\0".join([source, *(p.encode() for p in parts)])).hexdigest()[:16]
-    return cache_dir() / f"{NAME}-{key}.so"
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on ``path`` (created if missing); the OS drops it if the process dies."""
-    with open(path, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    return cpp_build.library_path(NAME, source, CFLAGS)
 
 
 def _compile(path: Path) -> None:
-    """Build SOURCE with cpp_extension in a private folder beside ``path``, then rename the library to ``path``.
-
-    Loads the new operator into this process (cpp_extension.load does). Raises what the build raises (RuntimeError,
-    OSError, subprocess.CalledProcessError)."""
-    from torch.utils import cpp_extension  # imported only to build: it costs ~0.3 s
-
-    build = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.stem}-build-"))
-    try:
-        name = path.stem.replace("-", "_")
-        cpp_extension.load(
-            name, [str(SOURCE)], extra_cflags=list(CFLAGS), build_directory=str(build), is_python_module=False
-        )
-        os.replace(build / f"{name}.so", path)
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
+    """Build SOURCE into ``path`` (cpp_build.compile_library) and load it into this process."""
+    cpp_build.compile_library(path, [SOURCE], CFLAGS)
 
 
 def ensure_built(path: Path, compile_fn: Callable[[Path], None] = _compile) -> Built:
-    """Make sure the library at ``path`` exists, compiling it with compile_fn under the lock if it does not.
-
-    Mutates the file system (cache_dir, the lock file). Safe to call from several processes at once: one compiles,
-    the others wait for the lock and then find the file. Raises what compile_fn raises."""
-    if path.exists():
-        return Built(path, False, 0.0)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(path.with_suffix(".lock")):
-        if path.exists():  # built by another process while this one waited
-            return Built(path, False, 0.0)
-        start = time.perf_counter()
-        compile_fn(path)
-        return Built(path, True, time.perf_counter() - start)
+    """cpp_build.ensure_built with this kernel's build as the default compile_fn."""
+    return cpp_build.ensure_built(path, compile_fn)
 
 
 def load_op() -> Callable[..., torch.Tensor] | None:
@@ -148,9 +77,7 @@ def load_op() -> Callable[..., torch.Tensor] | None:
         return _op
     try:
         if not _registered():
-            built = ensure_built(library_path(source_bytes()))
-            if not built.built:  # a fresh build was loaded by cpp_extension already
-                torch.ops.load_library(str(built.path))
+            cpp_build.load_library(library_path(source_bytes()), _compile)
         _op = torch.ops.radixserve.paged_decode
     except Exception as exc:  # any build or load failure (compiler, linker, loader) keeps the torch path
         detail = "\n".join(str(exc).strip().splitlines()[-6:])  # a failed build's message ends with the compiler's

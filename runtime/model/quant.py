@@ -27,7 +27,18 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from runtime.model.quant_int4 import INT4_MAX_ROWS, Int4Weight, int4_fits, int4_linear, pack_int4, quantize_int4
+from kernels import cpu_qgemv
+from runtime.model.cpu_features import cpu_flags
+from runtime.model.quant_groups import QGEMV_MAX_ROWS, dequantize, group_fits, group_linear, quantize_q4, quantize_q8
+from runtime.model.quant_int4 import (
+    INT4_MAX_ROWS,
+    Int4Weight,
+    dequantize_int4,
+    int4_fits,
+    int4_linear,
+    pack_int4,
+    quantize_int4,
+)
 
 QUANTIZATIONS: tuple[str, ...] = ("none", "int8", "int4")
 INT8_QMAX = 127
@@ -104,18 +115,24 @@ class Linear(torch.nn.Module):
     """y = x @ weight.T + bias, with an optional int8 or int4 copy of weight for inputs of few rows.
 
     weight [N, K] (kept: it serves inputs above the row limit, and may be shared, e.g. a tied embedding); bias [N] or
-    None. Buffers (not in the state dict: derived from weight at construction), None when not quantized:
-    - quantization="int8": qweight int8 [N, K], scales [N] (KERNEL_DTYPE); kernel int8_linear.
-    - quantization="int4": qweight uint8 [N, K / 2] packed for this CPU, scales [K / 32, N, 2] (scale and zero per
-      group of 32, KERNEL_DTYPE); kernel runtime.model.quant_int4.int4_linear.
-    forward sends inputs of at most max_rows rows (INT8_MAX_ROWS / INT4_MAX_ROWS[weight.dtype] unless given) to the
-    kernel, larger ones to F.linear on the dense weight. A weight the kernel cannot take (int8: K not a multiple of
-    INT8_K_MULTIPLE; int4: K not a multiple of 32 or N of 16; no Llama-family model here has one) stays dense only
-    (qweight is None, scheme "none"). Outputs keep x's dtype. Raises ValueError for an unknown quantization.
+    None. The copy runs one of two kernels (attribute `kernel`):
+    - "qgemv" (kernels.cpu_qgemv, opt-in: when enabled and built, K % 32 == 0, weight float32 or bfloat16): groups of 32
+      with float32 scales (runtime.model.quant_groups): int4 qweight uint8 [N, K / 2], scales and mins [N, K / 32]
+      (quantize_q4: a GGUF 4-bit block's own grid); int8 qweight int8 [N, K], scales [N, K / 32] (quantize_q8);
+      x is read in its own dtype; row limit QGEMV_MAX_ROWS.
+    - "torch" (otherwise): int8 per output channel, qweight int8 [N, K], scales [N] (KERNEL_DTYPE), kernel
+      int8_linear; int4 qweight packed for this CPU, scales [K / 32, N, 2] (scale and zero per group), kernel
+      runtime.model.quant_int4.int4_linear; row limits INT8_MAX_ROWS / INT4_MAX_ROWS.
+    Buffers qweight, scales, mins are not in the state dict (derived from weight at construction) and None when not
+    quantized. forward sends inputs of at most max_rows rows (the kernel's limit for weight.dtype unless given) to
+    the copy, larger ones to F.linear on the dense weight. A weight neither kernel can take (int8: K not a multiple of
+    INT8_K_MULTIPLE; int4: K not a multiple of 32 or N of 16) stays dense only (qweight None, scheme "none").
+    Outputs keep x's dtype. Raises ValueError for an unknown quantization.
     """
 
     qweight: torch.Tensor | None
     scales: torch.Tensor | None
+    mins: torch.Tensor | None
 
     def __init__(
         self,
@@ -129,53 +146,88 @@ class Linear(torch.nn.Module):
         self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
         self.register_buffer("qweight", None, persistent=False)
         self.register_buffer("scales", None, persistent=False)
+        self.register_buffer("mins", None, persistent=False)
         self.set_scheme(quantization, max_rows)
 
     def set_scheme(self, quantization: str, max_rows: int | None = None) -> None:
         """(Re)build the quantized copy of weight for `quantization` ("none", "int8" or "int4"); mutates qweight,
-        scales, scheme and max_rows (see the class docstring). Raises ValueError for an unknown quantization."""
+        scales, mins, scheme, kernel, isa and max_rows (see the class docstring); builds the qgemv op on first use.
+        Raises ValueError for an unknown quantization."""
         if quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization {quantization!r}; supported: {list(QUANTIZATIONS)}")
-        qweight: torch.Tensor | None = None
-        scales: torch.Tensor | None = None
+        self.kernel = "torch"
+        self.isa = cpu_qgemv.isa_for(cpu_flags())
         limits = INT8_MAX_ROWS
         w = self.weight.detach()
-        if quantization == "int8" and w.shape[-1] % INT8_K_MULTIPLE == 0:
-            qweight, scales = quantize_int8(w, KERNEL_DTYPE)
+        copy: tuple[torch.Tensor, ...] = ()
+        if quantization != "none" and _qgemv_takes(w):
+            self.kernel = "qgemv"
+            limits = QGEMV_MAX_ROWS[quantization]
+            copy = tuple(quantize_q4(w) if quantization == "int4" else quantize_q8(w))
+        elif quantization == "int8" and w.shape[-1] % INT8_K_MULTIPLE == 0:
+            copy = tuple(quantize_int8(w, KERNEL_DTYPE))
         elif quantization == "int4" and int4_fits(w):
-            qweight, scales, _ = pack_int4(quantize_int4(w))
+            copy = tuple(pack_int4(quantize_int4(w))[:2])
             limits = INT4_MAX_ROWS
-        self.scheme = "none" if qweight is None else quantization
-        self.qweight = qweight
-        self.scales = scales
-        if qweight is None:
+        self.qweight = copy[0] if copy else None
+        self.scales = copy[1] if copy else None
+        self.mins = copy[2] if len(copy) == 3 else None
+        self.scheme = "none" if self.qweight is None else quantization
+        if self.qweight is None:
             self.max_rows = 0
         elif max_rows is None:
             self.max_rows = limits.get(w.dtype, 0)
         else:
             self.max_rows = max_rows
+        if self.kernel == "qgemv":
+            self.max_rows = min(self.max_rows, cpu_qgemv.MAX_ROWS)
 
     @property
     def int8(self) -> Int8Weight | None:
-        """The int8 copy (buffers qweight int8 [N, K], scales [N]), or None when not int8-quantized."""
-        if self.scheme != "int8" or self.qweight is None or self.scales is None:
+        """The torch kernel's int8 copy (qweight int8 [N, K], scales [N]), or None (not int8, or the qgemv op)."""
+        if self.scheme != "int8" or self.kernel != "torch" or self.qweight is None or self.scales is None:
             return None
         return Int8Weight(self.qweight, self.scales)
 
     @property
     def int4(self) -> Int4Weight | None:
-        """The int4 copy (qweight uint8 [N, K / 2], scales_and_zeros [K / 32, N, 2]), or None when not int4."""
-        if self.scheme != "int4" or self.qweight is None or self.scales is None:
+        """The torch kernel's int4 copy (qweight uint8 [N, K / 2], scales_and_zeros [K / 32, N, 2]), or None."""
+        if self.scheme != "int4" or self.kernel != "torch" or self.qweight is None or self.scales is None:
             return None
         return Int4Weight(self.qweight, self.scales, self.weight.shape[-1] // self.scales.shape[0])
 
+    @property
+    def groups(self) -> cpu_qgemv.Q4Weight | cpu_qgemv.Q8Weight | None:
+        """The qgemv op's copy (Q4Weight under int4, Q8Weight under int8), or None when the op does not serve it."""
+        if self.kernel != "qgemv" or self.qweight is None or self.scales is None:
+            return None
+        if self.mins is not None:
+            return cpu_qgemv.Q4Weight(self.qweight, self.scales, self.mins)
+        return cpu_qgemv.Q8Weight(self.qweight, self.scales)
+
+    def dequantized(self) -> torch.Tensor:
+        """What inputs of at most max_rows rows are multiplied by: float32 [N, K], the dequantized copy (weight
+        itself when not quantized). Allocates; mutates nothing."""
+        groups = self.groups
+        if groups is not None:
+            return dequantize(groups)
+        if self.int8 is not None:
+            return dequantize_int8(self.int8.qweight, self.int8.scales)
+        if self.int4 is not None:  # the packed layout depends on the CPU: quantize again (deterministic)
+            return dequantize_int4(quantize_int4(self.weight.detach()))
+        return self.weight.detach().float()
+
     def uses_quantized(self, rows: int) -> bool:
-        """True when an input of `rows` rows (tokens) runs the int8 or int4 kernel."""
+        """True when an input of `rows` rows (tokens) runs the quantized copy."""
         return self.qweight is not None and rows <= self.max_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N] in x.dtype; the quantized kernel when uses_quantized(rows of x), else F.linear."""
-        if self.uses_quantized(x.numel() // x.shape[-1]):
+        rows = x.numel() // x.shape[-1]
+        if rows and self.uses_quantized(rows):
+            groups = self.groups
+            if groups is not None:
+                return group_linear(x, groups, self.isa, self.bias)
             w4 = self.int4
             if w4 is not None:
                 return int4_linear(x, w4, self.bias)
@@ -185,7 +237,17 @@ class Linear(torch.nn.Module):
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        """in/out features, bias, and the quantized row limit when quantized."""
+        """in/out features, bias, and the quantized row limit and kernel when quantized."""
         n, k = self.weight.shape
-        q = f", {self.scheme} up to {self.max_rows} rows" if self.qweight is not None else ""
+        q = f", {self.scheme} ({self.kernel}) up to {self.max_rows} rows" if self.qweight is not None else ""
         return f"in_features={k}, out_features={n}, bias={self.bias is not None}{q}"
+
+
+def _qgemv_takes(weight: torch.Tensor) -> bool:
+    """True when the qgemv op serves weight [N, K]: groups of 32 fit, float32 or bfloat16, the op is built."""
+    return (
+        group_fits(weight)
+        and weight.dtype in (torch.float32, torch.bfloat16)
+        and weight.device.type == "cpu"
+        and cpu_qgemv.load_op() is not None
+    )

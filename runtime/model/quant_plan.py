@@ -3,9 +3,9 @@
 "none", "int8" and "int4" give every linear that scheme (runtime.model.quant.Linear; the head never goes below int8:
 an int4 head loses top-1 agreement, runtime/model/models/llama.py). "auto", the default, keeps at least the precision
 the checkpoint stored each weight in, on the fast path of steps of few rows: a GGUF tensor stored in 4 bits (Q4_0,
-Q4_1) runs int4, one stored in 5 to 8 bits (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0) int8, and Q4_K int8 too (measured: see
-GGUF_TYPE_SCHEME), a float one (F32, F16, BF16)
-and every weight of a float checkpoint (safetensors) none. A fused linear (q/k/v, gate/up) takes the most precise
+Q4_1, Q4_K) runs int4, one stored in 5 to 8 bits (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0) int8 (Q4_K too where the qgemv op
+is not built: see GGUF_TYPE_SCHEME), a float one (F32, F16, BF16) and every weight of a float checkpoint
+(safetensors) none. A fused linear (q/k/v, gate/up) takes the most precise
 scheme of its parts. The GGUF types come from the converted folder (runtime.model.gguf_convert.GGUF_TYPES_FILE). On a
 device other than the CPU (no weight-only kernel there) "auto" is "none".
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from kernels import cpu_qgemv
 from runtime.model.gguf_convert import GGUF_TYPES_FILE
 from runtime.model.quant import QUANTIZATIONS, Linear
 
@@ -26,15 +27,14 @@ logger = logging.getLogger(__name__)
 
 AUTO = "auto"
 CHOICES: tuple[str, ...] = (AUTO, *QUANTIZATIONS)
-# The scheme that keeps a GGUF type's precision: 4-bit types int4, 5-8-bit types int8, float types none; except Q4_K,
-# which runs int8 because measured agreement says so: our int4 copy re-quantizes each group of 32 by its min and max,
-# which lands on the file's grid only when the group's values reach codes 0 and 15 (Q4_1's min/max quantizer does;
-# Q4_K's least-squares scales and mins often do not), so it adds a second rounding. Teacher-forced top-1 agreement
-# with float32 on Gemma 3 270M Q4_K_M (README): Q4_K as int4 0.865, as int8 0.910; SmolLM2's Q4_1 as int4 0.974.
+# The scheme that keeps a GGUF type's precision: 4-bit types int4, 5-8-bit types int8, float types none. Q4_K is int4
+# on the qgemv op only (runtime.model.quant_groups stores each group on the file's own grid); torch's int4 path
+# re-quantizes each group by its min and max, which lands on Q4_K's grid only when the group's codes reach 0 and 15,
+# so where the op is not built Q4_K runs int8 (FALLBACK_SCHEME): measured agreement said so (README, "GGUF types").
 GGUF_TYPE_SCHEME: dict[str, str] = {
     "Q4_0": "int4",
     "Q4_1": "int4",
-    "Q4_K": "int8",
+    "Q4_K": "int4",
     "Q5_0": "int8",
     "Q5_1": "int8",
     "Q5_K": "int8",
@@ -44,6 +44,7 @@ GGUF_TYPE_SCHEME: dict[str, str] = {
     "F16": "none",
     "BF16": "none",
 }
+FALLBACK_SCHEME: dict[str, str] = {"Q4_K": "int8"}  # GGUF types whose scheme without the qgemv op differs
 _PRECISION = {"int4": 0, "int8": 1, "none": 2}
 # The weights a fused linear of runtime.model.models.decoder is built from, by its module name (Phi-3's checkpoint
 # stores them fused already).
@@ -94,7 +95,7 @@ class QuantPlan:
         """The scheme ("none", "int8" or "int4") of the linear built from weights `names` (several when fused)."""
         if self.quantization != AUTO:
             return self.quantization
-        schemes = [GGUF_TYPE_SCHEME[self.source_types.get(n, "F32")] for n in names]
+        schemes = [_type_scheme(self.source_types.get(n, "F32")) for n in names]
         return max(schemes, key=_PRECISION.__getitem__)
 
     def head_scheme(self, name: str) -> str:
@@ -134,6 +135,13 @@ class QuantPlan:
         for t in self.source_types.values():
             counts[GGUF_TYPE_SCHEME[t]] = counts.get(GGUF_TYPE_SCHEME[t], 0) + 1
         return f"auto ({', '.join(f'{k}: {v} tensors' for k, v in sorted(counts.items())) or 'float checkpoint: none'})"
+
+
+def _type_scheme(gguf_type: str) -> str:
+    """GGUF_TYPE_SCHEME[gguf_type], or FALLBACK_SCHEME's where the qgemv op is not built (builds it on first use)."""
+    if gguf_type in FALLBACK_SCHEME and cpu_qgemv.load_op() is None:
+        return FALLBACK_SCHEME[gguf_type]
+    return GGUF_TYPE_SCHEME[gguf_type]
 
 
 NO_QUANTIZATION = QuantPlan("none")  # every linear dense (never mutated)

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from runtime.model import quant, quant_int4
+from runtime.model import quant
 
 
 class Agreement(NamedTuple):
@@ -96,14 +96,10 @@ def assert_within_reference(mine: Agreement, reference: Agreement) -> None:
 
 
 def _as_quantized(weight: torch.Tensor, scheme: str) -> torch.Tensor:
-    """What runtime.model.quant.Linear(weight, quantization=scheme) multiplies for few rows, float32 [N, K]: the
-    dequantized int8 / int4 copy, or weight itself where the kernel cannot take its shape (Linear keeps it dense)."""
-    if scheme == "int8" and weight.shape[-1] % quant.INT8_K_MULTIPLE == 0:
-        q8 = quant.quantize_int8(weight, quant.KERNEL_DTYPE)
-        return quant.dequantize_int8(q8.qweight, q8.scales)
-    if scheme == "int4" and quant_int4.int4_fits(weight):
-        return quant_int4.dequantize_int4(quant_int4.quantize_int4(weight))
-    return weight.float()
+    """What runtime.model.quant.Linear(weight, quantization=scheme) multiplies for few rows, float32 [N, K]: its
+    dequantized copy (qgemv groups, or torch's int8 / int4 copy where the op is not built), or weight itself where
+    no kernel can take its shape (Linear keeps it dense)."""
+    return quant.Linear(weight.detach(), quantization=scheme).dequantized()
 
 
 @torch.inference_mode()

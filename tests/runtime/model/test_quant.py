@@ -1,5 +1,6 @@
-"""Weight-only int8 and int4 linears (runtime/model/quant.py, quant_int4.py): quantize / dequantize, the kernels
-against the dequantized product, the row dispatch, and that a quantized model reads its quantized copies. The
+"""Weight-only int8 and int4 linears (runtime/model/quant.py, quant_int4.py): quantize / dequantize, torch's kernels
+against the dequantized product, the row dispatch, and that a quantized model reads its quantized copies (through the
+qgemv op where it builds; its own tests: test_quant_groups.py). The
 quantized models' agreement with float32 on real text: test_quant_agreement.py."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_qgemv
 from runtime.config import InvalidConfig, ServerArgs
 from runtime.model.loader import load_config, resolve_model
 from runtime.model.models import build_model
@@ -15,6 +17,12 @@ from runtime.model.quant import INT8_MAX_ROWS, Linear, dequantize_int8, int8_lin
 from runtime.model.quant_int4 import INT4_MAX_ROWS, Int4Groups, dequantize_int4, int4_linear, pack_int4, quantize_int4
 from runtime.model.runner import ModelRunner
 from tests.runtime.model.step_logits import teacher_forced_logits
+
+
+@pytest.fixture
+def torch_kernels(monkeypatch):
+    """Linear on torch's int8pack / int4pack kernels: the qgemv op turned off (its tests: test_quant_groups.py)."""
+    monkeypatch.setattr(cpu_qgemv, "ENABLED", False)
 
 
 def test_quantize_round_trips_representable_weights_exactly():
@@ -74,7 +82,7 @@ def test_int8_linear_equals_the_dense_product_of_the_dequantized_weight(dtype):
         int8_linear(torch.ones(1, 24), quantize_int8(torch.ones(4, 24)))
 
 
-def test_linear_sends_up_to_max_rows_to_the_int8_copy_and_more_to_the_dense_weight():
+def test_linear_sends_up_to_max_rows_to_the_int8_copy_and_more_to_the_dense_weight(torch_kernels):
     assert INT8_MAX_ROWS[torch.bfloat16] == 4 and INT8_MAX_ROWS[torch.float32] == 8
     torch.manual_seed(3)
     for dtype, limit in ((torch.bfloat16, 4), (torch.float32, 8)):
@@ -225,7 +233,7 @@ def test_int4_linear_equals_the_dense_product_of_the_dequantized_weight(dtype):
         int4_linear(torch.ones(1, 96), w)
 
 
-def test_int4_linear_sends_up_to_max_rows_to_the_int4_copy_and_keeps_unfit_shapes_dense():
+def test_int4_linear_sends_up_to_max_rows_to_the_int4_copy_and_keeps_unfit_shapes_dense(torch_kernels):
     assert INT4_MAX_ROWS[torch.bfloat16] == 12 and INT4_MAX_ROWS[torch.float32] == 16
     torch.manual_seed(7)
     for dtype, limit in ((torch.bfloat16, 12), (torch.float32, 16)):

@@ -114,7 +114,7 @@ def test_int8_model_agrees_with_float32_on_top1_of_real_text(
 ):
     runner = ModelRunner(ServerArgs(model="smollm2", num_blocks=64, dtype="bfloat16", quantization="int8"))
     head = runner.model.lm_head
-    assert head.int8 is not None and head.uses_quantized(STEP_ROWS)  # every projection reads int8
+    assert head.scheme == "int8" and head.uses_quantized(STEP_ROWS)  # every projection reads int8
     mine = torch.cat(teacher_forced_logits(runner, passage_ids))
     reference = _predicting(transformers_logits(passage_ids, torch.bfloat16, "int8"))
     _judge("int8", mine, reference, float32_logits, dense_bf16_error, record_property)
@@ -127,7 +127,7 @@ def test_int4_model_agrees_with_float32_on_top1_of_real_text(
     runner = ModelRunner(ServerArgs(model="smollm2", num_blocks=64, dtype=dtype, quantization="int4"))
     layer = runner.model.layers[0]
     head = runner.model.lm_head
-    assert layer.mlp.down_proj.int4 is not None and head.int8 is not None
+    assert layer.mlp.down_proj.scheme == "int4" and head.scheme == "int8"
     assert layer.mlp.down_proj.uses_quantized(STEP_ROWS) and head.uses_quantized(STEP_ROWS)
     mine = torch.cat(teacher_forced_logits(runner, passage_ids))
     weight_dtype = getattr(torch, dtype)  # the runner quantizes its weights as loaded in its dtype

@@ -1,0 +1,158 @@
+"""Quantized matrix times few vectors for CPU decode (kernels/cpu_qgemv.cpp): weight layout, build on first use, ISA.
+
+``torch.ops.radixserve_qgemv.qgemv`` computes y [M, N] = x [M, K] @ W.T for M <= MAX_ROWS rows of float32 or
+bfloat16 x (read as they are: no conversion around the call), W stored in groups of GROUP values along K:
+- 4 bits: ``Q4Weight``: q 0..15 packed two to a byte, w = q * scale + min per group (float32 scale and min);
+- 8 bits: ``Q8Weight``: int8 q in -127..127, w = q * scale per group.
+x is quantized to int8 per row per group on the fly and each group's dot product is an integer sum (the C++ file's
+header gives the scheme and the error bound). The instruction set is an argument (``isa_for`` picks it from the
+CPU's flags), not a compile flag: one library carries the scalar, AVX2 and AVX-512 VNNI code, each function compiled
+for its own target, so a test can run the AVX2 code on an AVX-512 machine and an AVX2-only CPU never meets an AVX-512
+instruction.
+
+Build: kernels.cpp_build compiles it on first use into ``$RADIXSERVE_CACHE/kernels`` as
+``radixserve_cpu_qgemv-<key>.so``. A build or load failure logs one warning and ``load_op`` returns None: the caller
+keeps torch's kernels. It is off unless ``RADIXSERVE_CPU_QGEMV=1`` (read at import) or ``ENABLED = True``.
+``python -m kernels.cpu_qgemv`` builds it (if needed) and prints where and how long.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Set
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from kernels import cpp_build
+from kernels.errors import KernelInputError
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")
+NAME = "radixserve_cpu_qgemv"
+# No -march: each ISA's functions carry their own target attribute. -fopenmp: at::parallel_for's OpenMP backend.
+CFLAGS = ("-O3", "-fopenmp")
+# Opt-in (RADIXSERVE_CPU_QGEMV=1): measured on SmolLM2, the activations' int8 rounding costs top-1 agreement with
+# float32 that torch's kernels keep (README, "Quantized decode GEMV").
+ENABLED = os.environ.get("RADIXSERVE_CPU_QGEMV", "0") == "1"
+GROUP = 32  # values of K per scale (and min): GGUF's Q4_0 / Q4_1 / Q8_0 block, a Q4_K sub-block
+MAX_ROWS = 16  # the most rows of x one call takes
+ISAS = {"scalar": 0, "avx2": 1, "avx512_vnni": 2}
+AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
+AVX2_FLAGS = frozenset({"avx2", "fma"})
+
+_op: Callable[..., torch.Tensor] | None = None
+_failed = False
+
+
+class Q4Weight(NamedTuple):
+    """4-bit groups: qweight uint8 [N, K / 2] (pack_q4's layout), scales and mins float32 [N, K / GROUP];
+    w[n, g * 32 + j] = q * scales[n, g] + mins[n, g]."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor
+
+
+class Q8Weight(NamedTuple):
+    """8-bit groups: qweight int8 [N, K] (-127..127), scales float32 [N, K / GROUP]; w = q * scales[n, k // 32]."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+
+
+def isa_for(flags: Set[str]) -> str:
+    """The fastest ISA of ISAS these CPU flags (/proc/cpuinfo names) allow: avx512_vnni, avx2 or scalar."""
+    if AVX512_FLAGS <= flags:
+        return "avx512_vnni"
+    if AVX2_FLAGS <= flags:
+        return "avx2"
+    return "scalar"
+
+
+def pack_q4(q: torch.Tensor) -> torch.Tensor:
+    """q (any integer dtype) [N, K], values 0..15, K % GROUP == 0 -> uint8 [N, K / 2]: per group of 32, byte j holds
+    q[j] in its low nibble and q[j + 16] in its high one (ggml's Q4 block order). Raises ValueError on a bad shape."""
+    if q.dim() != 2 or q.shape[1] % GROUP:
+        raise ValueError(f"pack_q4 takes [N, K] with K % {GROUP} == 0, got {tuple(q.shape)}")
+    n, k = q.shape
+    g = q.to(torch.uint8).reshape(n, k // GROUP, 2, GROUP // 2)
+    return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+def unpack_q4(packed: torch.Tensor) -> torch.Tensor:
+    """pack_q4's inverse: uint8 [N, K / 2] -> uint8 [N, K] (0..15)."""
+    n, half = packed.shape
+    g = packed.reshape(n, half // (GROUP // 2), 1, GROUP // 2)
+    return torch.cat([g & 15, g >> 4], dim=2).reshape(n, half * 2)
+
+
+def source_bytes() -> bytes:
+    """The kernel's source as built."""
+    return SOURCE.read_bytes()
+
+
+def library_path(source: bytes) -> Path:
+    """Path of the library built from ``source`` with CFLAGS against this torch, on this machine."""
+    return cpp_build.library_path(NAME, source, CFLAGS)
+
+
+def _compile(path: Path) -> None:
+    cpp_build.compile_library(path, [SOURCE], CFLAGS)
+
+
+def load_op() -> Callable[..., torch.Tensor] | None:
+    """torch.ops.radixserve_qgemv.qgemv, building it on first use; None when ENABLED is False or (one warning per
+    process) when it cannot be built or loaded."""
+    global _op, _failed
+    if not ENABLED:
+        return None
+    if _op is not None or _failed:
+        return _op
+    try:
+        if not hasattr(torch.ops.radixserve_qgemv, "qgemv"):
+            cpp_build.load_library(library_path(source_bytes()), _compile)
+        _op = torch.ops.radixserve_qgemv.qgemv
+    except Exception as exc:  # any build or load failure (compiler, linker, loader) keeps torch's kernels
+        detail = "\n".join(str(exc).strip().splitlines()[-6:])
+        logger.warning("CPU qgemv kernel unavailable (%s); using torch's kernels: %s", cpp_build.compiler(), detail)
+        _failed = True
+    return _op
+
+
+def qgemv(x: torch.Tensor, w: Q4Weight | Q8Weight, isa: str) -> torch.Tensor:
+    """x [M, K] @ W.T -> [M, N] in x.dtype, W the group-quantized weight w (Q4Weight: 4 bits, Q8Weight: 8 bits).
+
+    x: float32 or bfloat16, contiguous, 1 <= M <= MAX_ROWS; isa: a key of ISAS the CPU supports (isa_for). Builds the
+    op on first use. Accumulates in float32; the error against x @ dequantized(W).T is x's int8 rounding per group
+    (bound: kernels/cpu_qgemv.cpp). Mutates nothing.
+    Raises: KernelInputError for shapes, dtypes or an isa the op does not take; RuntimeError when the op is
+    unavailable (load_op() is None: check it first).
+    """
+    op = _op if _op is not None else load_op()
+    if op is None:
+        raise RuntimeError("the qgemv op is unavailable (disabled or failed to build); check load_op() first")
+    if isa not in ISAS:
+        raise KernelInputError(f"isa {isa!r}; supported: {list(ISAS)}")
+    try:
+        if isinstance(w, Q4Weight):
+            return op(x, w.qweight, w.scales, w.mins, 4, ISAS[isa])
+        return op(x, w.qweight, w.scales, w.scales, 8, ISAS[isa])
+    except ValueError as exc:  # c10::ValueError from the operator's input checks
+        raise KernelInputError(str(exc).split("\n", 1)[0]) from exc
+
+
+def main() -> None:
+    """Build the kernel (if needed) and print where it is and how long the build took."""
+    start = time.perf_counter()
+    built = cpp_build.load_library(library_path(source_bytes()), _compile)
+    verb = f"built in {built.seconds:.1f} s" if built.built else "already built"
+    print(f"{built.path}: {verb}; loaded after {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""The qgemv op (kernels/cpu_qgemv.cpp) on every ISA this CPU can run: the integer dot products exact to the bit, the
+activation quantization equal to a torch reference of the same math, the error against the float product of the
+dequantized weight within the bound the C++ header states, and clear errors for inputs it does not take.
+
+Run it natively and with the AVX2 code only (RADIXSERVE_CPU_FLAGS without avx512*/amx*, ATEN_CPU_CAPABILITY=avx2,
+ONEDNN_MAX_CPU_ISA=AVX2): the ISAs under test are the ones the (possibly overridden) flags allow, so an AVX2-only
+host never runs AVX-512 code.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu_qgemv
+from kernels.cpu_qgemv import GROUP, Q4Weight, Q8Weight, pack_q4, qgemv, unpack_q4
+from kernels.errors import KernelInputError
+from runtime.model.cpu_features import cpu_flags
+
+ORDER = ["scalar", "avx2", "avx512_vnni"]
+RUNNABLE = ORDER[: ORDER.index(cpu_qgemv.isa_for(cpu_flags())) + 1]  # every ISA up to the one the flags pick
+SHAPES = [(1, 48, 96), (3, 64, 64), (16, 40, 160), (5, 33, 32)]  # (M, N, K): odd and even group counts, 1..16 rows
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _built():
+    enabled = cpu_qgemv.ENABLED
+    cpu_qgemv.ENABLED = True  # opt-in in the product (kernels/cpu_qgemv.py)
+    assert cpu_qgemv.load_op() is not None, "the op must build on a test machine (a C++ compiler is required)"
+    yield
+    cpu_qgemv.ENABLED = enabled
+
+
+def quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The op's activation quantization in torch: per row per group of 32, a = absmax / 127, xq = round(x * (1 / a))
+    -> xq float [M, G, 32] (integers), a [M, G], float sum of x [M, G]."""
+    m, k = x.shape
+    g = x.float().reshape(m, k // GROUP, GROUP)
+    a = g.abs().amax(dim=-1) / 127
+    inv = torch.where(a > 0, 1 / a, torch.zeros_like(a))
+    return torch.round(g * inv[..., None]).clamp(-127, 127), a, g.sum(dim=-1)
+
+
+def reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None) -> torch.Tensor:
+    """The op's math in float64: sum_g scale * a * (q . xq) (+ min * sum x): float64 [M, N]."""
+    xq, a, sums = quantize_x(x)
+    n, k = q.shape
+    dots = torch.einsum("mgj,ngj->mng", xq.double(), q.double().reshape(n, k // GROUP, GROUP))
+    out = (dots * scales.double()[None] * a.double()[:, None]).sum(-1)
+    if mins is not None:
+        out += (mins.double()[None] * sums.double()[:, None]).sum(-1)
+    return out
+
+
+def dequantized(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None) -> torch.Tensor:
+    n, k = q.shape
+    w = q.float().reshape(n, k // GROUP, GROUP) * scales[..., None]
+    if mins is not None:
+        w = w + mins[..., None]
+    return w.reshape(n, k)
+
+
+def random_weight(bits: int, n: int, k: int, gen: torch.Generator) -> tuple[Q4Weight | Q8Weight, torch.Tensor]:
+    """A random 4-bit or 8-bit weight and its codes (uint8 0..15 or int8 -127..127) [N, K]."""
+    scales = torch.rand(n, k // GROUP, generator=gen) * 0.1
+    if bits == 4:
+        q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+        return Q4Weight(pack_q4(q), scales, torch.randn(n, k // GROUP, generator=gen) * 0.1), q
+    q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    return Q8Weight(q, scales), q
+
+
+def test_pack_q4_puts_q_j_and_q_j_plus_16_in_one_byte():
+    q = torch.arange(64, dtype=torch.uint8).remainder(16).reshape(1, 64)
+    packed = pack_q4(q)
+    assert packed.shape == (1, 32) and packed.dtype == torch.uint8
+    assert packed[0, :16].tolist() == [j | (j << 4) for j in range(16)]  # q[j] = j and q[j + 16] = j
+    assert torch.equal(unpack_q4(packed), q)
+    with pytest.raises(ValueError, match=r"K % 32 == 0"):
+        pack_q4(torch.zeros(2, 48, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("isa", RUNNABLE)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_integer_dot_products_are_exact(isa, bits):
+    """Inputs whose float math is exact too (powers of two, integer x with each group's absmax 127 * 2^-e): the op's
+    output equals the float64 product to the bit, on every ISA, for float32 and bfloat16 x."""
+    gen = torch.Generator().manual_seed(bits)
+    for m, n, k in SHAPES:
+        g = k // GROUP
+        xi = torch.randint(-126, 127, (m, g, GROUP), generator=gen)
+        xi[:, :, 5] = 127 * (1 - 2 * torch.randint(0, 2, (m, g), generator=gen))  # each group reaches +-127
+        x = (xi * torch.pow(2.0, -torch.randint(0, 3, (m, g, 1), generator=gen))).reshape(m, k)
+        w, q = random_weight(bits, n, k, gen)
+        scales = torch.pow(2.0, -torch.randint(0, 3, (n, g), generator=gen).float())
+        mins = torch.randint(-8, 9, (n, g), generator=gen) / 4.0 if bits == 4 else None
+        w = Q4Weight(w.qweight, scales, mins) if mins is not None else Q8Weight(w.qweight, scales)
+        expect = x.double() @ dequantized(q, scales, mins).double().T
+        assert torch.equal(reference(x, q, scales, mins), expect)  # x's quantization is exact on these inputs
+        assert torch.equal(qgemv(x, w, isa), expect.float()), (isa, bits, m, n, k)
+        got16 = qgemv(x.bfloat16(), w, isa)  # integer x times 2^-e is exact in bfloat16
+        assert got16.dtype == torch.bfloat16 and torch.equal(got16, expect.bfloat16())
+
+
+@pytest.mark.parametrize("isa", RUNNABLE)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_random_inputs_match_the_quantized_math_and_the_stated_bound(isa, bits, dtype):
+    """Random x: equal to the torch reference of the same quantized math up to float32 summation order, and within
+    the bound of kernels/cpu_qgemv.cpp of the float product of the dequantized weight:
+    |y - x @ W.T| <= sum_g |scale_g| * a_g / 2 * sum_j |q_j| (+ float32 rounding of the terms)."""
+    gen = torch.Generator().manual_seed(10 + bits)
+    for m, n, k in SHAPES:
+        x = torch.randn(m, k, generator=gen).to(dtype)
+        w, q = random_weight(bits, n, k, gen)
+        mins = w.mins if isinstance(w, Q4Weight) else None
+        got = qgemv(x, w, isa).double()
+        deq = dequantized(q, w.scales, mins).double()
+        magnitude = x.double().abs() @ deq.abs().T  # sum_k |x_k w_k|: the scale of float32 summation error
+        rounding = magnitude * 2**-20 + (1e-2 if dtype == torch.bfloat16 else 0) * reference(x, q, w.scales, mins).abs()
+        assert ((got - reference(x, q, w.scales, mins)).abs() <= rounding).all(), (isa, m, n, k)
+        _, a, _ = quantize_x(x)
+        qabs = q.double().abs().reshape(n, k // GROUP, GROUP).sum(-1)  # [N, G]
+        bound = (w.scales.double().abs()[None] * a.double()[:, None] / 2 * qabs[None]).sum(-1)
+        err = (got - x.double() @ deq.T).abs()
+        assert (err <= bound + rounding).all(), (isa, m, n, k, float((err - bound).max()))
+        assert float(err.max()) > 0  # the bound is not vacuous: x's rounding does move the result
+
+
+def test_result_does_not_depend_on_the_thread_count():
+    gen = torch.Generator().manual_seed(3)
+    w, _ = random_weight(4, 512, 256, gen)
+    x = torch.randn(4, 256, generator=gen)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = qgemv(x, w, RUNNABLE[-1])
+        torch.set_num_threads(2)
+        two = qgemv(x, w, RUNNABLE[-1])
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_inputs_the_op_does_not_take_raise_kernel_input_errors():
+    gen = torch.Generator().manual_seed(4)
+    w, _ = random_weight(4, 16, 64, gen)
+    w8, _ = random_weight(8, 16, 64, gen)
+    isa = RUNNABLE[-1]
+    with pytest.raises(KernelInputError, match=r"x has 17 rows; 1 to 16 are supported"):
+        qgemv(torch.zeros(17, 64), w, isa)
+    with pytest.raises(KernelInputError, match=r"x must be a contiguous float32 or bfloat16"):
+        qgemv(torch.zeros(1, 64, dtype=torch.float16), w, isa)
+    with pytest.raises(KernelInputError, match=r"qweight must be contiguous Byte \[N, 48\], got \[16, 32\]"):
+        qgemv(torch.zeros(1, 96), w, isa)
+    with pytest.raises(KernelInputError, match=r"K=48 is not a positive multiple of 32"):
+        qgemv(torch.zeros(1, 48), w, isa)
+    with pytest.raises(KernelInputError, match=r"scales and mins must be contiguous float32 \[N, K / 32\]"):
+        qgemv(torch.zeros(1, 64), Q8Weight(w8.qweight, w8.scales.double()), isa)
+    with pytest.raises(KernelInputError, match=r"isa 'neon'; supported"):
+        qgemv(torch.zeros(1, 64), w, "neon")
+    assert qgemv(torch.zeros(2, 64), Q8Weight(w8.qweight[:0], w8.scales[:0]), isa).shape == (2, 0)
+
+
+def test_isa_follows_the_flags():
+    assert cpu_qgemv.isa_for(frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"})) == (
+        "avx512_vnni"
+    )
+    assert cpu_qgemv.isa_for(frozenset({"avx2", "fma", "avx512f", "avx512bw"})) == "avx2"  # no VNNI: AVX2 code
+    assert cpu_qgemv.isa_for(frozenset({"sse4_2"})) == "scalar"
