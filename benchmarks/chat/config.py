@@ -32,12 +32,13 @@ class Config:
     dtype: str = "auto"
     quantization: str = "none"
     http_client: str = "openai"
+    chat_template: str | None = None  # a Jinja file our server renders chats with (ServerArgs.chat_template)
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace, targets: list[str], block_size: int, **settings: Any) -> Config:
         """The workload's fields from the chat benchmarks' shared flags (ns.model, conversations, turns,
         system_prompt_tokens, user_tokens, max_tokens, concurrency, seed); num_blocks 0 (the caller sizes it);
-        settings: the other fields (repeats, dtype, quantization, http_client)."""
+        settings: the other fields (repeats, dtype, quantization, http_client, chat_template)."""
         return cls(
             model=ns.model,
             conversations=ns.conversations,
@@ -72,6 +73,7 @@ class Config:
             http_port=0 if http else None,
             dtype=cast(Any, self.dtype),
             quantization=cast(Any, self.quantization),
+            chat_template=self.chat_template,
         )
 
     @property
