@@ -51,10 +51,11 @@ def timed_steps(engine: Any, steps: int) -> list[float]:
     return times
 
 
-def top_ops(prof: torch.profiler.profile, steps: int, top: int) -> list[dict[str, Any]]:
+def top_ops(prof: torch.profiler.profile, steps: int, top: int, shapes: bool = False) -> list[dict[str, Any]]:
     """The `top` ops by self CPU time: name, self_ms_per_step, total_ms_per_step (with the ops it calls),
-    calls_per_step, share (of the self CPU time of all ops)."""
-    events = list(prof.key_averages())
+    calls_per_step, share (of the self CPU time of all ops); shapes: one row per op and input shapes (the profile
+    must have recorded them), with its input_shapes."""
+    events = list(prof.key_averages(group_by_input_shape=shapes))
     total_us = sum(e.self_cpu_time_total for e in events) or 1.0
     ranked = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
     return [
@@ -64,6 +65,7 @@ def top_ops(prof: torch.profiler.profile, steps: int, top: int) -> list[dict[str
             "total_ms_per_step": round(e.cpu_time_total / 1e3 / steps, 3),
             "calls_per_step": round(e.count / steps, 2),
             "share": round(e.self_cpu_time_total / total_us, 4),
+            **({"input_shapes": str(e.input_shapes)} if shapes else {}),
         }
         for e in ranked
     ]
@@ -84,7 +86,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         pass
     timed_steps(engine, ns.warm_steps)
     plain = timed_steps(engine, ns.steps)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=ns.shapes) as prof:
         profiled = timed_steps(engine, ns.steps)
     while engine.scheduler.has_unfinished():
         engine.step()
@@ -98,22 +100,22 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             "prompt_tokens": ns.prompt_tokens,
             "warm_steps": ns.warm_steps,
             "steps": ns.steps,
+            "threads": torch.get_num_threads(),
         },
         "step_ms": round(1e3 * statistics.median(plain), 3),
         "decode_tok_s": round(1.0 / statistics.median(plain), 2),
         "profiled_step_ms": round(1e3 * statistics.median(profiled), 3),
-        "top_ops": top_ops(prof, ns.steps, ns.top),
+        "top_ops": top_ops(prof, ns.steps, ns.top, ns.shapes),
     }
 
 
 def print_top(result: dict[str, Any]) -> None:
     """step_ms and the top ops, one line each, on stdout."""
-    step, profiled = result["step_ms"], result["profiled_step_ms"]
-    print(f"step {step:.2f} ms ({result['decode_tok_s']:.1f} tok/s); profiled {profiled:.2f} ms")
+    step = f"step {result['step_ms']:.2f} ms ({result['decode_tok_s']:.1f} tok/s)"
+    print(f"{step}; profiled {result['profiled_step_ms']:.2f} ms")
     for row in result["top_ops"]:
-        print(
-            f"{row['op']:<48}{row['self_ms_per_step']:>9.3f} ms{row['calls_per_step']:>8.1f} calls{row['share']:>8.1%}"
-        )
+        figures = f"{row['self_ms_per_step']:>9.3f} ms{row['calls_per_step']:>8.1f} calls{row['share']:>8.1%}"
+        print(f"{row['op']:<40}{figures} {row.get('input_shapes', '')}")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--warm-steps", type=int, default=4)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--shapes", action="store_true", help="a row per op and input shapes")
     parser.add_argument("--smoke", action="store_true", help="seconds: a short prompt, 3 steps")
     parser.add_argument("--out", type=Path, help="JSON output (default results/decode_profile_<model>.json)")
     ns = parser.parse_args(argv)
