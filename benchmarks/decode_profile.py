@@ -79,17 +79,17 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     engine = Engine(ns.model, dtype=ns.dtype, quantization=ns.quantization)
     vocab = engine.runner.ready.vocab_size
     prompt = torch.randint(3, vocab, (ns.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
-    total = ns.warm_steps + 2 * ns.steps + 2
-    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=total)
-    engine.add_request(input_ids=prompt, sampling_params=params)
+    # room for every step below even when the detokenizer holds back the first tokens' chunks; aborted at the end
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=2 * (ns.warm_steps + 2 * ns.steps) + 64)
+    rid = engine.add_request(input_ids=prompt, sampling_params=params)
     while not any(chunk.token_ids for chunk in engine.step()):  # the prefill's steps, up to the first token
-        pass
+        if not engine.scheduler.has_unfinished():
+            raise RuntimeError("the request finished before its first token was streamed")
     timed_steps(engine, ns.warm_steps)
     plain = timed_steps(engine, ns.steps)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=ns.shapes) as prof:
         profiled = timed_steps(engine, ns.steps)
-    while engine.scheduler.has_unfinished():
-        engine.step()
+    engine.abort(rid)
     return {
         "machine": machine_facts(),
         "config": {
