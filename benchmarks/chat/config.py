@@ -40,7 +40,7 @@ class Config:
     def from_args(cls, ns: argparse.Namespace, targets: list[str], block_size: int, **settings: Any) -> Config:
         """The workload's fields from the chat benchmarks' shared flags (ns.model, conversations, turns,
         system_prompt_tokens, user_tokens, max_tokens, concurrency, seed); num_blocks 0 (the caller sizes it);
-        settings: the other fields (repeats, dtype, quantization, http_client)."""
+        settings: the other fields (repeats, dtype, quantization, http_client, chat_template)."""
         return cls(
             model=ns.model,
             conversations=ns.conversations,

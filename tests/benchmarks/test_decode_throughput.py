@@ -102,3 +102,13 @@ def test_smoke_gives_a_row_per_architecture(tmp_path: Path):
     per_arch = result["per_architecture"]
     assert list(per_arch) == ["qwen3", "gemma3"] and per_arch["gemma3"]["model"] == "gemma3"
     assert {"cpu_model", "cores", "load_average"} <= set(result["machine"])
+
+
+def test_smoke_gives_a_row_per_moe_architecture():
+    result = main(["--smoke", "--architectures", "qwen3_moe", "mixtral", "--dtypes", "float32", "--batches", "1"])
+    assert [(r["architecture"], r["dtype"], r["batch"]) for r in result["rows"]] == [
+        ("qwen3_moe", "float32", 1),
+        ("mixtral", "float32", 1),
+    ]
+    assert all(r["decode_tok_s"] > 0 and r["transformers_decode_tok_s"] > 0 for r in result["rows"])
+    assert list(result["per_architecture"]) == ["qwen3_moe", "mixtral"]

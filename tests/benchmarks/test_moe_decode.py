@@ -1,5 +1,5 @@
-"""benchmarks/moe_decode.py --smoke: a random Qwen3-MoE decoded at top-k 1 and 2; the rows, the active-expert
-counts (at batch 1 exactly top-k per sparse layer) and the machine facts."""
+"""benchmarks/moe_decode.py --smoke: a random Qwen3-MoE (and a Mixtral) decoded at top-k 1 and 2; the rows, the
+active-expert counts (at batch 1 exactly top-k per sparse layer) and the machine facts."""
 
 from __future__ import annotations
 
@@ -19,3 +19,10 @@ def test_smoke_rows_per_top_k(tmp_path: Path):
     assert all(r[f] > 0 for r in result["rows"] for f in figures)
     assert result["model"]["family"] == "Qwen3MoeForCausalLM" and result["quantization"] == "none"
     assert {"cpu_model", "cpu_capability", "cores", "load_average"} <= set(result["machine"])
+
+
+def test_smoke_mixtral_rows_per_top_k():
+    result = main(["--smoke", "--family", "mixtral"])
+    assert result["model"]["family"] == "MixtralForCausalLM" and result["model"]["experts"] == 16
+    assert [(r["top_k"], r["batch"], r["active_experts"]) for r in result["rows"]] == [(1, 1, 1.0), (2, 1, 2.0)]
+    assert all(r["decode_tok_s"] > 0 for r in result["rows"])
