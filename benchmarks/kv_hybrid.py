@@ -25,7 +25,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.cli import output_path
+from benchmarks.cli import write_result
 from radix.blocks import cdiv
 from radix.hybrid_manager import HybridKVCacheManager
 from radix.manager import KVCacheManager
@@ -149,10 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = hybrid_rows(contexts, ns.memory, ns.block_size, ns.chunk)
     result["machine"] = machine_facts()
     print(json.dumps(result, indent=1))
-    path = output_path(ns.out, ns.smoke, RESULTS)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(result, ns.out, ns.smoke, RESULTS)
     return result
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 import kernels
-from benchmarks.cli import output_path
+from benchmarks.cli import write_result
 
 RESULTS = Path(__file__).parent / "results" / "layer_breakdown.json"
 PARTS = ("norm", "qkv", "rotary", "store_kv", "attention", "o", "mlp", "other")
@@ -189,12 +189,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     machine = machine_facts()
     result = {"machine": machine, **run(ns.model, ns.context, ns.steps, ns.dtype, ns.quantization)}
-    text = json.dumps(result, indent=1)
-    path = output_path(ns.out, ns.smoke, RESULTS)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + "\n")
-    print(text)
+    write_result(result, ns.out, ns.smoke, RESULTS)
+    print(json.dumps(result, indent=1))
     return result
 
 

@@ -46,7 +46,7 @@ import torch
 import zmq
 
 from benchmarks import layer_breakdown
-from benchmarks.cli import output_path
+from benchmarks.cli import write_result
 from radix.blocks import cdiv
 from radix.manager import KVCacheManager
 from runtime import protocol as p
@@ -316,12 +316,8 @@ def main(argv: list[str] | None = None) -> dict:
     if ns.per_layer:
         steps = ns.steps if ns.smoke else 2 * ns.steps
         result["per_layer"] = layer_breakdown.run(ns.model, ns.context, steps, ns.dtypes[-1], "auto")
-    text = json.dumps(result, indent=1)
-    path = output_path(ns.out, ns.smoke, RESULTS)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + "\n")
-    print(text)
+    write_result(result, ns.out, ns.smoke, RESULTS)
+    print(json.dumps(result, indent=1))
     return result
 
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cli import output_path
+from benchmarks.cli import write_result
 from runtime.model.threads import WAIT_KEYS
 
 RESULTS = Path(__file__).parent / "results" / "thread_policy.json"
@@ -220,12 +220,8 @@ def main(argv: list[str] | None = None) -> dict:
     samples, loads, dtype = measure(ns.policies, spec)
     rows = [row for policy in ns.policies for row in rows_of(policy, samples[policy], ns.batches, ns.threads)]
     result = {"machine": machine, **spec, "dtype": dtype, "load_average": loads, "rows": rows}
-    text = json.dumps(result, indent=1)
-    path = output_path(ns.out, ns.smoke, RESULTS)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + "\n")
-    print(text)
+    write_result(result, ns.out, ns.smoke, RESULTS)
+    print(json.dumps(result, indent=1))
     return result
 
 

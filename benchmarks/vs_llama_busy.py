@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import vs_llama_server as vs
-from benchmarks.cli import output_path
+from benchmarks.cli import write_result
 
 RESULTS = Path(__file__).parent / "results" / "vs_llama_busy.json"
 BUSY = "while True: pass"
@@ -126,10 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     runs[phase].append(vs.main(args))
     result = {"machine": machine, "argv": rest, "reps": ns.reps, "summary": summarize(runs), "runs": runs}
     print(json.dumps(result["summary"], indent=1))
-    path = output_path(ns.out, ns.smoke, RESULTS)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(result, ns.out, ns.smoke, RESULTS)
     return result
 
 
