@@ -2,9 +2,10 @@
 
 The layers themselves are the dense ones, built from a ShardPlan's local_config and slices (runtime/model/parallel/
 shard.py); what tensor parallelism adds is where the ranks' partial results meet: an all-reduce after each
-row-parallel projection (o_proj, down_proj), a masked lookup and an all-reduce for the vocab-parallel embedding
-(vLLM's VocabParallelEmbedding does the same), and an all-gather of the vocab-parallel head's logits so every rank
-samples from the whole vocabulary, as TP = 1 does.
+row-parallel projection (o_proj, down_proj) and after each mixture-of-experts block (one for all its experts: each
+expert's down is row-parallel, and the routing-weighted sum of partial outputs is linear), a masked lookup and an
+all-reduce for the vocab-parallel embedding (vLLM's VocabParallelEmbedding does the same), and an all-gather of the
+vocab-parallel head's logits so every rank samples from the whole vocabulary, as TP = 1 does.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 
 from runtime.model.models.decoder import CausalLM
 from runtime.model.models.mlp import GatedMLP
+from runtime.model.models.moe import SparseMoeBlock
 from runtime.model.parallel.group import TPGroup
 from runtime.model.parallel.shard import ShardPlan
 
@@ -29,6 +31,23 @@ class RowParallel(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in / N] -> [T, out], the same on every rank."""
+        return self.group.all_reduce(self.inner(x))
+
+
+class ReducedMoe(torch.nn.Module):
+    """A SparseMoeBlock whose experts hold this rank's part of their width, its output summed over the ranks.
+
+    The router is replicated and every rank sees the same x, so all ranks route alike; each expert's output on a
+    rank is its down_proj over this rank's columns, and the weighted sum over experts of those partial outputs,
+    summed over the ranks, is the block's output at TP = 1 (to float rounding). One all-reduce per layer."""
+
+    def __init__(self, inner: SparseMoeBlock, group: TPGroup) -> None:
+        super().__init__()
+        self.inner = inner
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden] (the same on every rank) -> [T, hidden], the same on every rank."""
         return self.group.all_reduce(self.inner(x))
 
 
@@ -69,17 +88,21 @@ class VocabParallelHead(torch.nn.Module):
 
 
 def install_tensor_parallel(model: CausalLM, plan: ShardPlan, group: TPGroup) -> CausalLM:
-    """Wrap a CausalLM built from plan's local_config and slices: each layer's o_proj and down_proj in RowParallel,
-    the embedding in VocabParallelEmbedding, the head in VocabParallelHead. Mutates and returns model.
+    """Wrap a CausalLM built from plan's local_config and slices: each layer's o_proj and dense down_proj in
+    RowParallel, each mixture-of-experts block in ReducedMoe, the embedding in VocabParallelEmbedding, the head in
+    VocabParallelHead. Mutates and returns model.
 
-    Raises TypeError when a layer's MLP is not the dense GatedMLP (ShardPlan refuses MoE models before this)."""
+    Raises TypeError when a layer's MLP is neither a GatedMLP nor a SparseMoeBlock."""
     for layer in model.layers:
         attn = layer.get_submodule("self_attn")
         attn.register_module("o_proj", RowParallel(attn.get_submodule("o_proj"), group))
         mlp = layer.get_submodule("mlp")
-        if not isinstance(mlp, GatedMLP):
-            raise TypeError(f"tensor parallelism shards the dense GatedMLP only, not {type(mlp).__name__}")
-        mlp.register_module("down_proj", RowParallel(mlp.down_proj, group))
+        if isinstance(mlp, SparseMoeBlock):
+            layer.register_module("mlp", ReducedMoe(mlp, group))
+        elif isinstance(mlp, GatedMLP):
+            mlp.register_module("down_proj", RowParallel(mlp.down_proj, group))
+        else:
+            raise TypeError(f"tensor parallelism shards GatedMLP and SparseMoeBlock, not {type(mlp).__name__}")
     model.register_module(
         "embed_tokens", VocabParallelEmbedding(model.embed_weight, plan.vocab_start, plan.vocab_stop, group)
     )

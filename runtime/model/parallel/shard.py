@@ -8,6 +8,12 @@ ranks), so a layer needs two all-reduces. The embedding and the head are vocab-p
 rows, the last one padded with zero rows). KV heads are split like q heads; where N exceeds their count each KV head
 is replicated on N / num_kv_heads consecutive ranks (vLLM's rule), and each rank keeps the q heads that read it.
 Norms (and q/k norms, per head_dim) are replicated.
+
+Mixture-of-experts layers (Qwen3-MoE, Mixtral) are split as vLLM does by default: every rank holds all experts, each
+expert's gate/up rows and down columns of its part of the expert width (the dense MLP's split, per expert), the
+router replicated; the block's partial outputs are summed by one all-reduce per layer (layers.py), not one per expert.
+Per-expert tensors (experts.E.gate_proj / w1 ...) and the fused 3-D ones (experts.gate_up_proj [E, 2 * width,
+hidden], experts.down_proj [E, hidden, width]) are both sliced as they are read.
 """
 
 from __future__ import annotations
@@ -28,9 +34,13 @@ VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
 _LAYER = r"model\.layers\.\d+\."
 
 
+_EXPERT_COLUMN = r"\.experts\.\d+\.(gate_proj|up_proj|w1|w3)\.weight$"
+_EXPERT_ROW = r"\.experts\.\d+\.(down_proj|w2)\.weight$"
+
+
 class Piece(NamedTuple):
-    """Rows (dim 0) or columns (dim 1) [start, stop) of a tensor; a rank's slice is one piece or several, concatenated
-    along dim (a fused q/k/v or gate/up tensor)."""
+    """Indices [start, stop) along dimension dim of a tensor (rows 0, columns 1, or 2 for the fused 3-D experts);
+    a rank's slice is one piece or several, concatenated along dim (a fused q/k/v or gate/up tensor)."""
 
     dim: int
     start: int
@@ -40,20 +50,16 @@ class Piece(NamedTuple):
 class ShardPlan:
     """Rank `rank` of `size`'s share of a model of config cfg (see the module docstring).
 
-    Public: local_config (cfg with this rank's q heads, KV heads and intermediate size: the model and the KV pool are
-    built from it), vocab_start / vocab_stop (this rank's embedding rows, before padding), vocab_rows (cdiv(V, size):
-    every rank's padded row count), q_heads (this rank's first q head and count), kv_head (its first KV head).
+    Public: local_config (cfg with this rank's q heads, KV heads, intermediate size and experts' width: the model
+    and the KV pool are built from it), vocab_start / vocab_stop (this rank's embedding rows, before padding),
+    vocab_rows (cdiv(V, size): every rank's padded row count), q_heads (this rank's first q head and count),
+    kv_head (its first KV head).
 
-    Raises UnsupportedModelError (a mixture-of-experts model; heads or intermediate size not divisible by size;
+    Raises UnsupportedModelError (heads, the dense intermediate size or the experts' width not divisible by size;
     KV heads that neither divide size nor are divided by it).
     """
 
     def __init__(self, cfg: ModelConfig, rank: int, size: int) -> None:
-        if cfg.moe is not None:
-            raise UnsupportedModelError(
-                f"tensor_parallel_size {size}: {cfg.architecture} is a mixture-of-experts model and its experts are "
-                "not sharded; serve it with tensor_parallel_size 1 (or behind the router as replicas)"
-            )
         hq = cfg.num_attention_heads
         hk = cfg.num_key_value_heads
         problems = []
@@ -61,8 +67,12 @@ class ShardPlan:
             problems.append(f"num_attention_heads {hq}")
         if hk % size and size % hk:
             problems.append(f"num_key_value_heads {hk} (neither divides the other)")
-        if cfg.intermediate_size % size:
+        moe = cfg.moe
+        dense_layers = moe is None or not all(moe.is_sparse(i) for i in range(cfg.num_hidden_layers))
+        if dense_layers and cfg.intermediate_size % size:
             problems.append(f"intermediate_size {cfg.intermediate_size}")
+        if moe is not None and moe.expert_intermediate_size % size:
+            problems.append(f"the experts' intermediate size {moe.expert_intermediate_size}")
         if problems:
             raise UnsupportedModelError(f"tensor_parallel_size {size} does not divide {', '.join(problems)}")
         self.rank = rank
@@ -72,7 +82,8 @@ class ShardPlan:
         self.q_head = rank * self.num_q_heads
         self.num_kv_heads = max(1, hk // size)
         self.kv_head = rank * self.num_kv_heads if hk >= size else rank // (size // hk)
-        self.inter = cfg.intermediate_size // size
+        self.inter = cfg.intermediate_size // size if dense_layers else cfg.intermediate_size
+        self.expert_inter = moe.expert_intermediate_size // size if moe is not None else 0
         self.vocab_rows = cdiv(cfg.vocab_size, size)
         self.vocab_start = rank * self.vocab_rows
         self.vocab_stop = min(cfg.vocab_size, self.vocab_start + self.vocab_rows)
@@ -81,6 +92,7 @@ class ShardPlan:
             num_attention_heads=self.num_q_heads,
             num_key_value_heads=self.num_kv_heads,
             intermediate_size=self.inter,
+            moe=dataclasses.replace(moe, expert_intermediate_size=self.expert_inter) if moe is not None else None,
         )
 
     def pieces(self, name: str) -> list[Piece] | None:
@@ -114,8 +126,26 @@ class ShardPlan:
             return [inter, inter._replace(start=inter.start + size, stop=inter.stop + size)]
         if name.endswith(".mlp.down_proj.weight"):
             return [inter._replace(dim=1)]
+        expert = self._expert_pieces(name)
+        if expert is not None:
+            return expert
         if re.search(r"\.(o_proj|down_proj)\.bias$", name):
             raise UnsupportedModelError(f"{name}: a row-parallel projection with a bias is not sharded")
+        return None
+
+    def _expert_pieces(self, name: str) -> list[Piece] | None:
+        """This rank's pieces of an expert tensor (per-expert or fused 3-D), None for any other tensor."""
+        width = self.expert_inter
+        cols = Piece(0, self.rank * width, (self.rank + 1) * width)
+        if re.search(_EXPERT_COLUMN, name):
+            return [cols]
+        if re.search(_EXPERT_ROW, name):
+            return [cols._replace(dim=1)]
+        if self.cfg.moe is not None and name.endswith(".experts.gate_up_proj"):
+            full = self.cfg.moe.expert_intermediate_size
+            return [cols._replace(dim=1), Piece(1, cols.start + full, cols.stop + full)]
+        if name.endswith(".experts.down_proj"):
+            return [cols._replace(dim=2)]
         return None
 
     def take(self, name: str, sl) -> torch.Tensor:
@@ -124,7 +154,7 @@ class ShardPlan:
         pieces = self.pieces(name)
         if pieces is None:
             return sl[:]
-        parts = [sl[p.start : p.stop] if p.dim == 0 else sl[:, p.start : p.stop] for p in pieces]
+        parts = [sl[(slice(None),) * p.dim + (slice(p.start, p.stop),)] for p in pieces]
         t = parts[0] if len(parts) == 1 else torch.cat(parts, dim=pieces[0].dim)
         if name in VOCAB_TENSORS and t.shape[0] < self.vocab_rows:
             t = torch.cat([t, t.new_zeros(self.vocab_rows - t.shape[0], *t.shape[1:])])

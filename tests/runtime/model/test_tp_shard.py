@@ -1,6 +1,7 @@
 """Shard loading for tensor parallelism (runtime/model/parallel/shard.py): each rank's tensors are exactly the
 matching slices of the full checkpoint (column-parallel q/k/v and gate/up, row-parallel o/down, vocab-parallel
-embedding and head, KV heads replicated past their count, Phi-3's fused projections), the refusals name their
+embedding and head, KV heads replicated past their count, Phi-3's fused projections, every expert's part of its
+width in both MoE checkpoint layouts), the refusals name their
 cause, and a rank's peak memory is its share, not the whole file (measured in a subprocess)."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from runtime.model.loader import load_config, load_weights
 from runtime.model.parallel.shard import ShardPlan, load_shard
 from tests.paths import ROOT
 from tests.runtime.model.tiny_families import save_tiny_family
-from tests.runtime.model.tiny_moe import tiny_moe_config
+from tests.runtime.model.tiny_moe import MOE_FAMILIES, NUM_EXPERTS, save_tiny_moe, tiny_moe_config
 
 ROW_PARALLEL = ("o_proj.weight", "down_proj.weight")
 
@@ -104,9 +105,61 @@ def test_refusals_name_their_cause(tiny_llama_dir, tmp_path):
     cfg = load_config(tiny_llama_dir)
     with pytest.raises(UnsupportedModelError, match=r"tensor_parallel_size 3 does not divide num_attention_heads 4"):
         ShardPlan(cfg, 0, 3)
-    tiny_moe_config("qwen3_moe").save_pretrained(tmp_path)
-    with pytest.raises(UnsupportedModelError, match="mixture-of-experts model and its experts are not sharded"):
+    tiny_moe_config("qwen3_moe", moe_intermediate_size=33).save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError, match=r"size 2 does not divide the experts' intermediate size 33"):
         ShardPlan(load_config(tmp_path), 0, 2)
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_each_rank_holds_its_part_of_every_expert_and_the_whole_router(family, tmp_path, smollm2_tokenizer):
+    folder = save_tiny_moe(family, tmp_path, smollm2_tokenizer)  # the per-expert layout
+    full = load_weights(folder, torch.float32)
+    cfg = load_config(folder)
+    assert cfg.moe is not None
+    plans, shards = _shards(folder, 2)
+    width = cfg.moe.expert_intermediate_size // 2
+    assert [p.local_config.moe.expert_intermediate_size for p in plans] == [width, width]
+    sparse = sum(cfg.moe.is_sparse(i) for i in range(cfg.num_hidden_layers))
+    experts = [n for n in full if ".experts." in n]
+    assert len(experts) == sparse * NUM_EXPERTS * 3
+    for name in experts:
+        dim = 1 if name.endswith(("down_proj.weight", "w2.weight")) else 0
+        for rank, shard in enumerate(shards):
+            assert torch.equal(shard[name], full[name].narrow(dim, rank * width, width)), (name, rank)
+    routers = [n for n in full if n.endswith(".gate.weight")]
+    assert len(routers) == sparse
+    assert all(torch.equal(shard[n], full[n]) for shard in shards for n in routers)
+    assert all(set(s) == set(full) for s in shards)
+
+
+def test_fused_expert_tensors_are_sliced_per_expert(tmp_path, smollm2_tokenizer):
+    """transformers 5.x's in-memory layout: experts.gate_up_proj [E, 2 * width, hidden] (gate rows first) and
+    experts.down_proj [E, hidden, width]; each rank's are the per-expert slices, gate and up parts each split."""
+    per_expert = save_tiny_moe("qwen3_moe", tmp_path / "per_expert", smollm2_tokenizer)
+    full = load_weights(per_expert, torch.float32)
+    fused_dir = tmp_path / "fused"
+    fused_dir.mkdir()
+    (fused_dir / "config.json").write_text((per_expert / "config.json").read_text())
+    fused = {n: t for n, t in full.items() if ".experts." not in n}
+    for layer in (0, 2):  # the sparse layers (layer 1 is dense)
+        base = f"model.layers.{layer}.mlp.experts"
+        gate = torch.stack([full[f"{base}.{e}.gate_proj.weight"] for e in range(NUM_EXPERTS)])
+        up = torch.stack([full[f"{base}.{e}.up_proj.weight"] for e in range(NUM_EXPERTS)])
+        fused[f"{base}.gate_up_proj"] = torch.cat([gate, up], dim=1)
+        fused[f"{base}.down_proj"] = torch.stack([full[f"{base}.{e}.down_proj.weight"] for e in range(NUM_EXPERTS)])
+    save_file(fused, str(fused_dir / "model.safetensors"))
+    _, shards = _shards(fused_dir, 2)
+    width = 16  # moe_intermediate_size 32 over 2 ranks
+    for layer in (0, 2):
+        base = f"model.layers.{layer}.mlp.experts"
+        whole = fused[f"{base}.gate_up_proj"]
+        for rank, shard in enumerate(shards):
+            cols = slice(rank * width, (rank + 1) * width)
+            gate_up = shard[f"{base}.gate_up_proj"]
+            assert gate_up.shape == (NUM_EXPERTS, 2 * width, 64)
+            assert torch.equal(gate_up[:, :width], whole[:, :32][:, cols])
+            assert torch.equal(gate_up[:, width:], whole[:, 32:][:, cols])
+            assert torch.equal(shard[f"{base}.down_proj"], fused[f"{base}.down_proj"][:, :, cols])
 
 
 _PEAK = """
