@@ -106,11 +106,13 @@ def test_router_args_checked():
 
 
 def test_merge_stats_sums_every_field_and_recomputes_the_ratios():
-    fields = [f for f in p.ServerStats.__struct_fields__ if f not in ("kv_usage", "hit_rate")]
-    a = p.ServerStats(**{f: i + 1 for i, f in enumerate(fields)})
-    b = p.ServerStats(**{f: 100 * (i + 1) for i, f in enumerate(fields)})
+    per_pos = "spec_decode_num_accepted_tokens_per_pos"
+    fields = [f for f in p.ServerStats.__struct_fields__ if f not in ("kv_usage", "hit_rate", per_pos)]
+    a = p.ServerStats(**{f: i + 1 for i, f in enumerate(fields)}, **{per_pos: [3, 2, 1]})
+    b = p.ServerStats(**{f: 100 * (i + 1) for i, f in enumerate(fields)}, **{per_pos: [40, 30]})
     m = merge_stats([a, b])
     assert {f: getattr(m, f) for f in fields} == {f: 101 * (i + 1) for i, f in enumerate(fields)}
+    assert getattr(m, per_pos) == [43, 32, 1]
     assert m.kv_usage == m.num_used_blocks / (m.num_blocks - 2) and m.hit_rate == m.cached_tokens / m.prompt_tokens
 
 
