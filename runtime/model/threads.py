@@ -13,10 +13,12 @@ tok/s spinning, 5.9 with PASSIVE, 5.5-5.7 with 1 thread, and the tuner matched o
   worker imports torch).
 - The most threads: every usable core, less one left to the HTTP, tokenizer and scheduler processes where there
   are four or more (cpu_threads); $RADIXSERVE_THREADS fixes the count instead (no tuning).
-- Tuning (ThreadTuner): between 1 and that most, the count a step runs on is probed now and then (the neighbouring
-  counts alternate step by step for a few steps, and the fastest per token wins), and at once when a step runs
-  twice slower per token than the last probe found; so a core taken by another process costs the step the thread
-  that shares it, not every op's wait for it.
+- Tuning (ThreadTuner, opt-in: RADIXSERVE_THREAD_TUNING=1): measured on a quiet machine it cost the multi-turn
+  side-by-side (gemma3-270m, 2 conversations, `benchmarks.vs_llama_server`) 0.90-0.95x llama-server's output tok/s
+  against 1.44x with PASSIVE and a fixed count and 1.58-1.62x spinning, so it is off by default. Between 1 and that
+  most, the count a step runs on is probed now and then (the neighbouring counts alternate step by step for a few steps,
+  and the fastest per token wins), and at once when a step runs twice slower per token than the last probe found; so a
+  core taken by another process costs the step the thread that shares it, not every op's wait for it.
 
 No pinning (os.sched_setaffinity): a thread pinned to the core the other process holds could not move off it.
 """
@@ -31,6 +33,7 @@ from collections.abc import Callable, Mapping
 
 from runtime.config import InvalidConfig
 
+TUNING_ENV = "RADIXSERVE_THREAD_TUNING"  # "1": the ThreadTuner probes thread counts at run time
 THREADS_ENV = "RADIXSERVE_THREADS"  # fixes the worker's torch intra-op threads: an integer >= 1 (no tuning)
 FRONTEND_CORE_FROM = 4  # from this many usable cores on, one is left to the frontend processes
 WAIT_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}  # the worker's OpenMP wait, unless its environment sets one (WAIT_KEYS)
@@ -172,16 +175,17 @@ class ThreadTuner:
 
 
 def thread_tuner(device_type: str) -> ThreadTuner:
-    """The worker's tuner: on "cpu", torch's threads set to set_cpu_threads() and tuned below that unless
-    $RADIXSERVE_THREADS fixes them; elsewhere (CUDA) an inactive one. Raises InvalidConfig for a malformed
-    RADIXSERVE_THREADS."""
+    """The worker's tuner: on "cpu", torch's threads set to set_cpu_threads(), tuned below that only with
+    $RADIXSERVE_THREAD_TUNING=1 (and no $RADIXSERVE_THREADS); elsewhere (CUDA) an inactive one. Raises InvalidConfig for
+    a malformed RADIXSERVE_THREADS."""
     import torch
 
     if device_type != "cpu":
         return ThreadTuner(torch.get_num_threads(), torch.get_num_threads, torch.set_num_threads, tune=False)
     most = set_cpu_threads()
     fixed = bool(os.environ.get(THREADS_ENV, "").strip())
-    return ThreadTuner(most, torch.get_num_threads, torch.set_num_threads, tune=not fixed)
+    tune = os.environ.get(TUNING_ENV) == "1" and not fixed
+    return ThreadTuner(most, torch.get_num_threads, torch.set_num_threads, tune=tune)
 
 
 def _ms(seconds: dict[int, float]) -> str:

@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from runtime.config import InvalidConfig
+from runtime.model.cpu_features import usable_cores
 from runtime.model.threads import (
     THREADS_ENV,
+    TUNING_ENV,
     WAIT_ENV,
     ThreadTuner,
     cpu_threads,
@@ -43,6 +45,11 @@ def test_set_cpu_threads_and_the_tuner_read_the_environment(monkeypatch):
         assert set_cpu_threads() == 1 and torch.get_num_threads() == 1
         assert not thread_tuner("cpu").active  # a fixed count is not tuned
         assert not thread_tuner("cuda").active
+        monkeypatch.delenv(THREADS_ENV)
+        torch.set_num_threads(2)
+        assert not thread_tuner("cpu").active  # tuning is opt-in
+        monkeypatch.setenv(TUNING_ENV, "1")
+        assert thread_tuner("cpu").active == (usable_cores() > 1)
     finally:
         torch.set_num_threads(saved)
 
