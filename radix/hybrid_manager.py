@@ -23,6 +23,16 @@ cached and becomes evictable once the sequence's window moves past it, so a fini
 its end (its next turn hits the whole prompt + output) and every branch point keeps its window until eviction, least
 recently released first; a hit re-locks the window it uses, so a shared system prompt's window stays recent while
 conversations keep starting from it.
+
+The host tier (num_host_cache_blocks) holds group 0's blocks only. When group 0 writes a cached block back to the
+host, its node stays in the tree and keeps its window block in group 1, on the device, until group 1's own LRU
+evicts it (then the node is marked, and a match is cut where a window it needs is missing, as without a tier); a
+node that leaves the tree (a host-tier victim, or a write-back with no host block) drops it. So a match reaching
+host-only nodes needs no load in group 1: add_sequence loads group 0's blocks back and locks the window, resident.
+Why not write the window block back with its full block: the two groups' pressures are apart (group 0's evicting a
+block says nothing about group 1's room), a hit at h reads only the window before h (cdiv(W, B) blocks, not one per
+cached block), and a window block is the larger copy (Gemma 3: 5 of every 6 layers slide), so copying every one out
+and back would spend host memory and PCIe traffic on blocks most hits never read.
 """
 
 from __future__ import annotations
@@ -63,8 +73,8 @@ class HybridKVCacheManager(KVCacheManager):
 
     Args:
         num_blocks, block_size, enable_prefix_caching, num_host_blocks, record_events, hash_fn,
-            num_host_cache_blocks: as KVCacheManager (group 0; the host tier holds group 0's blocks only; group 1
-            gets a swap pool of num_host_blocks blocks of its own).
+            num_host_cache_blocks: as KVCacheManager (group 0; the host tier holds group 0's blocks only: module
+            docstring; group 1 gets a swap pool of num_host_blocks blocks of its own).
         num_window_blocks: group 1's blocks including its null block 0, >= 2.
         window: the sliding layers' window W in tokens, >= 1.
     Raises:
