@@ -15,6 +15,7 @@ What each method adds to the base's, in both groups all or nothing:
 - prepare_write: copy-on-write in each group; group 1's pairs wait in take_window_copies.
 - commit_computed / free: group 0 caches full blocks in the tree; group 1 gives each newly cached node the sequence's
   window block, then releases the blocks the window has passed (they stay cached, evictable on their own).
+- kv_snapshot: with group 1's hashes (its KV events: radix/events.py, group 1).
 - fork: both tables. swap_out / swap_in: both groups, each into its own host swap pool (group 1's: as many blocks as
   group 0's, radix/swa_group.py); group 1's pairs wait in take_window_swaps.
 
@@ -39,8 +40,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import msgspec
+
 from radix.block_pool import NoFreeBlocksError
 from radix.blocks import cdiv
+from radix.events import KvSnapshot
 from radix.keys import BlockKeys
 from radix.manager import KVCacheManager
 from radix.node import Node
@@ -83,7 +87,7 @@ class HybridKVCacheManager(KVCacheManager):
 
     def __init__(self, num_blocks: int, block_size: int = 16, *, num_window_blocks: int, window: int, **kwargs) -> None:
         super().__init__(num_blocks, block_size, **kwargs)
-        self._window = SlidingWindowGroup(num_window_blocks, block_size, window, self.num_host_blocks)
+        self._window = SlidingWindowGroup(num_window_blocks, block_size, window, self.num_host_blocks, self._events)
         self._window_copies: list[tuple[int, int]] = []
         self._window_swaps = WindowSwaps([], [])
         if isinstance(self._cache, RadixTree):
@@ -241,6 +245,15 @@ class HybridKVCacheManager(KVCacheManager):
         """A copy of the sequence's group 1 table (NULL_BLOCK before its window). O(blocks)."""
         self._get(seq_id)
         return list(self._window.tables[seq_id])
+
+    def kv_snapshot(self) -> KvSnapshot:
+        """The base's snapshot, with the hashes of the nodes holding a window block (group 1), W and B. O(cached
+        blocks)."""
+        snapshot = super().kv_snapshot()
+        hashes = [node.block_hash for node in self._window.node_block if node.block_hash is not None]
+        return msgspec.structs.replace(
+            snapshot, window_block_hashes=hashes, sliding_window=self._window.window, block_size=self.block_size
+        )
 
     def window_stats(self) -> WindowGroupStats:
         """Group 1's block counters. O(1)."""

@@ -23,6 +23,9 @@ Swapping: a sequence preempted by swap moves its live entries (table[first_live:
 group's own, as many blocks as group 0's swap pool: a table here never has more live entries than group 0's has
 entries, so whenever group 0's swap pool takes a sequence this one does too. Its NULL entries stay NULL (the window
 passed them: no query reads them again), so swapping in takes back only the live ones.
+
+Events (radix/events.py, group 1): BlockStored when nodes take window blocks (cache), BlockRemoved when they lose
+them (evict, forget), under the nodes' hashes, into the manager's event log.
 """
 
 from __future__ import annotations
@@ -33,7 +36,11 @@ from typing import NamedTuple
 
 from radix.block_pool import NULL_BLOCK, BlockPool, NoFreeBlocksError
 from radix.blocks import cdiv
-from radix.node import Node
+from radix.events import KvEventLog
+from radix.hashing import BlockHash
+from radix.node import Node, salt_under
+
+GROUP = 1  # this group's number in KV events (radix/events.py)
 
 
 class SwappedWindow(NamedTuple):
@@ -51,12 +58,15 @@ class SlidingWindowGroup:
         block_size: tokens per block (group 0's).
         window: W, the layers' sliding window in tokens, >= 1.
         num_host_blocks: this group's host swap pool (ids 0 .. num_host_blocks - 1; group 0's swap pool size), >= 0.
+        events: the manager's KV event log (None: no events).
     Raises:
         ValueError: bad sizes.
     Mutates only its own pools, tables and node map; the caller keeps the tables aligned with group 0's.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, window: int, num_host_blocks: int = 0) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, window: int, num_host_blocks: int = 0, events: KvEventLog | None = None
+    ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.pool = BlockPool(num_blocks)
@@ -70,6 +80,7 @@ class SlidingWindowGroup:
         self.lru: OrderedDict[int, None] = OrderedDict()  # evictable cached blocks, least recently released first
         self.epoch = 0
         self.num_evicted = 0
+        self.events = KvEventLog(enabled=False) if events is None else events
 
     # ----------------------------------------------------------------- the window
     def first_live(self, num_computed: int) -> int:
@@ -125,18 +136,21 @@ class SlidingWindowGroup:
         """Free up to n evictable cached window blocks, least recently released first; their nodes stay in the tree
         without one. Returns them in eviction order. Bumps epoch when any. O(n)."""
         evicted: list[int] = []
+        hashes: list[BlockHash] = []
         lru = self.lru
         while lru and len(evicted) < n:
             block, _ = lru.popitem(last=False)
             node = self.block_node[block]
-            assert node is not None
+            assert node is not None and node.block_hash is not None
             del self.node_block[node]
             self.block_node[block] = None
             self.pool.decref(block)
             evicted.append(block)
+            hashes.append(node.block_hash)
         if evicted:
             self.epoch += 1
             self.num_evicted += len(evicted)
+            self.events.removed(hashes, group=GROUP)
         return evicted
 
     # ----------------------------------------------------------------- references
@@ -189,6 +203,7 @@ class SlidingWindowGroup:
         block takes the sequence's live one (one more reference). O(len(nodes))."""
         table = self.tables[seq_id]
         rcs = self.pool.ref_counts
+        taken: list[Node] = []
         for i, node in enumerate(nodes, start):
             b = table[i]
             if b == NULL_BLOCK or node in self.node_block or self.block_node[b] is not None:
@@ -196,6 +211,26 @@ class SlidingWindowGroup:
             rcs[b] += 1  # the node's reference; >= 2, so not evictable
             self.node_block[node] = b
             self.block_node[b] = node
+            taken.append(node)
+        if taken and self.events.enabled:
+            self._stored(taken)
+
+    def _stored(self, nodes: list[Node]) -> None:
+        """Record BlockStored (group 1) for nodes that took window blocks, each with its parent. O(len(nodes))."""
+        hashes = [n.block_hash for n in nodes if n.block_hash is not None]
+        parents = [n.parent.block_hash if n.parent is not None else None for n in nodes]
+        salts = [salt_under(n.parent) for n in nodes]
+        keys = [n.key for n in nodes]
+        self.events.stored(
+            hashes,
+            None,
+            self.block_size,
+            keys=keys,
+            block_parents=parents,
+            salts=salts,
+            group=GROUP,
+            sliding_window=self.window,
+        )
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """child_id gets a copy of parent_id's table, one more reference on each live block. O(blocks)."""
@@ -275,6 +310,8 @@ class SlidingWindowGroup:
         self.lru.pop(b, None)
         self.pool.decref(b)
         self.epoch += 1
+        if node.block_hash is not None:
+            self.events.removed([node.block_hash], group=GROUP)
 
     def check_invariants(self, num_computed: dict[int, int], is_cached: Callable[[Node], bool]) -> None:
         """Recount from scratch: ref counts (tables + nodes), the node map both ways (every node still cached), the
