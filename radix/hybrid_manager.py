@@ -242,9 +242,10 @@ class HybridKVCacheManager(KVCacheManager):
 
     # ----------------------------------------------------------------- queries
     def window_block_table(self, seq_id: int) -> list[int]:
-        """A copy of the sequence's group 1 table (NULL_BLOCK before its window). O(blocks)."""
+        """A copy of the sequence's group 1 table (NULL_BLOCK before its window; empty while swapped out), as
+        block_table. O(blocks). Raises UnknownSequenceError."""
         self._get(seq_id)
-        return list(self._window.tables[seq_id])
+        return list(self._window.tables.get(seq_id, []))
 
     def kv_snapshot(self) -> KvSnapshot:
         """The base's snapshot, with the hashes of the nodes holding a window block (group 1), W and B. O(cached

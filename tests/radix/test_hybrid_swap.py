@@ -29,6 +29,7 @@ def test_swap_out_and_in_moves_the_live_window_blocks_only() -> None:
     # 3, 4 are cached on nodes (now evictable), 5 (the partial block) is free again
     assert (stats.in_use_blocks, stats.evictable_blocks, stats.cached_blocks) == (0, 4, 4)
     assert m._window.host_pool.num_free == 5
+    assert m.block_table(1) == m.window_block_table(1) == []  # swapped out: no device block in either group
     m.check_invariants()
     assert m.swap_in(1) is not None
     swaps = m.take_window_swaps()

@@ -204,7 +204,7 @@ class HybridPressureMachine(RuleBasedStateMachine):
         pairs = m.swap_in(seq_id)
         swaps = m.take_window_swaps()
         if pairs is None:
-            assert swaps == ([], []) and m.block_table(seq_id) == []
+            assert swaps == ([], []) and m.block_table(seq_id) == m.window_block_table(seq_id) == []
             return
         self.swapped.discard(seq_id)
         assert [d for _, d in pairs] == m.block_table(seq_id)
