@@ -3,9 +3,10 @@ sliding-window layers): the full-attention layers' blocks (group 0, the schedule
 layers' blocks (group 1, the window tables of radix/hybrid_manager.py), each its own tensor and pool.
 
 k_cache, v_cache [num_full_layers, num_blocks, block_size, kv_heads, head_dim] (group 0: the host tier and swaps copy
-these); window_k, window_v [num_window_layers, num_window_blocks, ...] (group 1). layer_k[i] / layer_v[i] is layer
-i's [num_blocks of its group, block_size, kv_heads, head_dim] view, which the model indexes as it indexes the one
-tensor of a single group (runtime/model/kv_cache.py KVCache.layer_k).
+these); window_k, window_v [num_window_layers, num_window_blocks, ...] (group 1); host_window_k, host_window_v
+[num_window_layers, num_host_blocks, ...] (group 1's host swap pool, radix/swa_group.py). layer_k[i] / layer_v[i]
+is layer i's [num_blocks of its group, block_size, kv_heads, head_dim] view, which the model indexes as it indexes
+the one tensor of a single group (runtime/model/kv_cache.py KVCache.layer_k).
 
 Sizing from one budget (after vLLM's and SGLang's hybrid pools): with r = window_blocks_ratio window blocks per full
 block, a full block and its share of window blocks cost bytes_full + r * bytes_window, so num_blocks = budget //
