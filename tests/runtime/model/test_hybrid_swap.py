@@ -9,6 +9,7 @@ import pytest
 
 from radix.hybrid_manager import HybridKVCacheManager
 from runtime.engine import Engine
+from runtime.sampling_params import SamplingParams
 from tests.runtime.engine_helpers import assert_idle, greedy, record_batches
 from tests.runtime.model.tiny_families import random_prompts, save_tiny_family
 
@@ -51,3 +52,21 @@ def test_swap_preemption_with_window_groups_equals_the_all_full_path(tiny_folder
     assert_idle(engine)
     manager.check_invariants()
     assert manager.window_stats().in_use_blocks == 0
+
+
+@pytest.mark.slow
+def test_beam_search_swapped_under_window_pressure_equals_the_all_full_path(tiny_folder):
+    prompts = random_prompts([97, 113], seed=1)
+    params = SamplingParams(use_beam_search=True, n=3, temperature=0.0, max_tokens=24, ignore_eos=True)
+    ref = _engine(tiny_folder, "single").generate(input_ids=prompts, sampling_params=params)
+    # 15 usable window blocks for six beams: beams (forks sharing their blocks) are swapped out and back
+    engine = _engine(tiny_folder, "auto", num_window_blocks=16, preemption_mode="swap", num_host_blocks=64)
+    record_batches(engine)
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    assert [[b.token_ids for b in o.outputs] for o in outs] == [[b.token_ids for b in o.outputs] for o in ref]
+    for o, r in zip(outs, ref, strict=True):  # float32 sums in another order: equal to a tolerance
+        assert [b.score for b in o.outputs] == pytest.approx([b.score for b in r.outputs], abs=1e-4)
+    assert engine.stats().num_swaps > 0
+    assert_idle(engine)
+    assert isinstance(engine.manager, HybridKVCacheManager)
+    engine.manager.check_invariants()
