@@ -9,7 +9,8 @@ full-attention one:
 - HybridPressureMachine: a window group a few blocks large, with a swap pool and a host tier, so admission, growth,
   copy-on-write and swap-in fail and window blocks are evicted on their own; after every rule both groups'
   invariants, a match never longer than group 0's (brute-forced), at most cdiv(W, B) + 1 live window blocks per
-  sequence beyond the ones allocated for uncomputed tokens, and a refused swap changes nothing; nothing leaked once
+  sequence beyond the ones allocated for uncomputed tokens, and a refused swap changes nothing; a router's index fed
+  the manager's KV events (both groups, both tiers) cuts every match exactly as the manager does; nothing leaked once
   every sequence is freed.
 """
 
@@ -22,8 +23,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from radix.block_pool import NULL_BLOCK, NoFreeBlocksError
 from radix.blocks import cdiv
+from radix.hashing import hash_block_tokens
 from radix.hybrid_manager import HybridKVCacheManager
 from radix.manager import KVCacheManager
+from router.index import ReplicaIndex
 from tests.radix.radix_model import B, Model
 from tests.radix.radix_testing import admit
 from tests.radix.test_stateful import KVCacheMachine
@@ -117,7 +120,10 @@ class HybridPressureMachine(RuleBasedStateMachine):
             window=window,
             num_host_blocks=num_host,
             num_host_cache_blocks=num_tier,
+            record_events=True,
         )
+        self.index = ReplicaIndex()  # a router's view of this replica, from its KV events
+        assert self.index.load_snapshot(self.m.kv_snapshot())
         self.next_id = 0
         self.tokens: dict[int, list[int]] = {}
         self.swapped: set[int] = set()
@@ -259,6 +265,11 @@ class HybridPressureMachine(RuleBasedStateMachine):
         assert found.block_ids == full.block_ids[: len(found.block_ids)]
         lo = group.first_live(found.num_tokens)
         assert found.window_blocks == [group.node_block[n] for n in nodes[lo : found.num_tokens // B]]
+        for event in self.m.drain_events():
+            assert self.index.apply(event)
+        hashes = hash_block_tokens(tokens, B)[: (len(tokens) - 1) // B]  # the match's cap: the last token is computed
+        routed = self.index.tier_prefix(hashes)
+        assert (routed.device, routed.device + routed.host) == (len(found.block_ids), found.num_tokens // B)
 
     @invariant()
     def accounted(self) -> None:
