@@ -16,6 +16,7 @@ beam search: the proposal is empty) and per step when at least disable_by_batch_
 from __future__ import annotations
 
 from radix.manager import KVCacheManager
+from runtime.scheduler.draft_slots import DraftSlots
 from runtime.scheduler.finish import Finisher
 from runtime.scheduler.ngram import NgramProposer, NoProposer
 from runtime.scheduler.request import SchedulerSeq, SeqStatus
@@ -53,11 +54,13 @@ class Speculation:
         self._manager = manager
         self._finisher = finisher
         self._max_model_len = max_model_len
-        self._proposer: NgramProposer | NoProposer = NoProposer()
+        self._proposer: NgramProposer | NoProposer | DraftSlots = NoProposer()
         self._k = 0
         self._disable_at: int | None = None
         if config is not None:
             self._proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+            if config.method == "draft_model":  # the worker's draft model fills the slots (draft_slots.py)
+                self._proposer = DraftSlots()
             self._k = config.num_speculative_tokens
             self._disable_at = config.disable_by_batch_size
         self._active = False

@@ -1,0 +1,140 @@
+"""Speculative decoding with a draft model through the Engine on the tiny loopy Llama in float32: every output equals
+plain decoding's token for token, with the target itself as the draft (every draft accepted) and with a tiny random
+draft of the same vocabulary (most rejected), across block boundaries, prefix-cache hits, preemption and aborts; the
+manager's invariants hold after every step and every block comes back. Config refusals: no model, a vocabulary of
+another size."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime.config import InvalidConfig, ServerArgs
+from runtime.engine import Engine
+from runtime.model.draft_model import DraftVocabMismatch
+from runtime.model.draft_runner import DraftRunner
+from runtime.sampling_params import SamplingParams
+from tests.runtime.engine_helpers import assert_idle, greedy, record_batches
+from tests.runtime.spec_helpers import PROMPTS, save_loopy_llama
+
+K = 3
+
+
+def _config(model, k: int = K) -> str:
+    return json.dumps({"method": "draft_model", "model": str(model), "num_speculative_tokens": k})
+
+
+@pytest.fixture(scope="module")
+def loopy_dir(tmp_path_factory, smollm2_tokenizer):
+    return save_loopy_llama(tmp_path_factory.mktemp("loopy_llama"), smollm2_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def random_draft_dir(tmp_path_factory, smollm2_tokenizer):
+    """A one-layer random Llama with the loopy model's vocabulary (512): its drafts are mostly rejected."""
+    from transformers import LlamaConfig
+
+    from tests.conftest import _save_tiny
+
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        initializer_range=0.1,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    config.architectures = ["LlamaForCausalLM"]
+    return _save_tiny(tmp_path_factory.mktemp("random_draft"), config, smollm2_tokenizer, seed=11)
+
+
+@pytest.fixture(scope="module")
+def make_engine(loopy_dir):
+    def make(**kw) -> Engine:
+        kw.setdefault("num_blocks", 128)
+        kw.setdefault("block_size", 4)
+        kw.setdefault("dtype", "float32")
+        return Engine(model=str(loopy_dir), **kw)
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(make_engine):
+    """Plain decoding's output of (prompts, params), memoised."""
+    engine = make_engine()
+    memo: dict[str, list[list[int]]] = {}
+
+    def run(prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+        key = repr((prompts, params))
+        if key not in memo:
+            memo[key] = [o.token_ids for o in engine.generate(input_ids=prompts, sampling_params=params)]
+        return memo[key]
+
+    return run
+
+
+def _slots(batches) -> int:
+    return sum(s.num_draft_slots for b in batches for s in b.seqs)
+
+
+def test_self_draft_accepts_every_token(make_engine, plain_outputs, loopy_dir):
+    spec = make_engine(speculative_config=_config(loopy_dir))
+    batches = record_batches(spec)  # checks the manager's invariants after every step
+    assert [o.token_ids for o in spec.generate(input_ids=PROMPTS, sampling_params=greedy(40))] == plain_outputs(
+        PROMPTS, greedy(40)
+    )
+    c = spec.scheduler.speculation.counters
+    # the scheduler sends slots, the worker fills them in place (in-process the recorded batch is the same object)
+    assert all(s.num_draft_tokens == s.num_draft_slots for b in batches for s in b.seqs)
+    assert c.num_draft_tokens == c.num_accepted_tokens == _slots(batches) > 0
+    assert c.accepted_per_pos[0] == c.num_drafts
+    assert_idle(spec)
+    assert isinstance(spec.runner.draft, DraftRunner)
+    spec.step()  # delivers the drops
+    assert spec.runner.draft.seqs == {}  # the draft state leaves with the sequences
+
+
+def test_random_draft_mostly_rejected(make_engine, plain_outputs, random_draft_dir):
+    spec = make_engine(speculative_config=_config(random_draft_dir))
+    batches = record_batches(spec)
+    assert [o.token_ids for o in spec.generate(input_ids=PROMPTS, sampling_params=greedy(40))] == plain_outputs(
+        PROMPTS, greedy(40)
+    )
+    c = spec.scheduler.speculation.counters
+    assert c.num_draft_tokens == _slots(batches) > 0
+    assert c.num_accepted_tokens < c.num_draft_tokens // 2
+    assert c.num_accepted_tokens == sum(c.accepted_per_pos)
+    assert_idle(spec)
+
+
+def test_kv_pool_split_by_both_models(make_engine, loopy_dir):
+    budget = 2**20
+    plain = make_engine(num_blocks=None, kv_cache_memory=budget)
+    spec = make_engine(num_blocks=None, kv_cache_memory=budget, speculative_config=_config(loopy_dir))
+    assert spec.runner.num_blocks == plain.runner.num_blocks // 2  # the draft's KV bytes equal the target's
+    draft = spec.runner.draft
+    assert isinstance(draft, DraftRunner) and draft.kv is not None
+    assert draft.kv.k_cache.shape[1] == spec.runner.num_blocks
+
+
+def test_config_refusals(make_engine, tmp_path, smollm2_tokenizer):
+    with pytest.raises(InvalidConfig, match="model is required"):
+        ServerArgs(speculative_config=json.dumps({"method": "draft_model", "num_speculative_tokens": 2}))
+    from transformers import LlamaConfig
+
+    from tests.conftest import _save_tiny
+
+    config = LlamaConfig(
+        vocab_size=640, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2
+    )
+    config.architectures = ["LlamaForCausalLM"]
+    other = _save_tiny(tmp_path / "other_vocab", config, smollm2_tokenizer, seed=1)
+    with pytest.raises(DraftVocabMismatch, match="vocab_size 640, the target model has 512"):
+        make_engine(speculative_config=_config(other))
