@@ -138,3 +138,83 @@ def test_config_refusals(make_engine, tmp_path, smollm2_tokenizer):
     other = _save_tiny(tmp_path / "other_vocab", config, smollm2_tokenizer, seed=1)
     with pytest.raises(DraftVocabMismatch, match="vocab_size 640, the target model has 512"):
         make_engine(speculative_config=_config(other))
+
+
+def test_catch_up_is_what_keeps_every_draft_accepted(make_engine, loopy_dir, monkeypatch):
+    """With the target as its own draft, every step accepts all k drafts, so each next step must first run d_k
+    through the draft (catch-up); without it the draft reads a stale slot and some drafts are rejected."""
+    monkeypatch.setattr(DraftRunner, "_catch_up", lambda self, s: [])
+    spec = make_engine(speculative_config=_config(loopy_dir))
+    spec.generate(input_ids=PROMPTS, sampling_params=greedy(40))
+    c = spec.scheduler.speculation.counters
+    assert c.num_accepted_tokens < c.num_draft_tokens
+
+
+def test_prefix_cache_hit_is_a_hit_for_the_draft(make_engine, plain_outputs, loopy_dir):
+    spec = make_engine(speculative_config=_config(loopy_dir))
+    first = spec.generate(input_ids=[PROMPTS[1]], sampling_params=greedy(20))[0]
+    turn2 = PROMPTS[1] + first.token_ids + [3, 4, 3]
+    before = spec.scheduler.speculation.counters.num_draft_tokens
+    out = spec.generate(input_ids=[turn2], sampling_params=greedy(20))[0]
+    assert out.usage.cached_tokens == 24  # the whole blocks of turn 1 (prompt + reply: 27 tokens, 6 blocks of 4)
+    assert out.token_ids == plain_outputs([turn2], greedy(20))[0]
+    c = spec.scheduler.speculation.counters
+    assert c.num_draft_tokens > before
+    assert c.num_accepted_tokens == c.num_draft_tokens  # the cached blocks carry the draft's KV too
+    assert_idle(spec)
+
+
+def test_stop_string_inside_an_accepted_run(make_engine, loopy_dir, smollm2_tokenizer):
+    plain = make_engine()
+    full = plain.generate(input_ids=[PROMPTS[2]], sampling_params=greedy(24))[0]
+    text = smollm2_tokenizer.decode(full.token_ids[10:12])
+    params = greedy(24, stop=[text])
+    want = plain.generate(input_ids=[PROMPTS[2]], sampling_params=params)[0]
+    spec = make_engine(speculative_config=_config(loopy_dir))
+    got = spec.generate(input_ids=[PROMPTS[2]], sampling_params=params)[0]
+    assert want.finish_reason == got.finish_reason == "stop"
+    assert (got.token_ids, got.text) == (want.token_ids, want.text)
+    c = spec.scheduler.speculation.counters
+    assert c.num_accepted_tokens == c.num_draft_tokens > 0  # the stop falls inside an accepted run
+    assert_idle(spec)
+
+
+def test_seeded_sampling_equals_plain_decoding(make_engine, plain_outputs, random_draft_dir):
+    spec = make_engine(speculative_config=_config(random_draft_dir))
+    params = SamplingParams(max_tokens=20, temperature=0.7, top_p=0.9, top_k=20, seed=7, ignore_eos=True)
+    got = [o.token_ids for o in spec.generate(input_ids=PROMPTS, sampling_params=params)]
+    assert got == plain_outputs(PROMPTS, params)
+    assert spec.scheduler.speculation.counters.num_drafts > 0
+    assert_idle(spec)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_with_a_draft_model(make_engine, plain_outputs, loopy_dir, mode):
+    spec = make_engine(speculative_config=_config(loopy_dir), num_blocks=24, preemption_mode=mode, num_host_blocks=64)
+    record_batches(spec)
+    outs = spec.generate(input_ids=PROMPTS, sampling_params=greedy(40))
+    assert [o.token_ids for o in outs] == plain_outputs(PROMPTS, greedy(40))
+    stats = spec.stats()
+    assert stats.num_preemptions > 0
+    assert (stats.num_swaps > 0) == (mode == "swap")
+    assert spec.scheduler.speculation.counters.num_accepted_tokens > 0
+    assert_idle(spec)
+
+
+def test_abort_mid_run_returns_every_block(make_engine, random_draft_dir):
+    spec = make_engine(speculative_config=_config(random_draft_dir))
+    record_batches(spec)
+    rids = [spec.add_request(input_ids=p, sampling_params=greedy(40)) for p in PROMPTS]
+    for _ in range(6):
+        spec.step()
+    assert spec.scheduler.speculation.counters.num_drafts > 0
+    aborted = [spec.abort(rids[0]), spec.abort(rids[2])]
+    assert [o.finish_reason for o in aborted] == ["abort", "abort"]
+    while spec.scheduler.has_unfinished():
+        spec.step()
+    assert spec.result(rids[1]).finish_reason == "length"
+    spec.step()  # delivers the drops
+    assert_idle(spec)
+    assert spec.runner.seqs == {}
+    draft = spec.runner.draft
+    assert isinstance(draft, DraftRunner) and draft.seqs == {}
