@@ -16,6 +16,7 @@ import torch
 from runtime.config import InvalidConfig, ServerArgs
 from runtime.model.errors import ModelLoadError
 from runtime.model.hf_config import ModelConfig
+from runtime.model.hybrid_kv import hybrid_layout
 from runtime.model.loader import load_config, load_weights, resolve_model
 from runtime.model.models import CausalLM, build_model
 from runtime.model.quant_plan import QuantPlan
@@ -48,11 +49,14 @@ def load_draft_model(
 
     Raises:
         DraftVocabMismatch: the draft's vocab_size differs from the target's (both named).
-        InvalidConfig: tensor_parallel_size > 1 (the draft runs unsharded beside a sharded target: not built).
+        InvalidConfig: tensor_parallel_size > 1 (the draft runs unsharded beside a sharded target: not built), or
+            a target with KV cache groups (kv_groups "auto" and sliding layers).
         ModelLoadError subclasses, InvalidConfig: as resolve_model, load_config, load_weights and build_model raise.
     """
     if args.tensor_parallel_size > 1:
         raise InvalidConfig("speculative_config method 'draft_model' is not supported with tensor_parallel_size > 1")
+    if hybrid_layout(args, target) is not None:  # the draft's pool mirrors one KV group only
+        raise InvalidConfig("speculative_config method 'draft_model' is not supported with kv_groups 'auto'")
     folder = resolve_model(name)
     cfg = load_config(folder)
     if cfg.vocab_size != target.vocab_size:

@@ -9,6 +9,9 @@ appends its one token (EOS, stop ids, max_tokens and max_model_len cut inside th
 committed (full blocks enter the radix tree), and the blocks past the computed tokens go back to the pool (the worker
 truncates its table copy by the same rule: cdiv(computed, block_size) blocks).
 
+With a draft model the proposal is k placeholders (draft_slots.py): the worker's draft model fills them and returns
+the draft with the result, which the Scheduler passes to on_verified in their place.
+
 Speculation is off per sequence for what the verify step does not cover (penalties, structured outputs, logprobs,
 beam search: the proposal is empty) and per step when at least disable_by_batch_size sequences run.
 """
