@@ -218,3 +218,36 @@ def test_abort_mid_run_returns_every_block(make_engine, random_draft_dir):
     assert spec.runner.seqs == {}
     draft = spec.runner.draft
     assert isinstance(draft, DraftRunner) and draft.seqs == {}
+
+
+def test_parallel_samples_fork_with_the_draft(make_engine, plain_outputs, loopy_dir):
+    """n = 2: the children fork after the prompt and trust its draft KV (greedy: every self-draft accepted). Seeded
+    sampling draws plain decoding's tokens; its acceptance is the target's probability of the greedy draft (low on
+    this near-flat model), so only the greedy run counts acceptance."""
+    spec = make_engine(speculative_config=_config(loopy_dir))
+    plain = make_engine()
+    for params in [
+        SamplingParams(n=2, max_tokens=16, temperature=0.0, ignore_eos=True),
+        SamplingParams(n=2, max_tokens=16, temperature=0.8, seed=3, ignore_eos=True),
+    ]:
+        got = spec.generate(input_ids=PROMPTS[:1], sampling_params=params)
+        want = plain.generate(input_ids=PROMPTS[:1], sampling_params=params)
+        assert [c.token_ids for o in got for c in o.outputs] == [c.token_ids for o in want for c in o.outputs]
+        c = spec.scheduler.speculation.counters
+        if params.temperature == 0.0:
+            assert c.num_accepted_tokens == c.num_draft_tokens > 0
+    assert_idle(spec)
+
+
+def test_slots_and_drafts_cross_the_wire():
+    """The new protocol fields survive msgpack (array_like: appended last, with defaults)."""
+    import msgspec
+
+    from runtime.protocol import ForwardBatch, ForwardResult, ScheduledSeq, WorkerOutput
+
+    seq = ScheduledSeq(7, [42], 9, [3], True, num_draft_slots=3)
+    batch = msgspec.msgpack.decode(msgspec.msgpack.encode(ForwardBatch(1, [seq])), type=ForwardBatch)
+    assert (batch.seqs[0].num_draft_slots, batch.seqs[0].num_draft_tokens) == (3, 0)
+    result = ForwardResult(1, [7], [5], accepted_token_ids={7: [8]}, draft_token_ids={7: [8, 6, 4]})
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(result), type=WorkerOutput)
+    assert isinstance(back, ForwardResult) and back.draft_token_ids == {7: [8, 6, 4]}
