@@ -22,10 +22,12 @@ plain decoding's tokens. The cost: under temperature the acceptance is p_j(d_j),
 sampled draft distribution would reach, so a flat target accepts less than with a sampled draft.
 
 Catch-up. The draft writes KV for the positions it reads (t, d_1..d_{k-1}); when the target accepts all k drafts,
-d_k has no draft KV, so that sequence's next step runs d_k before its token (pending, one token). A sequence new to
-the worker (or re-registered) trusts the draft KV of its cached blocks. Stale draft KV anywhere (a rejected
-position later overwritten; d_k of a sequence that finished inside its block, then cached) lowers acceptance only:
-correctness never depends on the draft's KV, the target verifies every token.
+d_k has no draft KV, so that sequence's next step runs d_k before its token (pending, one token). That slot may lie
+in a block already cached and shared; catch-up writes there what every sharer's draft wants (the same token after
+the same prefix). A sequence new to the worker or re-registered (after recompute, or swapped back in: its draft KV
+moved with the target's, by the same swap pairs) trusts the draft KV of its blocks and loses a pending d_k. Stale
+draft KV anywhere (a rejected position not yet overwritten is never read; d_k of a sequence that finished, then
+cached) lowers acceptance only: correctness never depends on the draft's KV, the target verifies every token.
 """
 
 from __future__ import annotations

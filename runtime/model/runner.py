@@ -77,7 +77,8 @@ class ModelRunner:
     sequence with structured_outputs, advanced by the tokens sampled here; runtime/model/grammar/), k_cache /
     v_cache / host_k_cache / host_v_cache (kv's tensors),
     model (called as model(input_ids, meta, k_cache, v_cache) at each run, so a wrapper assigned here is used),
-    threads (the ThreadTuner that sets torch's CPU threads before each step's forward: runtime/model/threads.py).
+    threads (the ThreadTuner that sets torch's CPU threads before each step's forward: runtime/model/threads.py),
+    draft (speculative decoding's draft model and its KV pool, DraftRunner, else NoDraft: draft_runner.py).
 
     group: this rank's tensor-parallel group (runtime/model/parallel/): the runner then holds the rank's slices of the
     model and its KV heads, with the block count every rank agreed on; every rank executes every batch alike and
