@@ -251,3 +251,35 @@ def test_slots_and_drafts_cross_the_wire():
     result = ForwardResult(1, [7], [5], accepted_token_ids={7: [8]}, draft_token_ids={7: [8, 6, 4]})
     back = msgspec.msgpack.decode(msgspec.msgpack.encode(result), type=WorkerOutput)
     assert isinstance(back, ForwardResult) and back.draft_token_ids == {7: [8, 6, 4]}
+
+
+def test_host_tier_moves_the_drafts_kv_with_the_targets(make_engine, plain_outputs, loopy_dir):
+    """A turn whose prefix (the first prompt's full blocks, computed by prefill in both models) comes back from the
+    host tier: the draft's blocks took the same write-back and load-back pairs, so the target as its own draft has
+    every draft accepted; with the draft's transfers skipped, it does not."""
+    a = PROMPTS[2]  # 25 tokens: 6 full blocks
+    turn2 = a + [7, 8, 9]
+
+    def run(move_draft: bool) -> tuple[list[int], int, int]:
+        spec = make_engine(num_blocks=12, num_host_cache_blocks=64, speculative_config=_config(loopy_dir))
+        draft = spec.runner.draft
+        assert isinstance(draft, DraftRunner) and draft.kv is not None
+        if not move_draft:
+            draft.kv.swap = lambda swap_out, swap_in: None  # type: ignore[method-assign]
+        spec.generate(input_ids=[a], sampling_params=greedy(8))
+        spec.generate(input_ids=[list(range(100, 130))], sampling_params=greedy(8))  # evicts a's blocks
+        c = spec.scheduler.speculation.counters
+        drafted = c.num_draft_tokens
+        accepted = c.num_accepted_tokens
+        out = spec.generate(input_ids=[turn2], sampling_params=greedy(8))[0]
+        assert out.usage.host_cached_tokens == 20  # 5 of its 6 cached blocks (24 tokens) from the host
+        assert_idle(spec)
+        return out.token_ids, c.num_draft_tokens - drafted, c.num_accepted_tokens - accepted
+
+    want = plain_outputs([turn2], greedy(8))[0]
+    tokens, drafted, accepted = run(move_draft=True)
+    assert tokens == want
+    assert accepted == drafted > 0
+    tokens, drafted, accepted = run(move_draft=False)
+    assert tokens == want  # correctness never depends on the draft's KV
+    assert accepted < drafted
