@@ -20,6 +20,7 @@ from radix.blocks import cdiv
 from runtime.config import InvalidConfig, ServerArgs
 from runtime.model import spec_verify
 from runtime.model.cpu_features import resolve_dtype
+from runtime.model.draft_runner import build_draft
 from runtime.model.grammar import GrammarCache, GrammarState
 from runtime.model.hybrid_kv import HybridKVCache, hybrid_layout
 from runtime.model.isolation import run_isolated
@@ -76,7 +77,8 @@ class ModelRunner:
     sequence with structured_outputs, advanced by the tokens sampled here; runtime/model/grammar/), k_cache /
     v_cache / host_k_cache / host_v_cache (kv's tensors),
     model (called as model(input_ids, meta, k_cache, v_cache) at each run, so a wrapper assigned here is used),
-    threads (the ThreadTuner that sets torch's CPU threads before each step's forward: runtime/model/threads.py).
+    threads (the ThreadTuner that sets torch's CPU threads before each step's forward: runtime/model/threads.py),
+    draft (speculative decoding's draft model and its KV pool, DraftRunner, else NoDraft: draft_runner.py).
 
     group: this rank's tensor-parallel group (runtime/model/parallel/): the runner then holds the rank's slices of the
     model and its KV heads, with the block count every rank agreed on; every rank executes every batch alike and
@@ -111,10 +113,12 @@ class ModelRunner:
         logger.info("weight quantization: %s", self.quantization.describe())
         self.block_size = args.block_size
         self.kv: KVCache | HybridKVCache
+        self.draft = build_draft(args, cfg, self.dtype, self.device, self.max_model_len, backend)  # before the KV
         if group is None:
             weights = load_weights(folder, self.dtype, self.device)
             self.model = build_model(cfg, weights, self.max_model_len, backend, quantization=self.quantization)
             self.kv = self._device_kv(args, cfg)
+            self.draft.allocate(args, self.kv)  # the same block ids (draft_runner.py)
         else:  # this rank's slices and KV heads (runtime/model/parallel/)
             from runtime.model.parallel.load import load_rank_model
 
@@ -168,7 +172,7 @@ class ModelRunner:
         layers (HybridKVCache). Raises InvalidConfig for a pool too small."""
         window = hybrid_layout(args, cfg)
         if window is None:
-            return KVCache(args, cfg, self.block_size, self.dtype, self.device)
+            return KVCache(args, cfg, self.block_size, self.dtype, self.device, self.draft.block_bytes)
         return HybridKVCache(args, cfg, window, self.block_size, self.dtype, self.device)
 
     def _warn_if_pool_below_max_model_len(self) -> None:
@@ -237,6 +241,7 @@ class ModelRunner:
         if step.runnable:
             self.threads.before_step()
             start = time.perf_counter()
+            self.draft.propose(step.runnable, self.live, failed)  # fills num_draft_slots (draft_runner.py)
             run_isolated(step.runnable, self._run, sampled, failed)
             self.threads.after_step(time.perf_counter() - start, sum(len(s.token_ids) for s in step.runnable))
         return self.finish_step(batch.step_id, step.runnable, sampled, failed)
@@ -290,6 +295,7 @@ class ModelRunner:
             self.live.forget(seq_id)
         order = [seq_id for seq_id in order if seq_id not in failed]
         accepted = self._roll_back_drafts(runnable, sampled, failed)
+        drafts = self.draft.finish(runnable, accepted, self.live)
         token_ids = [sampled[seq_id].token_id for seq_id in order]
         self.penalties.record(order, token_ids)  # each sampled token once, whatever the isolation re-ran
         logprobs = [sampled[seq_id].logprobs for seq_id in order]
@@ -305,6 +311,7 @@ class ModelRunner:
             failed_errors=list(failed.values()),
             prompt_logprobs=prompt or None,
             accepted_token_ids=accepted or None,
+            draft_token_ids=drafts or None,
         )
 
     def _roll_back_drafts(
@@ -342,6 +349,7 @@ class ModelRunner:
         self.kv.swap_window(batch.window_swap_out, batch.window_swap_in)
         self.kv.copy(batch.copies)
         self.kv.copy_window(batch.window_copies)
+        self.draft.apply_structure(batch)
         step = StepSeqs([], {})
         for s in batch.seqs:
             problem = self.live.register(s)

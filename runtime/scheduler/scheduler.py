@@ -272,10 +272,12 @@ class Scheduler:
         logprobs = dict(zip(result.seq_ids, result.logprobs, strict=True)) if result.logprobs else {}
         self.counters.forward_tokens += result.num_forward_tokens
         accepted = result.accepted_token_ids or {}
+        drafted = result.draft_token_ids or {}  # a draft model's drafts, in place of their slots (draft_slots.py)
         for seq, start, num_tokens, sample, draft in self._inflight:
             if seq.status != SeqStatus.RUNNING:
                 continue  # aborted or stopped while the step ran
             if draft:  # a verified speculative decode (it samples, never a beam)
+                draft = drafted.get(seq.seq_id, draft)
                 self.speculation.on_verified(seq, start, draft, accepted.get(seq.seq_id, []), sampled[seq.seq_id])
                 continue
             self.manager.commit_computed(seq.seq_id, start + num_tokens)

@@ -9,6 +9,9 @@ appends its one token (EOS, stop ids, max_tokens and max_model_len cut inside th
 committed (full blocks enter the radix tree), and the blocks past the computed tokens go back to the pool (the worker
 truncates its table copy by the same rule: cdiv(computed, block_size) blocks).
 
+With a draft model the proposal is k placeholders (draft_slots.py): the worker's draft model fills them and returns
+the draft with the result, which the Scheduler passes to on_verified in their place.
+
 Speculation is off per sequence for what the verify step does not cover (penalties, structured outputs, logprobs,
 beam search: the proposal is empty) and per step when at least disable_by_batch_size sequences run.
 """
@@ -16,6 +19,7 @@ beam search: the proposal is empty) and per step when at least disable_by_batch_
 from __future__ import annotations
 
 from radix.manager import KVCacheManager
+from runtime.scheduler.draft_slots import DraftSlots
 from runtime.scheduler.finish import Finisher
 from runtime.scheduler.ngram import NgramProposer, NoProposer
 from runtime.scheduler.request import SchedulerSeq, SeqStatus
@@ -53,11 +57,13 @@ class Speculation:
         self._manager = manager
         self._finisher = finisher
         self._max_model_len = max_model_len
-        self._proposer: NgramProposer | NoProposer = NoProposer()
+        self._proposer: NgramProposer | NoProposer | DraftSlots = NoProposer()
         self._k = 0
         self._disable_at: int | None = None
         if config is not None:
             self._proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+            if config.method == "draft_model":  # the worker's draft model fills the slots (draft_slots.py)
+                self._proposer = DraftSlots()
             self._k = config.num_speculative_tokens
             self._disable_at = config.disable_by_batch_size
         self._active = False

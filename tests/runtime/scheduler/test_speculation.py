@@ -40,7 +40,8 @@ def test_ngram_proposes_what_followed_the_longest_recurring_suffix():
         ('{"method": "ngram"}', "num_speculative_tokens"),
         ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens"),
         ('{"method": "eagle", "num_speculative_tokens": 2}', "method"),
-        ('{"method": "draft_model", "model": "m", "num_speculative_tokens": 2}', "draft_model"),
+        ('{"method": "draft_model", "num_speculative_tokens": 2}', "model is required"),
+        ('{"method": "ngram", "model": "m", "num_speculative_tokens": 2}', "model is only used"),
         ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}', "max"),
         ('{"method": "ngram", "num_speculative_tokens": 2, "lookup": 2}', "lookup"),
         ('{"method": "ngram", "num_speculative_tokens": "2"}', "num_speculative_tokens"),
@@ -155,3 +156,27 @@ def test_disable_by_batch_size_and_ineligible_params():
     sched.process_result(_answer(batch, {1: [1], 2: [1]}))
     batch = sched.schedule()
     assert [s.num_draft_tokens for s in batch.seqs] == [0]  # one running, but penalties never draft
+
+
+def test_draft_model_slots_then_the_workers_draft():
+    """With method draft_model the scheduler reserves 1 + k slots and sends num_draft_slots (the one token sampled
+    last step, no draft tokens); the draft the worker returns is verified as any draft."""
+    config = json.dumps({"method": "draft_model", "model": "unused-by-the-scheduler", "num_speculative_tokens": 3})
+    sched, manager = _scheduler(config=config)
+    seq_id = _start(sched, SamplingParams(max_tokens=10, temperature=0.0))
+    batch = sched.schedule()
+    assert batch is not None
+    (s,) = batch.seqs
+    assert (s.token_ids, s.start_pos, s.num_draft_tokens, s.num_draft_slots, s.sample) == ([5], 7, 0, 3, True)
+    assert manager.block_table(seq_id) == [1, 2, 3]  # slots for positions 0..10
+    result = ForwardResult(
+        batch.step_id, [seq_id], [1], accepted_token_ids={seq_id: [6, 7]}, draft_token_ids={seq_id: [6, 7, 8]}
+    )
+    outs = sched.process_result(result)  # 6, 7 accepted; 1 instead of 8
+    assert [o.token_ids for o in outs] == [[6], [7], [1]]
+    assert manager.num_computed_tokens(seq_id) == 10
+    c = sched.speculation.counters
+    assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, c.accepted_per_pos) == (1, 3, 2, [1, 1, 0])
+    batch = sched.schedule()  # the draft model drafts every decode, whatever the tokens
+    assert batch is not None and (batch.seqs[0].token_ids, batch.seqs[0].num_draft_slots) == ([1], 3)
+    manager.check_invariants()
