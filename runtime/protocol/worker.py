@@ -128,6 +128,8 @@ class ForwardResult(msgspec.Struct, tag="forward_result", forbid_unknown_fields=
     accepted_token_ids: seq_id -> the draft tokens the verification accepted (maybe []), for each sequence of
         seq_ids that ran a draft: they come before its token_ids entry (runtime/model/spec_verify.py); None when no
         sequence of the step ran one.
+    accepted_logprobs: seq_id -> the logprobs of its accepted draft tokens (aligned with accepted_token_ids), for
+        each sequence that ran a draft and asked for logprobs; None when none did.
     error: set (and nothing sampled) when the step failed as a whole (its drops, swaps or copies could not be
         applied); the scheduler fails the batch's requests.
     """
@@ -142,6 +144,7 @@ class ForwardResult(msgspec.Struct, tag="forward_result", forbid_unknown_fields=
     failed_errors: list[str] = []
     prompt_logprobs: dict[int, PromptLogprobs] | None = None
     accepted_token_ids: dict[int, list[int]] | None = None
+    accepted_logprobs: dict[int, list[TokenLogprobs]] | None = None  # speculation with logprobs (issue 26)
 
 
 class Ready(msgspec.Struct, tag="ready", forbid_unknown_fields=True):
