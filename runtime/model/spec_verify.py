@@ -81,15 +81,12 @@ def logits_rows(seqs: list[ScheduledSeq]) -> list[int] | None:
 
 def draft_problem(s: ScheduledSeq, params: SamplingParams) -> str | None:
     """Why s's draft cannot be verified, if it cannot: a draft on a step that does not sample or without a token
-    before it, or params with structured outputs or beam search (a beam's candidates are not one draw per row).
-    O(1)."""
+    before it, or params with beam search (a beam's candidates are not one draw per row). O(1)."""
     k = s.num_draft_tokens
     if k == 0:
         return None
     if k < 0 or not s.sample or k >= len(s.token_ids):
         return f"seq {s.seq_id}: {k} draft tokens in a step of {len(s.token_ids)} tokens (sample={s.sample})"
-    if params.structured_outputs is not None:
-        return f"seq {s.seq_id}: a draft with structured_outputs"
     if params.use_beam_search:
         return f"seq {s.seq_id}: a draft with beam search"
     return None

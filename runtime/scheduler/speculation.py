@@ -9,9 +9,9 @@ appends its one token (EOS, stop ids, max_tokens and max_model_len cut inside th
 committed (full blocks enter the radix tree), and the blocks past the computed tokens go back to the pool (the worker
 truncates its table copy by the same rule: cdiv(computed, block_size) blocks).
 
-Speculation is off per sequence for what the verify step does not cover (structured outputs, beam search: the
-proposal is empty) and per step when at least disable_by_batch_size sequences run. Penalties, logit_bias,
-min_tokens and logprobs speculate: the worker applies them to each draft row as plain decoding would.
+Speculation is off per sequence for beam search (the proposal is empty) and per step when at least
+disable_by_batch_size sequences run. Penalties, logit_bias, min_tokens, structured outputs and logprobs speculate:
+the worker applies them to each draft row as plain decoding would.
 """
 
 from __future__ import annotations
@@ -26,12 +26,10 @@ from runtime.speculative import SpeculativeConfig
 
 
 def may_speculate(seq: SchedulerSeq) -> bool:
-    """Whether the worker verifies a draft of seq: not for structured outputs (not built yet), beam search (its
-    candidates are not one draw per row) or a prefill-only sequence. Penalties and logprobs do speculate (the
-    worker applies the penalties to each draft row with the draft tokens before it counted; each emitted token
-    carries its row's logprobs)."""
-    params = seq.req.params
-    return not (params.structured_outputs is not None or params.use_beam_search or seq.prefill_only)
+    """Whether the worker verifies a draft of seq: not for beam search (its candidates are not one draw per row) or
+    a prefill-only sequence. Penalties, structured outputs and logprobs do speculate (each draft row gets the
+    penalties and the grammar mask of the draft tokens before it; each emitted token carries its row's logprobs)."""
+    return not (seq.req.params.use_beam_search or seq.prefill_only)
 
 
 class Speculation:

@@ -12,14 +12,15 @@ NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_look
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 3, 4, 3, 4, 3], list(range(20, 45))]
 
 
-def save_loopy_llama(folder: Path, tokenizer) -> Path:
-    """Save the loopy tiny Llama (vocab 512, 2 layers, hidden 64, tied embeddings, init std 0.1) into folder."""
+def save_loopy_llama(folder: Path, tokenizer, vocab_size: int = 512) -> Path:
+    """Save the loopy tiny Llama (vocab 512, 2 layers, hidden 64, tied embeddings, init std 0.1) into folder;
+    vocab_size 49152 covers the tokenizer (structured outputs compile against its whole vocabulary)."""
     from transformers import LlamaConfig
 
     from tests.conftest import _save_tiny
 
     config = LlamaConfig(
-        vocab_size=512,
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,

@@ -15,6 +15,7 @@ from runtime.protocol import ForwardBatch, ForwardResult, TokenLogprobs
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.ngram import NgramProposer, NoProposer
 from runtime.scheduler.scheduler import Scheduler
+from runtime.scheduler.speculation import may_speculate
 from runtime.structured_outputs import StructuredOutputs
 
 EOS = 2
@@ -149,14 +150,18 @@ def test_disable_by_batch_size_and_ineligible_params():
     sched, _ = _scheduler(config=json.dumps(config))
     sched.add_request("a", PROMPT, SamplingParams(max_tokens=10, temperature=0.0))
     other = [t + 10 for t in PROMPT]  # not PROMPT: a prompt being computed makes its twin wait a step
-    sched.add_request("b", other, SamplingParams(max_tokens=10, temperature=0.0, structured_outputs=REGEX))
+    params = SamplingParams(max_tokens=10, temperature=0.0, presence_penalty=0.5, structured_outputs=REGEX)
+    sched.add_request("b", other, params)
     sched.process_result(_answer(sched.schedule(), {1: [5], 2: [15]}))
     batch = sched.schedule()
     assert [s.num_draft_tokens for s in batch.seqs] == [0, 0]  # two running: off
     sched.abort("a")
-    sched.process_result(_answer(batch, {1: [1], 2: [1]}))
+    sched.process_result(_answer(batch, {1: [1], 2: [16]}))
     batch = sched.schedule()
-    assert [s.num_draft_tokens for s in batch.seqs] == [0]  # one running, but structured outputs never draft
+    assert [s.num_draft_tokens for s in batch.seqs] == [3]  # one running: penalties and a grammar do draft
+    sched.add_request("c", PROMPT, SamplingParams(n=2, use_beam_search=True, temperature=0.0, max_tokens=10))
+    assert not may_speculate(sched.requests["c"].seqs[0])  # beam search never drafts
+    assert may_speculate(sched.requests["b"].seqs[0])
 
 
 def _lp(token: int) -> TokenLogprobs:
