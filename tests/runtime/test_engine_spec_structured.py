@@ -1,7 +1,8 @@
 """Speculative decoding with structured outputs (issue 26) through the Engine on the loopy tiny Llama with the whole
 SmolLM2 vocabulary (float32): each draft row is masked by the grammar's state after the draft tokens before it, so
-every constrained output equals plain decoding's token for token (greedy and seeded), satisfies its constraint,
-and ends on EOS where plain decoding does (right after an accepted run for "repeat"); no matcher or block is left behind."""
+every constrained output equals plain decoding's token for token (greedy and seeded), satisfies its constraint, and
+ends on EOS where plain decoding does (right after an accepted run for "repeat"); no matcher or block is left behind.
+"""
 
 from __future__ import annotations
 
