@@ -5,7 +5,11 @@ are partly accepted and partly rejected), and the n-gram --speculative-config th
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3})
 # prompts whose greedy continuations on the loopy model mix accepted and rejected drafts
@@ -35,3 +39,21 @@ def save_loopy_llama(folder: Path, tokenizer, vocab_size: int = 512) -> Path:
     )
     config.architectures = ["LlamaForCausalLM"]
     return _save_tiny(folder, config, tokenizer, seed=3)
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Workers made inside it run on one torch thread ($RADIXSERVE_THREADS): the tiny models' many small ops
+    (per-sequence attention of extends and verifications) run several times faster than on the thread pool of a
+    busy machine. torch's process-wide count is restored on exit."""
+    import torch
+
+    from runtime.model.threads import THREADS_ENV
+
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(THREADS_ENV, "1")
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)

@@ -10,7 +10,7 @@ import pytest
 from runtime.engine import Engine
 from runtime.sampling_params import SamplingParams
 from tests.runtime.engine_helpers import assert_idle, greedy, record_batches
-from tests.runtime.spec_helpers import NGRAM, PROMPTS, save_loopy_llama
+from tests.runtime.spec_helpers import NGRAM, PROMPTS, one_torch_thread, save_loopy_llama
 
 EOS = 2
 OPTIONS = {
@@ -43,7 +43,8 @@ def engines(loopy_dir):
     def make(**kw) -> Engine:
         return Engine(model=str(loopy_dir), num_blocks=128, block_size=4, dtype="float32", **kw)
 
-    return make(), make(speculative_config=NGRAM)
+    with one_torch_thread():
+        yield make(), make(speculative_config=NGRAM)
 
 
 def _run(engine: Engine, params: SamplingParams, prompts=PROMPTS):

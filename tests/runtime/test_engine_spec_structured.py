@@ -16,7 +16,7 @@ from runtime.engine import Engine
 from runtime.sampling_params import SamplingParams
 from runtime.structured_outputs import StructuredOutputs
 from tests.runtime.engine_helpers import assert_idle, greedy, record_batches
-from tests.runtime.spec_helpers import NGRAM, PROMPTS, save_loopy_llama
+from tests.runtime.spec_helpers import NGRAM, PROMPTS, one_torch_thread, save_loopy_llama
 from tests.runtime.test_engine_structured import REGEX, SCHEMA
 
 REPEAT = r"(ab|cd)+x{3,9}"  # the loopy model repeats "ab" / "cd": long accepted runs, then EOS after the x's
@@ -35,7 +35,8 @@ def engines(tmp_path_factory, smollm2_tokenizer):
     def make(**kw) -> Engine:
         return Engine(model=str(folder), num_blocks=256, block_size=4, dtype="float32", **kw)
 
-    return make(), make(speculative_config=NGRAM)
+    with one_torch_thread():
+        yield make(), make(speculative_config=NGRAM)
 
 
 def _check(kind: str, text: str) -> None:

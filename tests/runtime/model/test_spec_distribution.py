@@ -22,6 +22,7 @@ from runtime.config import ServerArgs
 from runtime.model.runner import ModelRunner
 from runtime.protocol import ForwardBatch, ScheduledSeq
 from runtime.sampling_params import SamplingParams
+from tests.runtime.spec_helpers import one_torch_thread
 
 N = 3000
 VOCAB = 64
@@ -39,16 +40,6 @@ CASES = {
         ignore_eos=True,
     ),
 }
-
-
-@pytest.fixture()
-def one_thread(monkeypatch):
-    """The worker on one torch thread (RADIXSERVE_THREADS): its thousands of tiny per-sequence attention calls run
-    many times faster than on a thread pool of a busy machine; torch's count is restored after."""
-    threads = torch.get_num_threads()
-    monkeypatch.setenv("RADIXSERVE_THREADS", "1")
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +153,7 @@ def _chi_square_p(counts: Counter[tuple[int, int]], probs: dict[tuple[int, int],
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_speculative_tokens_follow_plain_sampling(folder, one_thread, case):
+def test_speculative_tokens_follow_plain_sampling(folder, case):
     params = CASES[case]
     joint = _joint(folder, params)
     marginal: Counter[int] = Counter()
@@ -170,7 +161,8 @@ def test_speculative_tokens_follow_plain_sampling(folder, one_thread, case):
         marginal[b] += q
     draft = max(marginal, key=marginal.__getitem__)
     assert 0.2 < marginal[draft] < 0.8  # the draft is right sometimes and wrong sometimes
-    pairs, accepted = _run(folder, params, draft)
+    with one_torch_thread():
+        pairs, accepted = _run(folder, params, draft)
     assert abs(accepted - N * marginal[draft]) < 4 * (N * marginal[draft] * (1 - marginal[draft])) ** 0.5
     assert len(joint) >= 4
     assert _chi_square_p(pairs, joint) > 1e-3
