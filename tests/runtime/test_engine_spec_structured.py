@@ -92,3 +92,37 @@ def test_seeded_constrained_with_penalties_and_logprobs_equals_plain_decoding(en
     _check("json", results[1].text)
     _no_matcher_left(spec)
     assert_idle(spec)
+
+
+ITEMS = {
+    "type": "object",
+    "properties": {"items": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}}}}},
+    "required": ["items"],
+}
+
+
+@pytest.mark.slow
+def test_smollm2_json_copy_with_penalty_and_logprobs_equals_plain_decoding():
+    data = {"items": [{"name": "alpha"}, {"name": "beta"}, {"name": "gamma"}, {"name": "delta"}]}
+    messages = [{"role": "user", "content": "Repeat this JSON exactly: " + json.dumps(data)}]
+    so = StructuredOutputs(json=json.dumps(ITEMS))
+    params = SamplingParams(max_tokens=40, temperature=0.0, structured_outputs=so, frequency_penalty=0.1, logprobs=1)
+    plain = Engine(dtype="float32")
+    want = plain.generate(messages=[messages], sampling_params=params)[0]
+    # a verified row runs as an extend, not a decode: the gap between the two paths' float32 logprobs, measured by
+    # scoring prompt + output as one extend (prompt_logprobs), bounds how far the logprobs may differ
+    scored = plain.generate(
+        input_ids=[want.prompt_token_ids + want.token_ids],
+        sampling_params=SamplingParams(max_tokens=0, prompt_logprobs=0),
+    )[0]
+    assert scored.prompt_logprobs is not None
+    extend = [lp.logprob for lp in scored.prompt_logprobs.logprobs[-len(want.token_ids) :] if lp is not None]
+    decode = [lp.logprob for lp in want.outputs[0].logprobs or []]
+    tolerance = 2 * max(abs(a - b) for a, b in zip(extend, decode, strict=True)) + 1e-6
+    spec = Engine(dtype="float32", speculative_config=NGRAM)
+    got = spec.generate(messages=[messages], sampling_params=params)[0]
+    assert got.token_ids == want.token_ids
+    for a, b in zip(got.outputs[0].logprobs or [], want.outputs[0].logprobs or [], strict=True):
+        assert a.top_token_ids == b.top_token_ids
+        assert a.logprob == pytest.approx(b.logprob, abs=tolerance)
+    assert spec.scheduler.speculation.counters.num_accepted_tokens > len(got.token_ids) // 3  # the copy is proposed
