@@ -375,8 +375,8 @@ class ModelRunner:
             for token_index in spec_verify.row_token_indexes(s, state.prompt_len):
                 rows.append(SampleRequest(state.params, state.sample_index, token_index))
                 seq_ids.append(s.seq_id)
-            priors.extend(spec_verify.row_priors(s))
-        prior = priors if any(priors) else None
+            priors.extend(spec_verify.row_priors(s) if s.num_draft_tokens else [[]])
+        prior = priors if len(priors) > len(sample_seqs) else None  # None: no draft this step
         penalties = self.penalties.rows(seq_ids, prior)
         out = self.sampler(logits, rows, penalties, token_bitmask=self.grammars.rows(seq_ids, prior))
         logprobs = out.logprobs or [None] * len(rows)
