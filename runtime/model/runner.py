@@ -383,15 +383,8 @@ class ModelRunner:
         result = {}
         row = 0
         for s in sample_seqs:
-            if s.num_draft_tokens:
-                verified = spec_verify.accept(s, out.token_ids[row : row + s.num_draft_tokens + 1])
-                a = len(verified.accepted)
-                kept = [lp for lp in logprobs[row : row + a] if lp is not None]
-                asked = self.seqs[s.seq_id].params.logprobs is not None
-                result[s.seq_id] = Sampled(
-                    verified.token, logprobs[row + a], verified.accepted, kept if asked else None
-                )
-            else:
-                result[s.seq_id] = Sampled(out.token_ids[row], logprobs[row])
-            row += s.num_draft_tokens + 1
+            n = s.num_draft_tokens + 1
+            asked = self.seqs[s.seq_id].params.logprobs is not None
+            result[s.seq_id] = spec_verify.sampled(s, out.token_ids[row : row + n], logprobs[row : row + n], asked)
+            row += n
         return result

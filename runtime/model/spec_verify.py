@@ -99,6 +99,18 @@ def row_token_indexes(s: ScheduledSeq, prompt_len: int) -> range:
     return range(first, first + s.num_draft_tokens + 1)
 
 
+def sampled(s: ScheduledSeq, drawn: list[int], logprobs: list[TokenLogprobs | None], asked: bool) -> Sampled:
+    """s's Sampled from its rows' draws drawn and their logprobs (1 + num_draft_tokens each, in row order; None
+    where not asked): without a draft, row 0's draw; with one, accept's verification, the extra token with its
+    row's logprobs and, when asked (params.logprobs set), each accepted token's row's logprobs. O(rows)."""
+    if not s.num_draft_tokens:
+        return Sampled(drawn[0], logprobs[0])
+    verified = accept(s, drawn)
+    a = len(verified.accepted)
+    kept = [lp for lp in logprobs[:a] if lp is not None]
+    return Sampled(verified.token, logprobs[a], verified.accepted, kept if asked else None)
+
+
 def accept(s: ScheduledSeq, drawn: list[int]) -> Verified:
     """The verification of s's draft from its rows' draws drawn (1 + num_draft_tokens token ids, in order): the
     draft stands while drawn[j] equals draft token j; the first draw that differs, or the last, is the token.
