@@ -138,6 +138,8 @@ class ForwardResult(msgspec.Struct, tag="forward_result", forbid_unknown_fields=
         sequence of the step ran one.
     draft_token_ids: seq_id -> the draft the worker's draft model proposed, for each sequence of seq_ids that had
         num_draft_slots (accepted_token_ids lists its accepted prefix); None when none had.
+    accepted_logprobs: seq_id -> the logprobs of its accepted draft tokens (aligned with accepted_token_ids), for
+        each sequence that ran a draft and asked for logprobs; None when none did.
     error: set (and nothing sampled) when the step failed as a whole (its drops, swaps or copies could not be
         applied); the scheduler fails the batch's requests.
     """
@@ -153,6 +155,7 @@ class ForwardResult(msgspec.Struct, tag="forward_result", forbid_unknown_fields=
     prompt_logprobs: dict[int, PromptLogprobs] | None = None
     accepted_token_ids: dict[int, list[int]] | None = None
     draft_token_ids: dict[int, list[int]] | None = None
+    accepted_logprobs: dict[int, list[TokenLogprobs]] | None = None  # speculation with logprobs (issue 26)
 
 
 class Ready(msgspec.Struct, tag="ready", forbid_unknown_fields=True):

@@ -278,7 +278,10 @@ class Scheduler:
                 continue  # aborted or stopped while the step ran
             if draft:  # a verified speculative decode (it samples, never a beam)
                 draft = drafted.get(seq.seq_id, draft)
-                self.speculation.on_verified(seq, start, draft, accepted.get(seq.seq_id, []), sampled[seq.seq_id])
+                run_lps = (result.accepted_logprobs or {}).get(seq.seq_id)
+                lps = None if run_lps is None else [*run_lps, logprobs.get(seq.seq_id)]
+                run = accepted.get(seq.seq_id, [])
+                self.speculation.on_verified(seq, start, draft, run, sampled[seq.seq_id], lps)
                 continue
             self.manager.commit_computed(seq.seq_id, start + num_tokens)
             if result.prompt_logprobs and seq.seq_id in result.prompt_logprobs:

@@ -11,12 +11,15 @@ import pytest
 
 from radix.manager import KVCacheManager
 from runtime.config import InvalidConfig, ServerArgs
-from runtime.protocol import ForwardBatch, ForwardResult
+from runtime.protocol import ForwardBatch, ForwardResult, TokenLogprobs
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.ngram import NgramProposer, NoProposer
 from runtime.scheduler.scheduler import Scheduler
+from runtime.scheduler.speculation import may_speculate
+from runtime.structured_outputs import StructuredOutputs
 
 EOS = 2
+REGEX = StructuredOutputs(regex="[a-z]+")
 CONFIG = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2})
 
 
@@ -148,14 +151,18 @@ def test_disable_by_batch_size_and_ineligible_params():
     sched, _ = _scheduler(config=json.dumps(config))
     sched.add_request("a", PROMPT, SamplingParams(max_tokens=10, temperature=0.0))
     other = [t + 10 for t in PROMPT]  # not PROMPT: a prompt being computed makes its twin wait a step
-    sched.add_request("b", other, SamplingParams(max_tokens=10, temperature=0.0, presence_penalty=0.5))
+    params = SamplingParams(max_tokens=10, temperature=0.0, presence_penalty=0.5, structured_outputs=REGEX)
+    sched.add_request("b", other, params)
     sched.process_result(_answer(sched.schedule(), {1: [5], 2: [15]}))
     batch = sched.schedule()
     assert [s.num_draft_tokens for s in batch.seqs] == [0, 0]  # two running: off
     sched.abort("a")
-    sched.process_result(_answer(batch, {1: [1], 2: [1]}))
+    sched.process_result(_answer(batch, {1: [1], 2: [16]}))
     batch = sched.schedule()
-    assert [s.num_draft_tokens for s in batch.seqs] == [0]  # one running, but penalties never draft
+    assert [s.num_draft_tokens for s in batch.seqs] == [3]  # one running: penalties and a grammar do draft
+    sched.add_request("c", PROMPT, SamplingParams(n=2, use_beam_search=True, temperature=0.0, max_tokens=10))
+    assert not may_speculate(sched.requests["c"].seqs[0])  # beam search never drafts
+    assert may_speculate(sched.requests["b"].seqs[0])
 
 
 def test_draft_model_slots_then_the_workers_draft():
@@ -180,3 +187,20 @@ def test_draft_model_slots_then_the_workers_draft():
     batch = sched.schedule()  # the draft model drafts every decode, whatever the tokens
     assert batch is not None and (batch.seqs[0].token_ids, batch.seqs[0].num_draft_slots) == ([1], 3)
     manager.check_invariants()
+
+
+def _lp(token: int) -> TokenLogprobs:
+    return TokenLogprobs(-0.5 - token, [token], [-0.5 - token])
+
+
+def test_logprobs_ride_with_each_accepted_token():
+    sched, _ = _scheduler()
+    seq_id = _start(sched, SamplingParams(max_tokens=10, temperature=0.0, logprobs=1, frequency_penalty=0.5))
+    batch = sched.schedule()
+    assert batch is not None and batch.seqs[0].num_draft_tokens == 3  # penalties and logprobs speculate
+    result = _answer(batch, {seq_id: [6, 7, 1]})
+    result.logprobs = [_lp(1)]
+    result.accepted_logprobs = {seq_id: [_lp(6), _lp(7)]}
+    outs = sched.process_result(result)
+    assert [o.token_ids for o in outs] == [[6], [7], [1]]
+    assert [o.logprobs for o in outs] == [[_lp(6)], [_lp(7)], [_lp(1)]]
