@@ -283,3 +283,25 @@ def test_host_tier_moves_the_drafts_kv_with_the_targets(make_engine, plain_outpu
     tokens, drafted, accepted = run(move_draft=False)
     assert tokens == want  # correctness never depends on the draft's KV
     assert accepted < drafted
+
+
+@pytest.mark.parametrize("draft", ["self", "random"])
+def test_draft_with_penalties_and_logprobs(make_engine, loopy_dir, random_draft_dir, draft):
+    """The draft model's rows carry the penalties of the draft tokens before them and each emitted token its row's
+    logprobs: tokens equal plain decoding's, logprobs within 1e-5, with the self draft (all accepted) and the random
+    one (mostly rejected)."""
+    params = greedy(30, frequency_penalty=0.7, presence_penalty=0.3, repetition_penalty=1.2, logprobs=2)
+    plain = make_engine().generate(input_ids=PROMPTS, sampling_params=params)
+    model = loopy_dir if draft == "self" else random_draft_dir
+    spec = make_engine(speculative_config=_config(model))
+    record_batches(spec)
+    outs = spec.generate(input_ids=PROMPTS, sampling_params=params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    for got, want in zip(outs, plain, strict=True):
+        got_lps = got.outputs[0].logprobs
+        want_lps = want.outputs[0].logprobs
+        assert got_lps is not None and want_lps is not None and len(got_lps) == len(want_lps) == 30
+        assert [lp.top_token_ids for lp in got_lps] == [lp.top_token_ids for lp in want_lps]
+        assert [lp.logprob for lp in got_lps] == pytest.approx([lp.logprob for lp in want_lps], abs=1e-5)
+    assert spec.scheduler.speculation.counters.num_draft_tokens > 0
+    assert_idle(spec)
