@@ -255,8 +255,6 @@ class ServerArgs:
             parse_speculative_config(self.speculative_config)
         except InvalidSpeculativeConfig as e:
             raise InvalidConfig(str(e)) from e
-        if self.speculative_config is not None and self.kv_groups == "auto":
-            raise InvalidConfig("speculative_config is not supported with kv_groups 'auto' yet: use 'single'")
         if self.preemption_mode == "swap" and self.num_host_blocks == 0:
             raise InvalidConfig("preemption_mode 'swap' needs num_host_blocks > 0 (the host pool it swaps into)")
         self._validate_parallel()
