@@ -10,6 +10,10 @@ tensor of a single group (runtime/model/kv_cache.py KVCache.layer_k).
 Sizing from one budget (after vLLM's and SGLang's hybrid pools): with r = window_blocks_ratio window blocks per full
 block, a full block and its share of window blocks cost bytes_full + r * bytes_window, so num_blocks = budget //
 that and num_window_blocks = r * num_blocks (num_blocks / num_window_blocks, when given, override).
+
+Under tensor parallelism each rank builds this from its ShardPlan.local_config (its KV heads) with num_blocks the
+smallest count any rank's budget allows (runtime/model/parallel/load.py), so every rank holds the same block ids in
+both groups and num_window_blocks, derived from num_blocks alone, agrees too.
 """
 
 from __future__ import annotations
@@ -45,6 +49,16 @@ def hybrid_layout(args: ServerArgs, cfg: ModelConfig) -> int | None:
     return windows.pop()
 
 
+def hybrid_block_bytes(args: ServerArgs, cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes a full block and its share of window blocks cost (the module docstring's sizing): bytes_full +
+    int(window_blocks_ratio * bytes_window), each kv_block_bytes of its layers, K and V. O(layers)."""
+    num_sliding = sum(cfg.layer_window(i) is not None for i in range(cfg.num_hidden_layers))
+    heads = cfg.num_key_value_heads
+    full_bytes = kv_block_bytes(cfg.num_hidden_layers - num_sliding, block_size, heads, cfg.head_dim, dtype)
+    window_bytes = kv_block_bytes(num_sliding, block_size, heads, cfg.head_dim, dtype)
+    return full_bytes + int(args.window_blocks_ratio * window_bytes)
+
+
 class HybridKVCache:
     """The device KV tensors of the two groups and the copies between their blocks (see the module docstring); the
     interface of runtime/model/kv_cache.py KVCache plus the window group's.
@@ -68,13 +82,11 @@ class HybridKVCache:
         sliding = [i for i in layers if cfg.layer_window(i) is not None]
         heads = cfg.num_key_value_heads
         full_bytes = kv_block_bytes(len(full), block_size, heads, cfg.head_dim, dtype)
-        window_bytes = kv_block_bytes(len(sliding), block_size, heads, cfg.head_dim, dtype)
-        ratio = args.window_blocks_ratio
-        self.num_blocks = kv_pool_blocks(args, full_bytes + int(ratio * window_bytes), device)
+        self.num_blocks = kv_pool_blocks(args, hybrid_block_bytes(args, cfg, block_size, dtype), device)
         if args.num_window_blocks is not None:
             self.num_window_blocks = args.num_window_blocks
         else:
-            self.num_window_blocks = int(ratio * self.num_blocks)
+            self.num_window_blocks = int(args.window_blocks_ratio * self.num_blocks)
         least = cdiv(window + args.chunked_prefill_size, block_size) + 2
         if self.num_window_blocks < least:
             raise InvalidConfig(
