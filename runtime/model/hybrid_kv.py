@@ -34,8 +34,9 @@ logger = logging.getLogger(__name__)
 
 def hybrid_layout(args: ServerArgs, cfg: ModelConfig) -> int | None:
     """The sliding window (tokens) of the model's sliding layers when args asks for KV cache groups (kv_groups
-    "auto") and the model has sliding layers of one window, else None (one group;
-    several windows: logged). O(layers)."""
+    "auto") and the model has sliding layers of one window shorter than its context, else None (one group: a model
+    with full attention only; several windows, logged as a warning; a window that covers every position the model
+    takes, logged, as a second pool would save nothing). O(layers)."""
     if args.kv_groups != "auto":
         return None
     windows = {cfg.layer_window(i) for i in range(cfg.num_hidden_layers)} - {None}
@@ -46,7 +47,12 @@ def hybrid_layout(args: ServerArgs, cfg: ModelConfig) -> int | None:
             "kv_groups auto: sliding windows %s differ; every layer keeps its whole KV", sorted(w or 0 for w in windows)
         )
         return None
-    return windows.pop()
+    window = windows.pop()
+    context = min(args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+    if window is not None and window >= context:
+        logger.info("kv_groups auto: the %d-token window covers the %d-token context: one group", window, context)
+        return None
+    return window
 
 
 def hybrid_block_bytes(args: ServerArgs, cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -63,8 +69,10 @@ class HybridKVCache:
     """The device KV tensors of the two groups and the copies between their blocks (see the module docstring); the
     interface of runtime/model/kv_cache.py KVCache plus the window group's.
 
-    Raises InvalidConfig: a pool too small (as kv_pool_blocks), or a window pool that cannot hold one sequence's
-    window and a prefill chunk (cdiv(window + chunked_prefill_size, block_size) + 1 blocks and the null block).
+    Raises InvalidConfig: a pool too small (as kv_pool_blocks), or a num_window_blocks (given) that cannot hold one
+    sequence's window and a prefill chunk (cdiv(window + chunked_prefill_size, block_size) + 1 blocks and the null
+    block); a window pool derived from window_blocks_ratio is raised to that floor instead (beyond the budget by
+    at most that many window blocks: a small pool only).
     """
 
     def __init__(
@@ -83,11 +91,11 @@ class HybridKVCache:
         heads = cfg.num_key_value_heads
         full_bytes = kv_block_bytes(len(full), block_size, heads, cfg.head_dim, dtype)
         self.num_blocks = kv_pool_blocks(args, hybrid_block_bytes(args, cfg, block_size, dtype), device)
+        least = cdiv(window + args.chunked_prefill_size, block_size) + 2
         if args.num_window_blocks is not None:
             self.num_window_blocks = args.num_window_blocks
-        else:
-            self.num_window_blocks = int(args.window_blocks_ratio * self.num_blocks)
-        least = cdiv(window + args.chunked_prefill_size, block_size) + 2
+        else:  # a small pool (num_blocks given, as tests do) still gets room for a window and a chunk
+            self.num_window_blocks = max(int(args.window_blocks_ratio * self.num_blocks), least)
         if self.num_window_blocks < least:
             raise InvalidConfig(
                 f"sliding-window KV pool of {self.num_window_blocks} blocks cannot hold a {window}-token window and a "
