@@ -64,3 +64,16 @@ def test_a_window_pool_from_the_ratio_is_raised_to_a_window_and_a_chunk() -> Non
     assert kv.window_k.shape == (2, 11, 8, 2, 16) and kv.k_cache.shape == (1, 24, 8, 2, 16)
     large = dataclasses.replace(small, num_blocks=100)
     assert HybridKVCache(large, cfg, 32, 8, torch.float32, cpu).num_window_blocks == 25  # 0.25 x 100
+
+
+def test_the_budget_buys_a_full_block_and_its_share_of_window_blocks() -> None:
+    import torch
+
+    from runtime.model.hybrid_kv import HybridKVCache, hybrid_block_bytes
+
+    cfg = _config(LOCAL_GLOBAL, 32)
+    args = ServerArgs(block_size=8, chunked_prefill_size=40, kv_cache_memory=3072 * 50)
+    # K and V x 8 tokens x 2 heads x 16 x 4 bytes = 2048 bytes a layer: 1 full layer + 0.25 x 2 sliding layers
+    assert hybrid_block_bytes(args, cfg, 8, torch.float32) == 2048 + 1024
+    kv = HybridKVCache(args, cfg, 32, 8, torch.float32, torch.device("cpu"))
+    assert (kv.num_blocks, kv.num_window_blocks) == (50, 12)  # 3072 * 50 bytes; 0.25 x 50 = 12 >= 11
