@@ -1,8 +1,9 @@
 """Speculative decoding (n-gram prompt lookup) with KV cache groups (kv_groups "auto") on a tiny loopy Gemma 3
 (window 16, blocks of 4) in float32: every output equals plain decoding's, with groups and without (the all-full
-path), token for token, while drafts are both accepted and rejected far past the window; the rollback of rejected
-slots cuts both groups' tables (radix/hybrid_manager.py release_uncomputed, the worker's copy alike), the manager's
-invariants hold after every step, and every block of both groups comes back."""
+path), token for token, while drafts are both accepted and rejected far past the window, and under preemption by
+recompute in a small window pool; the rollback of rejected slots cuts both groups' tables (radix/hybrid_manager.py
+release_uncomputed, the worker's copy alike), the manager's invariants hold after every step, and every block of both
+groups comes back."""
 
 from __future__ import annotations
 
@@ -24,16 +25,23 @@ def loopy_gemma3(tmp_path_factory, smollm2_tokenizer):
 
 
 def _engine(folder, kv_groups: str = "auto", **kw) -> Engine:
+    kw.setdefault("num_window_blocks", 40)
     return Engine(
         model=str(folder),
         dtype="float32",
         block_size=4,
         num_blocks=128,
-        num_window_blocks=40,
         chunked_prefill_size=16,
         kv_groups=kv_groups,
         **kw,
     )
+
+
+@pytest.fixture(scope="module")
+def plain(loopy_gemma3) -> list[list[int]]:
+    """Plain decoding's greedy tokens of PROMPTS with groups."""
+    outs = _engine(loopy_gemma3).generate(input_ids=PROMPTS, sampling_params=greedy(NEW_TOKENS))
+    return [o.token_ids for o in outs]
 
 
 def _assert_both_groups_idle(engine: Engine) -> None:
@@ -45,8 +53,7 @@ def _assert_both_groups_idle(engine: Engine) -> None:
     assert window.in_use_blocks == 0 and window.free_blocks + window.evictable_blocks == window.total_blocks
 
 
-def test_greedy_speculation_with_groups_equals_plain_decoding(loopy_gemma3):
-    plain = [o.token_ids for o in _engine(loopy_gemma3).generate(input_ids=PROMPTS, sampling_params=greedy(NEW_TOKENS))]
+def test_greedy_speculation_with_groups_equals_plain_decoding(loopy_gemma3, plain):
     full = _engine(loopy_gemma3, "single").generate(input_ids=PROMPTS, sampling_params=greedy(NEW_TOKENS))
     assert plain == [o.token_ids for o in full]
     spec = _engine(loopy_gemma3, speculative_config=NGRAM)
@@ -75,4 +82,15 @@ def test_seeded_sampling_and_a_prefix_hit_with_groups(loopy_gemma3):
     out = spec.generate(input_ids=[turn2], sampling_params=greedy(20))[0]
     assert out.usage.cached_tokens == (len(PROMPTS[2]) + 20 - 1) // 4 * 4
     assert out.token_ids == plain_engine.generate(input_ids=[turn2], sampling_params=greedy(20))[0].token_ids
+    _assert_both_groups_idle(spec)
+
+
+@pytest.mark.slow
+def test_preemption_under_window_pressure_with_speculation(loopy_gemma3, plain):
+    # 12 window blocks: the three sequences' windows (5 blocks each at most) and their draft slots do not fit, so
+    # sequences are preempted by recompute, drafts or not, and resume from their cached prefix
+    spec = _engine(loopy_gemma3, num_window_blocks=12, speculative_config=NGRAM)
+    record_batches(spec)
+    assert [o.token_ids for o in spec.generate(input_ids=PROMPTS, sampling_params=greedy(NEW_TOKENS))] == plain
+    assert spec.stats().num_preemptions > 0 and spec.scheduler.speculation.counters.num_accepted_tokens > 0
     _assert_both_groups_idle(spec)
