@@ -18,6 +18,15 @@ tree's packed keys, uint32 little endian, block_size per block, in ``block_hashe
 (not one chain), each block's parent hash (``block_parents``), and per block the cache_salt it was hashed with when it
 hangs directly under a salted root (``salts``, else None), for publishers whose wire format carries them (vLLM's,
 runtime/serve/vllm_events/); off, those fields stay empty and the events are as small as before.
+
+KV cache groups (radix/hybrid_manager.py): ``group`` names the group an event is about, 0 (full attention: every
+event of a single-group manager) or 1 (the sliding-window group, radix/swa_group.py). Group 1's blocks are cached
+per tree node under the node's own hash: BlockStored(group=1) when a node takes a window block (``sliding_window``:
+the group's window W in tokens, as vLLM's kv_cache_spec_sliding_window; one event per call, not one chain: each
+block's parent in block_parents when recorded), BlockRemoved(group=1) when it loses it (evicted on its own, the node
+staying in group 0, or the node leaving the tree). A consumer keeps a set per group and cuts a prefix of h blocks
+where a block of [max(0, h - cdiv(W, B)), h) is missing in group 1 (the window a query after h reads), as the
+manager's match does; a consumer that ignores ``group`` over-counts hits on a hybrid replica, never under-counts.
 """
 
 from __future__ import annotations
@@ -48,6 +57,8 @@ class BlockStored(msgspec.Struct, tag="kv_block_stored", forbid_unknown_fields=T
     token_ids: bytes = b""  # the blocks' tokens, packed (radix.hashing.pack_tokens); b"": not recorded
     block_parents: list[BlockHash | None] = []  # host tier, with token_ids: each block's parent (None: a root)
     salts: list[str | None] = []  # with token_ids: per block, the cache_salt of a salted root it hangs under directly
+    group: int = 0  # the KV cache group: 0 full attention, 1 the sliding-window group (module docstring)
+    sliding_window: int = 0  # group 1: its window W in tokens
 
 
 class BlockRemoved(msgspec.Struct, tag="kv_block_removed", forbid_unknown_fields=True):
@@ -57,6 +68,7 @@ class BlockRemoved(msgspec.Struct, tag="kv_block_removed", forbid_unknown_fields
     seq: int
     block_hashes: list[BlockHash]
     medium: Medium = DEVICE
+    group: int = 0  # the KV cache group (BlockStored.group)
 
 
 class AllBlocksCleared(msgspec.Struct, tag="kv_all_blocks_cleared", forbid_unknown_fields=True):
@@ -67,11 +79,16 @@ class AllBlocksCleared(msgspec.Struct, tag="kv_all_blocks_cleared", forbid_unkno
 
 class KvSnapshot(msgspec.Struct, tag="kv_snapshot", forbid_unknown_fields=True):
     """Every device-resident block hash (block_hashes) and every host-tier one (host_block_hashes; a block on both
-    tiers is in both lists), after applying all events up to and including ``last_seq`` (-1: none yet)."""
+    tiers is in both lists), after applying all events up to and including ``last_seq`` (-1: none yet). With a
+    sliding-window group: the hashes of the nodes holding a window block (window_block_hashes), its window W in tokens
+    (sliding_window) and the block size (block_size); 0 and [] with one group."""
 
     last_seq: int
     block_hashes: list[BlockHash]
     host_block_hashes: list[BlockHash] = []
+    window_block_hashes: list[BlockHash] = []
+    sliding_window: int = 0
+    block_size: int = 0
 
 
 KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
@@ -129,22 +146,27 @@ class KvEventLog:
         keys: Sequence[bytes] = (),
         block_parents: Sequence[BlockHash | None] = (),
         salts: Sequence[str | None] = (),
+        group: int = 0,
+        sliding_window: int = 0,
     ) -> None:
         """Record a BlockStored event (no event for an empty list). keys: each block's packed tokens (the tree's
-        child keys, in block_hashes order); block_parents: each block's parent hash (host-tier write-backs); salts:
-        each block's salt (radix.node.salt_under its parent); all kept when the log was made with token_ids=True."""
+        child keys, in block_hashes order); block_parents: each block's parent hash (host-tier write-backs, group 1);
+        salts: each block's salt (radix.node.salt_under its parent); all kept when the log was made with
+        token_ids=True. group, sliding_window: BlockStored's."""
         if self.enabled and block_hashes:
             event = BlockStored(self._next_seq, block_hashes, parent_block_hash, block_size, medium)
+            event.group = group
+            event.sliding_window = sliding_window
             if self.token_ids:
                 event.token_ids = b"".join(keys)
                 event.block_parents = list(block_parents)
                 event.salts = list(salts)
             self._append(event)
 
-    def removed(self, block_hashes: list[BlockHash], medium: Medium = DEVICE) -> None:
+    def removed(self, block_hashes: list[BlockHash], medium: Medium = DEVICE, group: int = 0) -> None:
         """Record a BlockRemoved event (no event for an empty list)."""
         if self.enabled and block_hashes:
-            self._append(BlockRemoved(self._next_seq, block_hashes, medium))
+            self._append(BlockRemoved(self._next_seq, block_hashes, medium, group))
 
     def cleared(self) -> None:
         """Record an AllBlocksCleared event."""

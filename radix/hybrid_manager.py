@@ -16,21 +16,36 @@ What each method adds to the base's, in both groups all or nothing:
 - prepare_write: copy-on-write in each group; group 1's pairs wait in take_window_copies.
 - commit_computed / free: group 0 caches full blocks in the tree; group 1 gives each newly cached node the sequence's
   window block, then releases the blocks the window has passed (they stay cached, evictable on their own).
-- fork: both tables. swap_out: None (group 1 has no host pool: the scheduler preempts by recompute instead).
+- kv_snapshot: with group 1's hashes (its KV events: radix/events.py, group 1).
+- fork: both tables. swap_out / swap_in: both groups, each into its own host swap pool (group 1's: as many blocks as
+  group 0's, radix/swa_group.py); group 1's pairs wait in take_window_swaps.
 
 Which window blocks stay cached: every full block's window block is attached to its tree node when the block is
 cached and becomes evictable once the sequence's window moves past it, so a finished request leaves the window before
 its end (its next turn hits the whole prompt + output) and every branch point keeps its window until eviction, least
 recently released first; a hit re-locks the window it uses, so a shared system prompt's window stays recent while
 conversations keep starting from it.
+
+The host tier (num_host_cache_blocks) holds group 0's blocks only. When group 0 writes a cached block back to the
+host, its node stays in the tree and keeps its window block in group 1, on the device, until group 1's own LRU
+evicts it (then the node is marked, and a match is cut where a window it needs is missing, as without a tier); a
+node that leaves the tree (a host-tier victim, or a write-back with no host block) drops it. So a match reaching
+host-only nodes needs no load in group 1: add_sequence loads group 0's blocks back and locks the window, resident.
+Why not write the window block back with its full block: the two groups' pressures are apart (group 0's evicting a
+block says nothing about group 1's room), a hit at h reads only the window before h (cdiv(W, B) blocks, not one per
+cached block), and a window block is the larger copy (Gemma 3: 5 of every 6 layers slide), so copying every one out
+and back would spend host memory and PCIe traffic on blocks most hits never read.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import msgspec
+
 from radix.block_pool import NoFreeBlocksError
 from radix.blocks import cdiv
+from radix.events import KvSnapshot
 from radix.keys import BlockKeys
 from radix.manager import KVCacheManager
 from radix.node import Node
@@ -51,12 +66,20 @@ class WindowGroupStats(NamedTuple):
     evicted_blocks: int
 
 
+class WindowSwaps(NamedTuple):
+    """Group 1's swap copies of a step: swap_out (device, host) pairs, then swap_in (host, device) pairs."""
+
+    swap_out: list[tuple[int, int]]
+    swap_in: list[tuple[int, int]]
+
+
 class HybridKVCacheManager(KVCacheManager):
     """KVCacheManager (group 0, full attention) plus a sliding-window group of ``num_window_blocks`` blocks.
 
     Args:
         num_blocks, block_size, enable_prefix_caching, num_host_blocks, record_events, hash_fn,
-            num_host_cache_blocks: as KVCacheManager (group 0; the host tier holds group 0's blocks only).
+            num_host_cache_blocks: as KVCacheManager (group 0; the host tier holds group 0's blocks only: module
+            docstring; group 1 gets a swap pool of num_host_blocks blocks of its own).
         num_window_blocks: group 1's blocks including its null block 0, >= 2.
         window: the sliding layers' window W in tokens, >= 1.
     Raises:
@@ -65,8 +88,9 @@ class HybridKVCacheManager(KVCacheManager):
 
     def __init__(self, num_blocks: int, block_size: int = 16, *, num_window_blocks: int, window: int, **kwargs) -> None:
         super().__init__(num_blocks, block_size, **kwargs)
-        self._window = SlidingWindowGroup(num_window_blocks, block_size, window)
+        self._window = SlidingWindowGroup(num_window_blocks, block_size, window, self.num_host_blocks, self._events)
         self._window_copies: list[tuple[int, int]] = []
+        self._window_swaps = WindowSwaps([], [])
         if isinstance(self._cache, RadixTree):
             self._cache.watch_forget(self._window.forget)
 
@@ -186,15 +210,52 @@ class HybridKVCacheManager(KVCacheManager):
         self._window.free(seq_id)
 
     def swap_out(self, seq_id: int) -> list[tuple[int, int]] | None:
-        """None: group 1 has no host pool, so a hybrid sequence is preempted by recompute. O(1)."""
+        """The base's swap_out, and group 1's live window blocks to its own host pool, all or nothing. Returns group
+        0's (device, host) pairs (group 1's wait in take_window_swaps), or None with no side effect when either host
+        pool lacks room. O(blocks * log n). Raises as the base."""
         self._live(seq_id)
-        return None
+        if not self._window.can_swap_out(seq_id):
+            return None
+        pairs = super().swap_out(seq_id)
+        if pairs is not None:
+            self._window_swaps.swap_out.extend(self._window.swap_out(seq_id))
+        return pairs
+
+    def swap_in(self, seq_id: int) -> list[tuple[int, int]] | None:
+        """The base's swap_in, and group 1's window blocks back from its host pool, all or nothing. Returns group
+        0's (host, device) pairs (group 1's wait in take_window_swaps), or None with no side effect when either group
+        lacks device room. O(blocks * log n). Raises as the base."""
+        if self._get(seq_id).host_table is None:
+            raise ValueError(f"sequence {seq_id} is not swapped out")
+        if not self._window.can_swap_in(seq_id):
+            return None
+        pairs = super().swap_in(seq_id)
+        if pairs is not None:  # group 0's evictions only ever free window blocks: group 1 still fits
+            self._window_swaps.swap_in.extend(self._window.swap_in(seq_id))
+        return pairs
+
+    def take_window_swaps(self) -> WindowSwaps:
+        """Group 1's swap pairs since the last call, for the step's ForwardBatch (window_swap_out / window_swap_in:
+        the worker copies them as it copies group 0's swaps). O(1)."""
+        swaps = self._window_swaps
+        self._window_swaps = WindowSwaps([], [])
+        return swaps
 
     # ----------------------------------------------------------------- queries
     def window_block_table(self, seq_id: int) -> list[int]:
-        """A copy of the sequence's group 1 table (NULL_BLOCK before its window). O(blocks)."""
+        """A copy of the sequence's group 1 table (NULL_BLOCK before its window; empty while swapped out), as
+        block_table. O(blocks). Raises UnknownSequenceError."""
         self._get(seq_id)
-        return list(self._window.tables[seq_id])
+        return list(self._window.tables.get(seq_id, []))
+
+    def kv_snapshot(self) -> KvSnapshot:
+        """The base's snapshot, with the hashes of the nodes holding a window block (group 1), W and B. O(cached
+        blocks)."""
+        snapshot = super().kv_snapshot()
+        hashes = [node.block_hash for node in self._window.node_block if node.block_hash is not None]
+        return msgspec.structs.replace(
+            snapshot, window_block_hashes=hashes, sliding_window=self._window.window, block_size=self.block_size
+        )
 
     def window_stats(self) -> WindowGroupStats:
         """Group 1's block counters. O(1)."""

@@ -18,16 +18,36 @@ per block); the node stays in the tree. A tree node that leaves the tree drops i
 tree calls). A cached prefix of h blocks is usable only when the window before its end, blocks [first_live(h * B),
 h), is resident here (usable_prefix). ``epoch`` counts the calls that took window blocks from nodes, so a match
 naming them is stale after one (radix/prefix_match.py).
+
+Swapping: a sequence preempted by swap moves its live entries (table[first_live:], contiguous) to a host pool of this
+group's own, as many blocks as group 0's swap pool: a table here never has more live entries than group 0's has
+entries, so whenever group 0's swap pool takes a sequence this one does too. Its NULL entries stay NULL (the window
+passed them: no query reads them again), so swapping in takes back only the live ones.
+
+Events (radix/events.py, group 1): BlockStored when nodes take window blocks (cache), BlockRemoved when they lose
+them (evict, forget), under the nodes' hashes, into the manager's event log.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from radix.block_pool import NULL_BLOCK, BlockPool, NoFreeBlocksError
 from radix.blocks import cdiv
-from radix.node import Node
+from radix.events import KvEventLog
+from radix.hashing import BlockHash
+from radix.node import Node, salt_under
+
+GROUP = 1  # this group's number in KV events (radix/events.py)
+
+
+class SwappedWindow(NamedTuple):
+    """A swapped-out sequence's table here: its length (entries) and the host blocks of its live tail, in order."""
+
+    num_entries: int
+    host_blocks: list[int]
 
 
 class SlidingWindowGroup:
@@ -37,15 +57,21 @@ class SlidingWindowGroup:
         num_blocks: blocks of this group's pool including the null block 0, >= 2.
         block_size: tokens per block (group 0's).
         window: W, the layers' sliding window in tokens, >= 1.
+        num_host_blocks: this group's host swap pool (ids 0 .. num_host_blocks - 1; group 0's swap pool size), >= 0.
+        events: the manager's KV event log (None: no events).
     Raises:
         ValueError: bad sizes.
-    Mutates only its own pool, tables and node map; the caller keeps the tables aligned with group 0's.
+    Mutates only its own pools, tables and node map; the caller keeps the tables aligned with group 0's.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, window: int) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, window: int, num_host_blocks: int = 0, events: KvEventLog | None = None
+    ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.pool = BlockPool(num_blocks)
+        self.host_pool = BlockPool(num_host_blocks, reserve_null=False)
+        self.swapped: dict[int, SwappedWindow] = {}
         self.block_size = block_size
         self.window = window
         self.tables: dict[int, list[int]] = {}
@@ -54,6 +80,7 @@ class SlidingWindowGroup:
         self.lru: OrderedDict[int, None] = OrderedDict()  # evictable cached blocks, least recently released first
         self.epoch = 0
         self.num_evicted = 0
+        self.events = KvEventLog(enabled=False) if events is None else events
 
     # ----------------------------------------------------------------- the window
     def first_live(self, num_computed: int) -> int:
@@ -109,18 +136,21 @@ class SlidingWindowGroup:
         """Free up to n evictable cached window blocks, least recently released first; their nodes stay in the tree
         without one. Returns them in eviction order. Bumps epoch when any. O(n)."""
         evicted: list[int] = []
+        hashes: list[BlockHash] = []
         lru = self.lru
         while lru and len(evicted) < n:
             block, _ = lru.popitem(last=False)
             node = self.block_node[block]
-            assert node is not None
+            assert node is not None and node.block_hash is not None
             del self.node_block[node]
             self.block_node[block] = None
             self.pool.decref(block)
             evicted.append(block)
+            hashes.append(node.block_hash)
         if evicted:
             self.epoch += 1
             self.num_evicted += len(evicted)
+            self.events.removed(hashes, group=GROUP)
         return evicted
 
     # ----------------------------------------------------------------- references
@@ -173,6 +203,7 @@ class SlidingWindowGroup:
         block takes the sequence's live one (one more reference). O(len(nodes))."""
         table = self.tables[seq_id]
         rcs = self.pool.ref_counts
+        taken: list[Node] = []
         for i, node in enumerate(nodes, start):
             b = table[i]
             if b == NULL_BLOCK or node in self.node_block or self.block_node[b] is not None:
@@ -180,6 +211,26 @@ class SlidingWindowGroup:
             rcs[b] += 1  # the node's reference; >= 2, so not evictable
             self.node_block[node] = b
             self.block_node[b] = node
+            taken.append(node)
+        if taken and self.events.enabled:
+            self._stored(taken)
+
+    def _stored(self, nodes: list[Node]) -> None:
+        """Record BlockStored (group 1) for nodes that took window blocks, each with its parent. O(len(nodes))."""
+        hashes = [n.block_hash for n in nodes if n.block_hash is not None]
+        parents = [n.parent.block_hash if n.parent is not None else None for n in nodes]
+        salts = [salt_under(n.parent) for n in nodes]
+        keys = [n.key for n in nodes]
+        self.events.stored(
+            hashes,
+            None,
+            self.block_size,
+            keys=keys,
+            block_parents=parents,
+            salts=salts,
+            group=GROUP,
+            sliding_window=self.window,
+        )
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """child_id gets a copy of parent_id's table, one more reference on each live block. O(blocks)."""
@@ -211,8 +262,44 @@ class SlidingWindowGroup:
         return pairs
 
     def free(self, seq_id: int) -> None:
-        """Drop seq_id's table and its references. O(blocks)."""
+        """Drop seq_id's table and its references (swapped out: its host blocks). O(blocks)."""
+        swapped = self.swapped.pop(seq_id, None)
+        if swapped is not None:
+            for h in swapped.host_blocks:
+                self.host_pool.decref(h)
+            return
         self.unlock([b for b in self.tables.pop(seq_id) if b != NULL_BLOCK])
+
+    # ----------------------------------------------------------------- swapping
+    def can_swap_out(self, seq_id: int) -> bool:
+        """Whether the host pool has a block for each live entry of seq_id's table. O(blocks)."""
+        return sum(b != NULL_BLOCK for b in self.tables[seq_id]) <= self.host_pool.num_free
+
+    def swap_out(self, seq_id: int) -> list[tuple[int, int]]:
+        """Move seq_id's live entries to host blocks (check can_swap_out first): its device references go (cached
+        ones become evictable, the others free) and its table leaves ``tables`` for ``swapped``. Returns the
+        (device, host) pairs the worker copies before anything of the step writes a device block. O(blocks)."""
+        table = self.tables.pop(seq_id)
+        live = [b for b in table if b != NULL_BLOCK]
+        host = self.host_pool.allocate(len(live))
+        self.unlock(live)
+        self.swapped[seq_id] = SwappedWindow(len(table), host)
+        return list(zip(live, host, strict=True))
+
+    def can_swap_in(self, seq_id: int) -> bool:
+        """Whether a device block can be had for each of swapped seq_id's host blocks. O(1)."""
+        return self.can_allocate(len(self.swapped[seq_id].host_blocks))
+
+    def swap_in(self, seq_id: int) -> list[tuple[int, int]]:
+        """Bring swapped seq_id back (check can_swap_in first): new device blocks (evicting cached window blocks as
+        needed) for its live entries, NULL before them as before, its host blocks freed. Returns the (host, device)
+        pairs the worker copies before the forward. O(blocks)."""
+        swapped = self.swapped.pop(seq_id)
+        device = self.take(len(swapped.host_blocks))
+        for h in swapped.host_blocks:
+            self.host_pool.decref(h)
+        self.tables[seq_id] = [NULL_BLOCK] * (swapped.num_entries - len(device)) + device
+        return list(zip(swapped.host_blocks, device, strict=True))
 
     def forget(self, node: Node) -> None:
         """A tree node left the tree: its window block (if any) loses the node's reference. Bumps epoch. O(1)."""
@@ -223,13 +310,23 @@ class SlidingWindowGroup:
         self.lru.pop(b, None)
         self.pool.decref(b)
         self.epoch += 1
+        if node.block_hash is not None:
+            self.events.removed([node.block_hash], group=GROUP)
 
     def check_invariants(self, num_computed: dict[int, int], is_cached: Callable[[Node], bool]) -> None:
         """Recount from scratch: ref counts (tables + nodes), the node map both ways (every node still cached), the
-        LRU (exactly the cached blocks at ref count 1), each table NULL exactly before its window. num_computed:
-        seq_id -> computed tokens of each registered sequence. O(blocks + tables). Raises AssertionError."""
+        LRU (exactly the cached blocks at ref count 1), each table NULL exactly before its window, the host pool's
+        blocks each held by one swapped sequence. num_computed: seq_id -> computed tokens of each registered
+        sequence. O(blocks + tables). Raises AssertionError."""
         self.pool.check_invariants()
-        assert set(num_computed) == set(self.tables), f"tables {sorted(self.tables)} vs {sorted(num_computed)}"
+        self.host_pool.check_invariants()
+        registered = set(self.tables) | set(self.swapped)
+        assert set(num_computed) == registered, f"tables {sorted(registered)} vs {sorted(num_computed)}"
+        assert not set(self.tables) & set(self.swapped), "a sequence both live and swapped out"
+        host_held = sorted(h for s in self.swapped.values() for h in s.host_blocks)
+        host_used = [h for h in range(self.host_pool.num_blocks) if self.host_pool.ref_counts[h]]
+        assert host_held == host_used, f"window host blocks held {host_held}, in use {host_used}"
+        assert all(self.host_pool.ref_counts[h] == 1 for h in host_used), "a window host block held twice"
         expected = [0] * self.pool.num_blocks
         for seq_id, table in self.tables.items():
             lo = self.first_live(num_computed[seq_id])

@@ -6,6 +6,11 @@ them in order; an event past the next expected number means messages were lost (
 SUB that reconnects misses what was sent meanwhile), so the index reports a gap and the owner asks the replica for a
 KvSnapshot instead of drifting. While a snapshot is awaited, events are buffered and those newer than the snapshot
 are replayed on top of it.
+
+A replica with a sliding-window KV cache group (radix/hybrid_manager.py) also reports which cached blocks hold their
+window block (events of group 1, radix/events.py): its prefix of h blocks is usable only when the window before h,
+blocks [max(0, h - cdiv(W, B)), h), is there too, so tier_prefix cuts the prefix where the replica's own match cuts
+it (radix/swa_group.py usable_prefix).
 """
 
 from __future__ import annotations
@@ -14,8 +19,11 @@ import logging
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from radix.blocks import cdiv
 from radix.events import DEVICE, AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvSnapshot
 from radix.hashing import BlockHash
+
+WINDOW_GROUP = 1  # the sliding-window group's number in KV events
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +38,8 @@ class TierPrefix(NamedTuple):
 
 class ReplicaIndex:
     """Resident block hashes of one replica (hashes: on the device; host_hashes: on its host tier, a block on both
-    tiers is in both) and the seq of the last event applied.
+    tiers is in both; window_hashes: the cached blocks holding a window block, and window_blocks = cdiv(W, B), 0
+    without a sliding-window group) and the seq of the last event applied.
 
     Mutates only itself. `syncing` is True from `begin_sync()` until `load_snapshot()`; meanwhile `apply()` buffers.
     Lookups are O(1) per block hash (a Python set).
@@ -39,6 +48,8 @@ class ReplicaIndex:
     def __init__(self) -> None:
         self.hashes: set[BlockHash] = set()
         self.host_hashes: set[BlockHash] = set()
+        self.window_hashes: set[BlockHash] = set()
+        self.window_blocks = 0
         self.last_seq = -1
         self.syncing = True  # nothing is known until the first snapshot
         self._buffer: list[KvEvent] = []
@@ -55,6 +66,8 @@ class ReplicaIndex:
         """
         self.hashes = set(snapshot.block_hashes)
         self.host_hashes = set(snapshot.host_block_hashes)
+        self.window_hashes = set(snapshot.window_block_hashes)
+        self.window_blocks = cdiv(snapshot.sliding_window, snapshot.block_size) if snapshot.block_size else 0
         self.last_seq = snapshot.last_seq
         self.syncing = False
         buffered = self._buffer
@@ -80,14 +93,22 @@ class ReplicaIndex:
             self._buffer = [event]
             return False
         if isinstance(event, BlockStored):
-            (self.hashes if event.medium == DEVICE else self.host_hashes).update(event.block_hashes)
+            if event.group == WINDOW_GROUP:
+                self.window_blocks = cdiv(event.sliding_window, event.block_size)
+            self._set(event.medium, event.group).update(event.block_hashes)
         elif isinstance(event, BlockRemoved):
-            (self.hashes if event.medium == DEVICE else self.host_hashes).difference_update(event.block_hashes)
+            self._set(event.medium, event.group).difference_update(event.block_hashes)
         elif isinstance(event, AllBlocksCleared):
             self.hashes.clear()
             self.host_hashes.clear()
+            self.window_hashes.clear()
         self.last_seq = event.seq
         return True
+
+    def _set(self, medium: str, group: int) -> set[BlockHash]:
+        if group == WINDOW_GROUP:
+            return self.window_hashes
+        return self.hashes if medium == DEVICE else self.host_hashes
 
     def prefix_blocks(self, block_hashes: Sequence[BlockHash]) -> int:
         """Leading blocks of a prompt's chained hashes that are resident on the device here (blocks, not tokens).
@@ -100,7 +121,8 @@ class ReplicaIndex:
         return n
 
     def tier_prefix(self, block_hashes: Sequence[BlockHash]) -> TierPrefix:
-        """The leading blocks resident on the device here, then how many of the next ones are on the host tier.
+        """The leading blocks resident on the device here, then how many of the next ones are on the host tier;
+        with a sliding-window group, both cut to the longest prefix whose window is resident (window_prefix).
         O(result)."""
         device = self.prefix_blocks(block_hashes)
         host = 0
@@ -108,12 +130,28 @@ class ReplicaIndex:
             if h not in self.host_hashes:
                 break
             host += 1
-        return TierPrefix(device, host)
+        if not self.window_blocks:
+            return TierPrefix(device, host)
+        usable = self.window_prefix(block_hashes[: device + host])
+        return TierPrefix(min(device, usable), max(0, usable - device))
+
+    def window_prefix(self, block_hashes: Sequence[BlockHash]) -> int:
+        """The longest h <= len(block_hashes) whose window blocks [max(0, h - window_blocks), h) are all in
+        window_hashes (0 always qualifies): the cut a hybrid replica's match makes. O(len(block_hashes))."""
+        best = 0
+        run = 0  # window blocks present in a row, ending at block i
+        for i, h in enumerate(block_hashes):
+            run = run + 1 if h in self.window_hashes else 0
+            if run >= min(i + 1, self.window_blocks):
+                best = i + 1
+        return best
 
     def clear(self) -> None:
         """Forget everything (the replica went away); syncing until the next snapshot."""
         self.hashes.clear()
         self.host_hashes.clear()
+        self.window_hashes.clear()
+        self.window_blocks = 0
         self.last_seq = -1
         self.syncing = True
         self._buffer = []

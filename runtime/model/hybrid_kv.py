@@ -3,9 +3,10 @@ sliding-window layers): the full-attention layers' blocks (group 0, the schedule
 layers' blocks (group 1, the window tables of radix/hybrid_manager.py), each its own tensor and pool.
 
 k_cache, v_cache [num_full_layers, num_blocks, block_size, kv_heads, head_dim] (group 0: the host tier and swaps copy
-these); window_k, window_v [num_window_layers, num_window_blocks, ...] (group 1). layer_k[i] / layer_v[i] is layer
-i's [num_blocks of its group, block_size, kv_heads, head_dim] view, which the model indexes as it indexes the one
-tensor of a single group (runtime/model/kv_cache.py KVCache.layer_k).
+these); window_k, window_v [num_window_layers, num_window_blocks, ...] (group 1); host_window_k, host_window_v
+[num_window_layers, num_host_blocks, ...] (group 1's host swap pool, radix/swa_group.py). layer_k[i] / layer_v[i]
+is layer i's [num_blocks of its group, block_size, kv_heads, head_dim] view, which the model indexes as it indexes
+the one tensor of a single group (runtime/model/kv_cache.py KVCache.layer_k).
 
 Sizing from one budget (after vLLM's and SGLang's hybrid pools): with r = window_blocks_ratio window blocks per full
 block, a full block and its share of window blocks cost bytes_full + r * bytes_window, so num_blocks = budget //
@@ -109,10 +110,14 @@ class HybridKVCache:
         window_shape = (len(sliding), self.num_window_blocks, *shape[2:])
         self.window_k = torch.zeros(window_shape, dtype=dtype, device=device)
         self.window_v = torch.zeros(window_shape, dtype=dtype, device=device)
+        # group 1's host swap pool: as many blocks as group 0's (radix/swa_group.py); no host tier
+        window_host_shape = (len(sliding), args.num_host_blocks, *shape[2:])
         host_shape = (len(full), args.num_host_blocks + self.num_host_cache_blocks, *shape[2:])
         pin = device.type == "cuda"
         self.host_k_cache = torch.zeros(host_shape, dtype=dtype, pin_memory=pin)
         self.host_v_cache = torch.zeros(host_shape, dtype=dtype, pin_memory=pin)
+        self.host_window_k = torch.zeros(window_host_shape, dtype=dtype, pin_memory=pin)
+        self.host_window_v = torch.zeros(window_host_shape, dtype=dtype, pin_memory=pin)
         self.host_copies = HostCopies(device)
         self.layer_k: list[torch.Tensor] = [torch.empty(0)] * cfg.num_hidden_layers
         self.layer_v: list[torch.Tensor] = [torch.empty(0)] * cfg.num_hidden_layers
@@ -133,8 +138,14 @@ class HybridKVCache:
         if pairs:
             kernels.copy_blocks(self.window_k, self.window_v, pairs)
 
+    def swap_window(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
+        """Group 1's device <-> host swap copies (its own host swap pool), K and V: every (device, host) pair of
+        swap_out, then every (host, device) pair of swap_in (HostCopies.apply; it raises the same errors)."""
+        caches = (self.window_k, self.window_v)
+        self.host_copies.apply(caches, (self.host_window_k, self.host_window_v), swap_out, swap_in)
+
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
-        """Group 0's device <-> host copies (the host tier; group 1 is never swapped: radix/hybrid_manager.py)."""
+        """Group 0's device <-> host copies (swaps and the host tier's write-backs / load-backs)."""
         if self.k_cache.shape[0]:
             caches = (self.k_cache, self.v_cache)
             self.host_copies.apply(caches, (self.host_k_cache, self.host_v_cache), swap_out, swap_in)

@@ -87,6 +87,9 @@ class KVCache:
     def copy_window(self, pairs: list[tuple[int, int]]) -> None:
         """A sliding-window group's copies: none with one group (ForwardBatch.window_copies is empty)."""
 
+    def swap_window(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
+        """A sliding-window group's swaps: none with one group (ForwardBatch.window_swap_out / _in are empty)."""
+
     def copy(self, pairs: list[tuple[int, int]]) -> None:
         """Copy device block src to dst for each (src, dst) of pairs, K and V (copy-on-write; nothing when empty).
         Raises what kernels.copy_blocks raises (e.g. for a block id outside the pool)."""

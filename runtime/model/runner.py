@@ -337,6 +337,7 @@ class ModelRunner:
         for seq_id in batch.drop_seq_ids:
             self.live.forget(seq_id)
         self.kv.swap(batch.swap_out, batch.swap_in)
+        self.kv.swap_window(batch.window_swap_out, batch.window_swap_in)
         self.kv.copy(batch.copies)
         self.kv.copy_window(batch.window_copies)
         step = StepSeqs([], {})

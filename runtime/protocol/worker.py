@@ -75,6 +75,8 @@ class ForwardBatch(msgspec.Struct, tag="forward_batch", forbid_unknown_fields=Tr
         tier's load-backs; the forward reads them, so they are done before it).
     copies: copy-on-write (src device block, dst device block) pairs.
     window_copies: copy-on-write pairs of the sliding-window group's blocks (with copies, before the forward).
+    window_swap_out / window_swap_in: the sliding-window group's swap pairs (its own host swap pool), applied with
+        swap_out / swap_in: outs before ins, both before the copies and the forward.
     """
 
     step_id: int
@@ -86,6 +88,8 @@ class ForwardBatch(msgspec.Struct, tag="forward_batch", forbid_unknown_fields=Tr
     forks: list[tuple[int, int, int]] = []
     fork_copies: list[tuple[int, int]] = []
     window_copies: list[tuple[int, int]] = []
+    window_swap_out: list[tuple[int, int]] = []
+    window_swap_in: list[tuple[int, int]] = []
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, forbid_unknown_fields=True):

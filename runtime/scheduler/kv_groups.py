@@ -4,7 +4,7 @@ manager is the plain KVCacheManager and each function here adds nothing to a ste
 
 from __future__ import annotations
 
-from radix.hybrid_manager import HybridKVCacheManager, WindowGroupStats
+from radix.hybrid_manager import HybridKVCacheManager, WindowGroupStats, WindowSwaps
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
 from runtime.protocol import Ready
@@ -53,6 +53,13 @@ def take_window_copies(manager: KVCacheManager) -> list[tuple[int, int]]:
     if not isinstance(manager, HybridKVCacheManager):
         return []
     return manager.take_window_copies()
+
+
+def take_window_swaps(manager: KVCacheManager) -> WindowSwaps:
+    """The sliding-window group's swap pairs made since the last call (empty with one group). O(1)."""
+    if not isinstance(manager, HybridKVCacheManager):
+        return WindowSwaps([], [])
+    return manager.take_window_swaps()
 
 
 def window_stats(manager: KVCacheManager) -> WindowGroupStats | None:

@@ -1,7 +1,8 @@
 """Preemption: when no block can be freed for a running sequence, the most recently admitted one gives its blocks
 up (vLLM, Kwon et al. 2023, section 4.5), by recompute (its blocks are freed, full computed ones stay cached, and it
 waits again at the front of the queue) or by swap (its blocks are copied to the host pool, and it comes back by
-swap-in once blocks are free). Pure Python (no torch)."""
+swap-in once blocks are free; with KV cache groups, both groups' blocks, each to its own host pool). Pure Python (no
+torch)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Literal
 from radix.blocks import cdiv
 from radix.manager import KVCacheManager
 from runtime.scheduler.finish import Finisher
+from runtime.scheduler.kv_groups import take_window_swaps
 from runtime.scheduler.request import SchedulerSeq, SeqStatus
 from runtime.scheduler.stats import SchedulerCounters
 from runtime.scheduler.step_plan import StepPlan
@@ -92,6 +94,7 @@ class Preemption:
             pairs = self._manager.swap_out(seq.seq_id)
             if pairs is not None:
                 step.swap_out.extend(pairs)
+                step.window_swap_out.extend(take_window_swaps(self._manager).swap_out)
                 seq.status = SeqStatus.SWAPPED
                 self._swapped.append(seq)
                 self._counters.num_swaps += 1
@@ -129,6 +132,7 @@ class Preemption:
             return None
         self._swapped.popleft()
         step.swap_in.extend(pairs)
+        step.window_swap_in.extend(take_window_swaps(self._manager).swap_in)
         seq.status = SeqStatus.RUNNING
         seq.in_worker = False
         self._running.append(seq)

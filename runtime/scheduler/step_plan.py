@@ -44,6 +44,8 @@ class StepPlan:
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     window_copies: list[tuple[int, int]] = field(default_factory=list)  # the sliding-window group's copy-on-write
+    window_swap_out: list[tuple[int, int]] = field(default_factory=list)  # the sliding-window group's swaps
+    window_swap_in: list[tuple[int, int]] = field(default_factory=list)
     inflight: list[InflightChunk] = field(default_factory=list)
 
     def add(
@@ -106,4 +108,6 @@ class StepPlan:
             forks.forks,
             forks.copies,
             self.window_copies,
+            self.window_swap_out,
+            self.window_swap_in,
         )

@@ -18,7 +18,12 @@ What radixserve sends in them:
   (radix/events.py), so each goes out as its own BlockStored with its own parent, as vLLM's offloading events do.
 - extra_keys: one entry per block, as vLLM's: ``(cache_salt,)`` for a block hashed with a request's cache_salt (the
   first block of a salted prompt), else None.
-- lora_id, lora_name: None (no adapters); group_idx: 0 (one KV cache group).
+- lora_id, lora_name: None (no adapters).
+- group_idx: the event's KV cache group (radix/events.py ``group``): 0, the full-attention group (every event of a
+  single-group replica), or 1, the sliding-window group of a hybrid one (radix/hybrid_manager.py), whose blocks hang
+  on group 0's under the same hashes. Group 1's BlockStored goes out one per block with its own parent (its blocks
+  are not one chain) and carries, as vLLM's cache-spec metadata, kv_cache_spec_kind "sliding_window" and
+  kv_cache_spec_sliding_window W; vLLM's BlockRemoved carries group_idx alone, as ours.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from radix.hashing import BlockHash
 
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"
+SLIDING_WINDOW_KIND = "sliding_window"  # vLLM's KVCacheSpecKind.SLIDING_WINDOW
 ExternalBlockHash = bytes | int
 _LOW_64 = (1 << 64) - 1
 
@@ -110,12 +116,19 @@ def _stored(
     size: int,
     medium: str,
     ints: bool,
+    group: int = 0,
+    window: int = 0,
 ) -> VllmBlockStored:
-    """One vLLM BlockStored of a chain of blocks under parent (extra_keys: a salted block's (cache_salt,))."""
+    """One vLLM BlockStored of a chain of blocks under parent (extra_keys: a salted block's (cache_salt,)); group,
+    window: the KV cache group and, for the sliding-window one, its window (the spec kind and window fields)."""
     parent_hash = None if parent is None else external_hash(parent, ints)
     stored = [external_hash(h, ints) for h in hashes]
     extra_keys: list[tuple[Any, ...] | None] = [None if s is None else (s,) for s in salts]
-    return VllmBlockStored(stored, parent_hash, tokens, size, None, medium, None, extra_keys, group_idx=0)
+    event = VllmBlockStored(stored, parent_hash, tokens, size, None, medium, None, extra_keys, group_idx=group)
+    if window:
+        event.kv_cache_spec_kind = SLIDING_WINDOW_KIND
+        event.kv_cache_spec_sliding_window = window
+    return event
 
 
 def to_vllm(event: KvEvent, int_hashes: bool) -> list[VllmEvent]:
@@ -128,7 +141,8 @@ def to_vllm(event: KvEvent, int_hashes: bool) -> list[VllmEvent]:
     """
     if isinstance(event, BlockRemoved):
         medium = MEDIUM_CPU if event.medium == HOST else MEDIUM_GPU
-        return [VllmBlockRemoved([external_hash(h, int_hashes) for h in event.block_hashes], medium, group_idx=0)]
+        hashes_out = [external_hash(h, int_hashes) for h in event.block_hashes]
+        return [VllmBlockRemoved(hashes_out, medium, group_idx=event.group)]
     if isinstance(event, AllBlocksCleared):
         return [VllmAllBlocksCleared()]
     size = event.block_size
@@ -136,14 +150,16 @@ def to_vllm(event: KvEvent, int_hashes: bool) -> list[VllmEvent]:
     if len(event.token_ids) != 4 * size * len(hashes) or len(event.salts) != len(hashes):
         raise ValueError(f"BlockStored seq {event.seq} has no token ids: record them (event_token_ids=True)")
     tokens = unpack_tokens(event.token_ids)
-    if event.medium != HOST:
-        return [_stored(hashes, event.parent_block_hash, tokens, event.salts, size, MEDIUM_GPU, int_hashes)]
+    medium = MEDIUM_CPU if event.medium == HOST else MEDIUM_GPU
+    if event.medium != HOST and not event.group:
+        return [_stored(hashes, event.parent_block_hash, tokens, event.salts, size, medium, int_hashes)]
     if len(event.block_parents) != len(hashes):
-        raise ValueError(f"host-tier BlockStored seq {event.seq} has no parents: record them (event_token_ids=True)")
+        raise ValueError(f"BlockStored seq {event.seq} (host tier or group 1) has no parents: record them")
     out: list[VllmEvent] = []
+    window = event.sliding_window
     for i, (h, parent, salt) in enumerate(zip(hashes, event.block_parents, event.salts, strict=True)):
         block_tokens = tokens[i * size : (i + 1) * size]
-        out.append(_stored([h], parent, block_tokens, [salt], size, MEDIUM_CPU, int_hashes))
+        out.append(_stored([h], parent, block_tokens, [salt], size, medium, int_hashes, event.group, window))
     return out
 
 

@@ -90,10 +90,7 @@ def test_phi3_short_rope_factors_when_the_context_stays_within_the_original(tmp_
 def test_preemption_keeps_the_tokens(tiny, mode):
     _, folder, prompts, refs = tiny
     # the three sequences need 3 x 35 blocks of 8 tokens at the end; 64 blocks force preemptions
-    # swap: the all-full path (with KV cache groups a sliding-window sequence is preempted by recompute instead)
-    groups = "single" if mode == "swap" else "auto"
-    host = 128 if mode == "swap" else 0
-    engine = _engine(folder, num_blocks=64, preemption_mode=mode, num_host_blocks=host, kv_groups=groups)
+    engine = _engine(folder, num_blocks=64, preemption_mode=mode, num_host_blocks=128 if mode == "swap" else 0)
     outs = engine.generate(input_ids=prompts, sampling_params=greedy(NEW_TOKENS))
     stats = engine.stats()
     assert stats.num_preemptions > 0 and (mode == "recompute" or stats.num_swaps > 0)

@@ -83,9 +83,9 @@ def test_preemption_under_window_pressure_keeps_the_tokens(tiny_folder):
     prompts = random_prompts(PROMPT_LENS, seed=4)
     full = _engine(tiny_folder, kv_groups="single")
     ref = full.generate(input_ids=prompts, sampling_params=greedy(NEW_TOKENS))
-    # 20 window blocks: two sequences' windows and a chunk at most, so the third is preempted (by recompute: a
-    # hybrid sequence is never swapped) and recomputed from its cached prefix
-    engine = _engine(tiny_folder, num_window_blocks=20, preemption_mode="swap", num_host_blocks=64)
+    # 20 window blocks: two sequences' windows and a chunk at most, so the third is preempted by recompute and
+    # recomputed from its cached prefix (by swap: tests/runtime/model/test_hybrid_swap.py)
+    engine = _engine(tiny_folder, num_window_blocks=20)
     outs = engine.generate(input_ids=prompts, sampling_params=greedy(NEW_TOKENS))
     assert engine.stats().num_preemptions > 0 and engine.stats().num_swaps == 0
     assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
