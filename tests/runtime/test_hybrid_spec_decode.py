@@ -1,9 +1,9 @@
 """Speculative decoding (n-gram prompt lookup) with KV cache groups (kv_groups "auto") on a tiny loopy Gemma 3
 (window 16, blocks of 4) in float32: every output equals plain decoding's, with groups and without (the all-full
 path), token for token, while drafts are both accepted and rejected far past the window, and under preemption by
-recompute in a small window pool; the rollback of rejected slots cuts both groups' tables (radix/hybrid_manager.py
-release_uncomputed, the worker's copy alike), the manager's invariants hold after every step, and every block of both
-groups comes back."""
+recompute and by swap in a small window pool; the rollback of rejected slots cuts both groups' tables
+(radix/hybrid_manager.py release_uncomputed, the worker's copy alike), the manager's invariants hold after every
+step, and every block of both groups comes back."""
 
 from __future__ import annotations
 
@@ -86,11 +86,17 @@ def test_seeded_sampling_and_a_prefix_hit_with_groups(loopy_gemma3):
 
 
 @pytest.mark.slow
-def test_preemption_under_window_pressure_with_speculation(loopy_gemma3, plain):
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_under_window_pressure_with_speculation(loopy_gemma3, plain, mode):
     # 12 window blocks: the three sequences' windows (5 blocks each at most) and their draft slots do not fit, so
-    # sequences are preempted by recompute, drafts or not, and resume from their cached prefix
-    spec = _engine(loopy_gemma3, num_window_blocks=12, speculative_config=NGRAM)
+    # sequences are preempted, drafts or not, and resume (from their cached prefix, or swapped back in both groups)
+    host = 64 if mode == "swap" else 0
+    spec = _engine(
+        loopy_gemma3, num_window_blocks=12, speculative_config=NGRAM, preemption_mode=mode, num_host_blocks=host
+    )
     record_batches(spec)
     assert [o.token_ids for o in spec.generate(input_ids=PROMPTS, sampling_params=greedy(NEW_TOKENS))] == plain
-    assert spec.stats().num_preemptions > 0 and spec.scheduler.speculation.counters.num_accepted_tokens > 0
+    stats = spec.stats()
+    assert stats.num_preemptions > 0 and (stats.num_swaps > 0) == (mode == "swap")
+    assert spec.scheduler.speculation.counters.num_accepted_tokens > 0
     _assert_both_groups_idle(spec)
