@@ -10,7 +10,8 @@ the one tensor of a single group (runtime/model/kv_cache.py KVCache.layer_k).
 
 Sizing from one budget (after vLLM's and SGLang's hybrid pools): with r = window_blocks_ratio window blocks per full
 block, a full block and its share of window blocks cost bytes_full + r * bytes_window, so num_blocks = budget //
-that and num_window_blocks = r * num_blocks (num_blocks / num_window_blocks, when given, override).
+that and num_window_blocks = r * num_blocks, at least a window and a prefill chunk (num_blocks / num_window_blocks,
+when given, override).
 
 Under tensor parallelism each rank builds this from its ShardPlan.local_config (its KV heads) with num_blocks the
 smallest count any rank's budget allows (runtime/model/parallel/load.py), so every rank holds the same block ids in
