@@ -210,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     p.add_argument("--max-tokens", type=int, default=80)
     p.add_argument("--speculative-config", default=json.dumps(NGRAM), help="the ngram setting's JSON")
+    p.add_argument("--draft-model", default=None, help="also a draft_model setting with this draft (folder/name)")
     p.add_argument("--smoke", action="store_true", help="seconds: 1 conversation, 8 tokens, concurrency 1 and 2")
     p.add_argument("--out", type=Path, default=None)
     return p
@@ -227,6 +228,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     workloads = {"chat": (chat.user_turns, chat.system_prompt), "copy": (copy_turns(n), None)}
     rows = run_setting(args, "off", None, workloads)
     rows += run_setting(args, "ngram", json.loads(args.speculative_config), workloads)
+    if args.draft_model is not None:  # k as the ngram setting's
+        k = json.loads(args.speculative_config)["num_speculative_tokens"]
+        draft = {"method": "draft_model", "model": args.draft_model, "num_speculative_tokens": k}
+        rows += run_setting(args, "draft_model", draft, workloads)
     result = {
         "benchmark": "spec_decode",
         "model": args.model,

@@ -168,8 +168,8 @@ class ServerArgs:
     speculative_config: str | None = _opt(
         None,
         'speculative decoding as JSON in vLLM\'s names, e.g. {"method": "ngram", "num_speculative_tokens": 4, '
-        '"prompt_lookup_min": 2, "prompt_lookup_max": 4} (prompt lookup; optional "disable_by_batch_size": N); '
-        "None: off",
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 4} (prompt lookup; optional "disable_by_batch_size": N), or '
+        '{"method": "draft_model", "model": M, "num_speculative_tokens": 4} (a draft model M); None: off',
     )
 
     def _validate_parallel(self) -> None:

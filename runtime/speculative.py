@@ -4,9 +4,11 @@ Pure Python, no torch.
     {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b}
     {"method": "draft_model", "model": M, "num_speculative_tokens": k}
 
-Only "ngram" (prompt lookup: runtime/scheduler/ngram.py) is built; "draft_model" is refused
-(InvalidSpeculativeConfig naming the method). disable_by_batch_size (vLLM's name): a step whose running sequences
-number at least this many proposes nothing (None: always propose).
+"ngram": prompt lookup (runtime/scheduler/ngram.py), the scheduler proposes the draft. "draft_model": a smaller model
+M (a folder, a .gguf file or an embedded name, with the target's vocabulary) runs in the worker beside the target and
+proposes k tokens greedily (runtime/model/draft_runner.py); the scheduler only reserves the k slots
+(runtime/scheduler/draft_slots.py). disable_by_batch_size (vLLM's name): a step whose running sequences number at
+least this many proposes nothing (None: always propose).
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ class InvalidSpeculativeConfig(ValueError):
 
 
 class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    """method: "ngram". num_speculative_tokens: drafts proposed per sequence per step, k in [1, 32].
+    """method: "ngram" or "draft_model". num_speculative_tokens: drafts proposed per sequence per step, k in [1, 32].
     prompt_lookup_min / prompt_lookup_max: the shortest and longest suffix (tokens) the n-gram proposer looks up,
     1 <= min <= max. disable_by_batch_size: propose nothing in a step with at least this many running sequences
-    (None: no limit). model: the draft model (method "draft_model", not built)."""
+    (None: no limit). model: the draft model (method "draft_model" only, where it is required)."""
 
     method: str
     num_speculative_tokens: int
@@ -39,7 +41,7 @@ def parse_speculative_config(text: str | None) -> SpeculativeConfig | None:
     """The SpeculativeConfig of the JSON text of `--speculative-config` (None: no speculation).
 
     Raises InvalidSpeculativeConfig naming the field: malformed JSON, an unknown field, a wrong type, a value out
-    of range, or a method other than "ngram" (the draft model is not built yet)."""
+    of range, a method other than "ngram" / "draft_model", "draft_model" without a model or "ngram" with one."""
     if text is None:
         return None
     try:
@@ -53,10 +55,12 @@ def parse_speculative_config(text: str | None) -> SpeculativeConfig | None:
 
 
 def _problem(cfg: SpeculativeConfig) -> str | None:
-    if cfg.method == "draft_model":
-        return "method 'draft_model' is not supported yet (use 'ngram')"
-    if cfg.method != "ngram":
-        return f"method must be 'ngram', got {cfg.method!r}"
+    if cfg.method not in ("ngram", "draft_model"):
+        return f"method must be 'ngram' or 'draft_model', got {cfg.method!r}"
+    if cfg.method == "draft_model" and not cfg.model:
+        return "model is required with method 'draft_model' (the draft model's folder, .gguf file or name)"
+    if cfg.method == "ngram" and cfg.model is not None:
+        return "model is only used with method 'draft_model'"
     if not 1 <= cfg.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
         return f"num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {cfg.num_speculative_tokens}"
     if cfg.prompt_lookup_min < 1:

@@ -55,12 +55,21 @@ class KVCache:
     num_blocks comes from kv_pool_blocks (so construct it after the weights are on the device); num_host_cache_blocks
     from host_cache_blocks. The tensors are allocated once, zeroed, and never replaced: a reference to k_cache stays
     valid for the runner's lifetime. Raises InvalidConfig as kv_pool_blocks does.
+    extra_block_bytes: bytes per block of a parallel pool indexed by the same block ids (a draft model's KV,
+    runtime/model/draft_runner.py): the budget is split by both, so num_blocks covers the two pools (0: none).
     """
 
     def __init__(
-        self, args: ServerArgs, cfg: ModelConfig, block_size: int, dtype: torch.dtype, device: torch.device
+        self,
+        args: ServerArgs,
+        cfg: ModelConfig,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        extra_block_bytes: int = 0,
     ) -> None:
         block_bytes = kv_block_bytes(cfg.num_hidden_layers, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype)
+        block_bytes += extra_block_bytes
         self.num_blocks = kv_pool_blocks(args, block_bytes, device)
         self.num_host_cache_blocks = host_cache_blocks(args, block_bytes)
         shape = (cfg.num_hidden_layers, self.num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)

@@ -69,7 +69,10 @@ class PenaltyRows(NamedTuple):
     """The rows of one step's logits that have penalties: batch_index int64 [M] (rows of the logits), state_index
     int64 [M] (their rows in the PenaltyState), that state's tensors (read only), whether any of the M rows has a
     repetition_penalty != 1 (repetition), a frequency_penalty != 0 (frequency), a presence_penalty != 0 (presence),
-    and whether the M rows are every row of the logits, in order (every_row)."""
+    whether the M rows are every row of the logits, in order (every_row), and the draft tokens each row counts on
+    top of its sequence's output (draft_pairs int64 [2, E]: (row among the M, token id) per draft token; None: none).
+    A speculative draft's row j sees the output so far plus draft tokens d_1..d_j-1, as plain decoding would have.
+    """
 
     batch_index: torch.Tensor
     state_index: torch.Tensor
@@ -80,16 +83,22 @@ class PenaltyRows(NamedTuple):
     frequency: bool
     presence: bool
     every_row: bool = False
+    draft_pairs: torch.Tensor | None = None
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """logits float32 [N, V] with the penalties applied to the M rows of batch_index (a new tensor; the other rows
         are copied unchanged and logits itself is not changed). Gathers the M rows of logits and of the state, then
-        the passes of _penalise; a step whose every row has penalties skips the copy back into the other rows."""
+        the passes of _penalise; a step whose every row has penalties skips the copy back into the other rows. The
+        draft tokens of draft_pairs are added to the gathered counts (one index_put_), never to the state."""
         rows = logits.index_select(0, self.batch_index)
         mask = self.prompt_mask.index_select(0, self.state_index) if self.repetition else None
+        counts = self.counts.index_select(0, self.state_index)
+        if self.draft_pairs is not None:
+            ones = torch.ones(self.draft_pairs.shape[1], device=counts.device)
+            counts.index_put_((self.draft_pairs[0], self.draft_pairs[1]), ones, accumulate=True)
         rows = _penalise(
             rows,
-            self.counts.index_select(0, self.state_index),
+            counts,
             mask,
             self.penalties.index_select(0, self.state_index),
             self.repetition,
@@ -159,9 +168,12 @@ class PenaltyState:
             self._free.append(row)
             del self._kinds[seq_id]
 
-    def rows(self, seq_ids: Sequence[int]) -> PenaltyRows | None:
-        """The PenaltyRows of a step whose logits rows belong to seq_ids (in order), or None when none of them has
-        state (the step then does no penalty work at all). O(len(seq_ids)) Python, one host-to-device copy."""
+    def rows(self, seq_ids: Sequence[int], prior: Sequence[Sequence[int]] | None = None) -> PenaltyRows | None:
+        """The PenaltyRows of a step whose logits rows belong to seq_ids (in order; a sequence verifying a draft has
+        one row per draft position), or None when none of them has state (the step then does no penalty work at
+        all). prior (aligned with seq_ids, or None: all empty): the tokens each row counts as output on top of its
+        sequence's state (a draft's row j: d_1..d_j-1). O(len(seq_ids) + prior tokens) Python, one host-to-device
+        copy (two with prior tokens)."""
         if not self._rows:
             return None
         pairs = [(i, self._rows[s]) for i, s in enumerate(seq_ids) if s in self._rows]
@@ -169,6 +181,11 @@ class PenaltyState:
             return None
         kinds = [self._kinds[s] for s in seq_ids if s in self._kinds]
         index = torch.tensor(pairs, dtype=torch.int64).T.to(self.device)
+        draft_pairs = None
+        if prior is not None:
+            extra = [(m, t) for m, (i, _) in enumerate(pairs) for t in prior[i]]
+            if extra:
+                draft_pairs = torch.tensor(extra, dtype=torch.int64).T.to(self.device)
         return PenaltyRows(
             index[0],
             index[1],
@@ -179,10 +196,12 @@ class PenaltyState:
             any(k[1] for k in kinds),
             any(k[2] for k in kinds),
             len(pairs) == len(seq_ids),
+            draft_pairs,
         )
 
     def record(self, seq_ids: Sequence[int], token_ids: Sequence[int]) -> None:
-        """Count token_ids[i] as a new output token of seq_ids[i] (aligned; sequences without state are skipped).
+        """Count token_ids[i] as a new output token of seq_ids[i] (aligned, a sequence may repeat: a verified draft's
+        accepted tokens and then its token; sequences without state are skipped).
         One tensor op for the whole step; nothing when no sequence has state."""
         if not self._rows:
             return

@@ -20,6 +20,7 @@ from radix.blocks import cdiv
 from runtime.config import ServerArgs
 from runtime.model import spec_verify
 from runtime.model.cpu_features import resolve_dtype
+from runtime.model.draft_runner import build_draft
 from runtime.model.grammar import GrammarCache, GrammarState
 from runtime.model.hybrid_kv import HybridKVCache, hybrid_layout
 from runtime.model.isolation import run_isolated
@@ -30,6 +31,7 @@ from runtime.model.penalties import PenaltyState
 from runtime.model.prompt_logprobs import prompt_logprobs, prompt_rows
 from runtime.model.quant_plan import QuantPlan
 from runtime.model.sampler import Sampler, SampleRequest
+from runtime.model.spec_verify import Sampled
 from runtime.model.threads import thread_tuner
 from runtime.model.worker_seqs import StepInputs, WorkerSeq, WorkerSeqs
 from runtime.protocol import ForwardBatch, ForwardResult, PromptLogprobs, Ready, ScheduledSeq, TokenLogprobs
@@ -52,15 +54,6 @@ class StepSeqs(NamedTuple):
     invalid: dict[int, str]
 
 
-class Sampled(NamedTuple):
-    """One sequence's draw: the sampled token id and its logprobs (None: not asked); after a speculative draft, the
-    draft tokens accepted before it (runtime/model/spec_verify.py; None: no draft)."""
-
-    token_id: int
-    logprobs: TokenLogprobs | None
-    accepted: list[int] | None = None
-
-
 class ModelRunner:
     """Loads the model, allocates the KV cache and executes ForwardBatches.
 
@@ -76,7 +69,8 @@ class ModelRunner:
     sequence with structured_outputs, advanced by the tokens sampled here; runtime/model/grammar/), k_cache /
     v_cache / host_k_cache / host_v_cache (kv's tensors),
     model (called as model(input_ids, meta, k_cache, v_cache) at each run, so a wrapper assigned here is used),
-    threads (the ThreadTuner that sets torch's CPU threads before each step's forward: runtime/model/threads.py).
+    threads (the ThreadTuner that sets torch's CPU threads before each step's forward: runtime/model/threads.py),
+    draft (speculative decoding's draft model and its KV pool, DraftRunner, else NoDraft: draft_runner.py).
 
     group: this rank's tensor-parallel group (runtime/model/parallel/): the runner then holds the rank's slices of the
     model and its KV heads, with the block count every rank agreed on; every rank executes every batch alike and
@@ -111,10 +105,12 @@ class ModelRunner:
         logger.info("weight quantization: %s", self.quantization.describe())
         self.block_size = args.block_size
         self.kv: KVCache | HybridKVCache
+        self.draft = build_draft(args, cfg, self.dtype, self.device, self.max_model_len, backend)  # before the KV
         if group is None:
             weights = load_weights(folder, self.dtype, self.device)
             self.model = build_model(cfg, weights, self.max_model_len, backend, quantization=self.quantization)
             self.kv = self._device_kv(args, cfg)
+            self.draft.allocate(args, self.kv)  # the same block ids (draft_runner.py)
         else:  # this rank's slices and KV heads (runtime/model/parallel/)
             from runtime.model.parallel.load import load_rank_model
 
@@ -166,7 +162,7 @@ class ModelRunner:
         layers (HybridKVCache). Raises InvalidConfig for a pool too small."""
         window = hybrid_layout(args, cfg)
         if window is None:
-            return KVCache(args, cfg, self.block_size, self.dtype, self.device)
+            return KVCache(args, cfg, self.block_size, self.dtype, self.device, self.draft.block_bytes)
         return HybridKVCache(args, cfg, window, self.block_size, self.dtype, self.device)
 
     def _warn_if_pool_below_max_model_len(self) -> None:
@@ -235,6 +231,7 @@ class ModelRunner:
         if step.runnable:
             self.threads.before_step()
             start = time.perf_counter()
+            self.draft.propose(step.runnable, self.live, failed)  # fills num_draft_slots (draft_runner.py)
             run_isolated(step.runnable, self._run, sampled, failed)
             self.threads.after_step(time.perf_counter() - start, sum(len(s.token_ids) for s in step.runnable))
         return self.finish_step(batch.step_id, step.runnable, sampled, failed)
@@ -279,18 +276,26 @@ class ModelRunner:
     ) -> ForwardResult:
         """The ForwardResult of a step whose runnable sequences ran: sampled (seq_id -> Sampled) in batch order,
         failed (seq_id -> "ExceptionType: message") apart, the tokens of the runnable sequences that did not fail
-        counted once. Mutates: advances each constrained sequence's grammar matcher by its token (a token the grammar
-        rejects fails its sequence); forgets each failed sequence; counts each sampled token once in the penalty
-        state. O(len(runnable) + len(failed))."""
+        counted once. Mutates: advances each constrained sequence's grammar matcher by its tokens (a verified draft's
+        accepted tokens, then its token; a token the grammar rejects fails its sequence); forgets each failed
+        sequence; counts each such token once in the penalty state. O(len(runnable) + len(failed) + accepted)."""
         order = [s.seq_id for s in runnable if s.seq_id in sampled and s.seq_id not in failed]
-        failed.update(self.grammars.record(order, [sampled[seq_id].token_id for seq_id in order]))
+        emitted = [(seq_id, t) for seq_id in order for t in sampled[seq_id].emitted]
+        failed.update(self.grammars.record([e[0] for e in emitted], [e[1] for e in emitted]))
         for seq_id in failed:
             self.live.forget(seq_id)
         order = [seq_id for seq_id in order if seq_id not in failed]
         accepted = self._roll_back_drafts(runnable, sampled, failed)
+        drafts = self.draft.finish(runnable, accepted, self.live)
         token_ids = [sampled[seq_id].token_id for seq_id in order]
-        self.penalties.record(order, token_ids)  # each sampled token once, whatever the isolation re-ran
+        emitted = [e for e in emitted if e[0] not in failed]
+        self.penalties.record([e[0] for e in emitted], [e[1] for e in emitted])  # once, whatever the isolation re-ran
         logprobs = [sampled[seq_id].logprobs for seq_id in order]
+        accepted_logprobs: dict[int, list[TokenLogprobs]] = {}
+        for seq_id in order:
+            lps = sampled[seq_id].accepted_logprobs
+            if lps is not None:
+                accepted_logprobs[seq_id] = lps
         prompt = {seq_id: lp for seq_id, lp in self.step_prompt_logprobs.items() if seq_id not in failed}
         self.step_prompt_logprobs = {}
         return ForwardResult(
@@ -303,6 +308,8 @@ class ModelRunner:
             failed_errors=list(failed.values()),
             prompt_logprobs=prompt or None,
             accepted_token_ids=accepted or None,
+            draft_token_ids=drafts or None,
+            accepted_logprobs=accepted_logprobs or None,
         )
 
     def _roll_back_drafts(
@@ -340,6 +347,7 @@ class ModelRunner:
         self.kv.swap_window(batch.window_swap_out, batch.window_swap_in)
         self.kv.copy(batch.copies)
         self.kv.copy_window(batch.window_copies)
+        self.draft.apply_structure(batch)
         step = StepSeqs([], {})
         for s in batch.seqs:
             problem = self.live.register(s)
@@ -362,25 +370,28 @@ class ModelRunner:
         """One draw per row of logits float32 [len(sample_seqs), vocab] (the model's output for prepare's
         sample_seqs): seq_id -> Sampled. Penalties and grammar masks apply to the rows whose sequences have them
         (GrammarState.rows waits for a grammar still compiling and raises for one that does not compile).
+        A draft's row j sees the draft tokens before it (spec_verify.row_priors) in its penalties and grammar mask.
         Mutates the sampler's generator (unseeded draws); the penalty counts are updated by finish_step."""
         if not sample_seqs:
             return {}
         rows = []
         seq_ids = []  # the sequence of each row (a draft's sequence has 1 + num_draft_tokens rows)
+        priors: list[list[int]] = []  # the draft tokens before each row
         for s in sample_seqs:
             state = self.seqs[s.seq_id]
             for token_index in spec_verify.row_token_indexes(s, state.prompt_len):
                 rows.append(SampleRequest(state.params, state.sample_index, token_index))
                 seq_ids.append(s.seq_id)
-        out = self.sampler(logits, rows, self.penalties.rows(seq_ids), token_bitmask=self.grammars.rows(seq_ids))
+            priors.extend(spec_verify.row_priors(s) if s.num_draft_tokens else [[]])
+        prior = priors if len(priors) > len(sample_seqs) else None  # None: no draft this step
+        penalties = self.penalties.rows(seq_ids, prior)
+        out = self.sampler(logits, rows, penalties, token_bitmask=self.grammars.rows(seq_ids, prior))
         logprobs = out.logprobs or [None] * len(rows)
         result = {}
         row = 0
         for s in sample_seqs:
-            if s.num_draft_tokens:
-                verified = spec_verify.accept(s, out.token_ids[row : row + s.num_draft_tokens + 1])
-                result[s.seq_id] = Sampled(verified.token, None, verified.accepted)
-            else:
-                result[s.seq_id] = Sampled(out.token_ids[row], logprobs[row])
-            row += s.num_draft_tokens + 1
+            n = s.num_draft_tokens + 1
+            asked = self.seqs[s.seq_id].params.logprobs is not None
+            result[s.seq_id] = spec_verify.sampled(s, out.token_ids[row : row + n], logprobs[row : row + n], asked)
+            row += n
         return result

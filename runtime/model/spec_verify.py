@@ -13,16 +13,34 @@ Sampler, its uniform from the same seed and completion-token index), and the dra
 the rule above: P(x_j = d_j) = p_j(d_j), and x_j given x_j != d_j is distributed as norm(max(0, p_j - q)); the first
 x_j that differs (or x_k after the last draft) is the extra token. So a seeded request samples exactly the tokens
 plain decoding samples, and a greedy row accepts the longest prefix of the draft equal to its argmaxes.
-Only sequences whose target distribution is the Sampler's alone run a draft (no penalties, structured outputs,
-logprobs or beam search: WorkerSeqs.check refuses the rest).
+Every option of the target is applied to row j as plain decoding would have after d_1..d_j-1 (rows counted from 1):
+the penalties count those draft tokens as output (PenaltyState.rows' prior), the grammar's mask is the matcher's
+state after them (GrammarState.rows), min_tokens and the seed read row j's completion-token index; logprobs are the
+raw log-softmax of each emitted token's row, as plain decoding's. Beam search stays plain (draft_problem refuses it).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from runtime.protocol import ScheduledSeq
+from runtime.protocol import ScheduledSeq, TokenLogprobs
 from runtime.sampling_params import SamplingParams
+
+
+class Sampled(NamedTuple):
+    """One sequence's draw in the worker: the sampled token id and its logprobs (None: not asked); after a
+    speculative draft, the draft tokens accepted before it (None: no draft) and their logprobs (one per accepted
+    token where asked, else None)."""
+
+    token_id: int
+    logprobs: TokenLogprobs | None
+    accepted: list[int] | None = None
+    accepted_logprobs: list[TokenLogprobs] | None = None
+
+    @property
+    def emitted(self) -> list[int]:
+        """The tokens the sequence gains: the accepted draft tokens, then token_id."""
+        return [*(self.accepted or []), self.token_id]
 
 
 class Verified(NamedTuple):
@@ -31,6 +49,19 @@ class Verified(NamedTuple):
 
     accepted: list[int]
     token: int
+
+
+def draft_tokens(s: ScheduledSeq) -> list[int]:
+    """s's draft d_1..d_k: the last num_draft_tokens of its input tokens ([] without a draft). O(k)."""
+    k = s.num_draft_tokens
+    return list(s.token_ids[len(s.token_ids) - k :]) if k else []
+
+
+def row_priors(s: ScheduledSeq) -> list[list[int]]:
+    """The draft tokens each of s's 1 + num_draft_tokens logits rows comes after: [], [d_1], ..., [d_1..d_k] (the
+    output a row's penalties and grammar state see on top of the sequence's own). O(k^2)."""
+    draft = draft_tokens(s)
+    return [draft[:j] for j in range(len(draft) + 1)]
 
 
 def logits_rows(seqs: list[ScheduledSeq]) -> list[int] | None:
@@ -50,15 +81,12 @@ def logits_rows(seqs: list[ScheduledSeq]) -> list[int] | None:
 
 def draft_problem(s: ScheduledSeq, params: SamplingParams) -> str | None:
     """Why s's draft cannot be verified, if it cannot: a draft on a step that does not sample or without a token
-    before it, or params whose target distribution is not the Sampler's alone (penalties, structured outputs,
-    logprobs, beam search). O(1)."""
+    before it, or params with beam search (a beam's candidates are not one draw per row). O(1)."""
     k = s.num_draft_tokens
     if k == 0:
         return None
     if k < 0 or not s.sample or k >= len(s.token_ids):
         return f"seq {s.seq_id}: {k} draft tokens in a step of {len(s.token_ids)} tokens (sample={s.sample})"
-    if params.has_penalties or params.structured_outputs is not None or params.logprobs is not None:
-        return f"seq {s.seq_id}: a draft with penalties, structured_outputs or logprobs"
     if params.use_beam_search:
         return f"seq {s.seq_id}: a draft with beam search"
     return None
@@ -71,12 +99,24 @@ def row_token_indexes(s: ScheduledSeq, prompt_len: int) -> range:
     return range(first, first + s.num_draft_tokens + 1)
 
 
+def sampled(s: ScheduledSeq, drawn: list[int], logprobs: list[TokenLogprobs | None], asked: bool) -> Sampled:
+    """s's Sampled from its rows' draws drawn and their logprobs (1 + num_draft_tokens each, in row order; None
+    where not asked): without a draft, row 0's draw; with one, accept's verification, the extra token with its
+    row's logprobs and, when asked (params.logprobs set), each accepted token's row's logprobs. O(rows)."""
+    if not s.num_draft_tokens:
+        return Sampled(drawn[0], logprobs[0])
+    verified = accept(s, drawn)
+    a = len(verified.accepted)
+    kept = [lp for lp in logprobs[:a] if lp is not None]
+    return Sampled(verified.token, logprobs[a], verified.accepted, kept if asked else None)
+
+
 def accept(s: ScheduledSeq, drawn: list[int]) -> Verified:
     """The verification of s's draft from its rows' draws drawn (1 + num_draft_tokens token ids, in order): the
     draft stands while drawn[j] equals draft token j; the first draw that differs, or the last, is the token.
     O(num_draft_tokens)."""
     k = s.num_draft_tokens
-    draft = s.token_ids[len(s.token_ids) - k :] if k else []
+    draft = draft_tokens(s)
     a = 0
     while a < k and drawn[a] == draft[a]:
         a += 1

@@ -39,6 +39,9 @@ class ScheduledSeq(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
         its window); None (one nil byte) with one group.
     num_draft_tokens: speculative decoding (runtime/scheduler/speculation.py): the last num_draft_tokens of token_ids
         are a draft (then sample is True) the worker verifies (runtime/model/spec_verify.py); 0: no draft.
+    num_draft_slots: speculative decoding with a draft model: token_ids is the one token sampled last step and the
+        block table holds num_draft_slots more slots after it, which the worker's draft model fills with its draft
+        before the verify forward (runtime/model/draft_runner.py; sample is True); 0: none.
     """
 
     seq_id: int
@@ -53,6 +56,7 @@ class ScheduledSeq(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     prompt_token_ids: list[int] | None = None
     new_window_block_ids: list[int] | None = None
     num_draft_tokens: int = 0
+    num_draft_slots: int = 0
 
 
 class ForwardBatch(msgspec.Struct, tag="forward_batch", forbid_unknown_fields=True):
@@ -132,6 +136,10 @@ class ForwardResult(msgspec.Struct, tag="forward_result", forbid_unknown_fields=
     accepted_token_ids: seq_id -> the draft tokens the verification accepted (maybe []), for each sequence of
         seq_ids that ran a draft: they come before its token_ids entry (runtime/model/spec_verify.py); None when no
         sequence of the step ran one.
+    draft_token_ids: seq_id -> the draft the worker's draft model proposed, for each sequence of seq_ids that had
+        num_draft_slots (accepted_token_ids lists its accepted prefix); None when none had.
+    accepted_logprobs: seq_id -> the logprobs of its accepted draft tokens (aligned with accepted_token_ids), for
+        each sequence that ran a draft and asked for logprobs; None when none did.
     error: set (and nothing sampled) when the step failed as a whole (its drops, swaps or copies could not be
         applied); the scheduler fails the batch's requests.
     """
@@ -146,6 +154,8 @@ class ForwardResult(msgspec.Struct, tag="forward_result", forbid_unknown_fields=
     failed_errors: list[str] = []
     prompt_logprobs: dict[int, PromptLogprobs] | None = None
     accepted_token_ids: dict[int, list[int]] | None = None
+    draft_token_ids: dict[int, list[int]] | None = None
+    accepted_logprobs: dict[int, list[TokenLogprobs]] | None = None  # speculation with logprobs (issue 26)
 
 
 class Ready(msgspec.Struct, tag="ready", forbid_unknown_fields=True):

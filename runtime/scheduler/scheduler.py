@@ -272,11 +272,16 @@ class Scheduler:
         logprobs = dict(zip(result.seq_ids, result.logprobs, strict=True)) if result.logprobs else {}
         self.counters.forward_tokens += result.num_forward_tokens
         accepted = result.accepted_token_ids or {}
+        drafted = result.draft_token_ids or {}  # a draft model's drafts, in place of their slots (draft_slots.py)
         for seq, start, num_tokens, sample, draft in self._inflight:
             if seq.status != SeqStatus.RUNNING:
                 continue  # aborted or stopped while the step ran
             if draft:  # a verified speculative decode (it samples, never a beam)
-                self.speculation.on_verified(seq, start, draft, accepted.get(seq.seq_id, []), sampled[seq.seq_id])
+                draft = drafted.get(seq.seq_id, draft)
+                run_lps = (result.accepted_logprobs or {}).get(seq.seq_id)
+                lps = None if run_lps is None else [*run_lps, logprobs.get(seq.seq_id)]
+                run = accepted.get(seq.seq_id, [])
+                self.speculation.on_verified(seq, start, draft, run, sampled[seq.seq_id], lps)
                 continue
             self.manager.commit_computed(seq.seq_id, start + num_tokens)
             if result.prompt_logprobs and seq.seq_id in result.prompt_logprobs:

@@ -9,13 +9,19 @@ appends its one token (EOS, stop ids, max_tokens and max_model_len cut inside th
 committed (full blocks enter the radix tree), and the blocks past the computed tokens go back to the pool (the worker
 truncates its table copy by the same rule: cdiv(computed, block_size) blocks).
 
-Speculation is off per sequence for what the verify step does not cover (penalties, structured outputs, logprobs,
-beam search: the proposal is empty) and per step when at least disable_by_batch_size sequences run.
+With a draft model the proposal is k placeholders (draft_slots.py): the worker's draft model fills them and returns
+the draft with the result, which the Scheduler passes to on_verified in their place.
+
+Speculation is off per sequence for beam search (the proposal is empty) and per step when at least
+disable_by_batch_size sequences run. Penalties, logit_bias, min_tokens, structured outputs and logprobs speculate:
+the worker applies them to each draft row as plain decoding would.
 """
 
 from __future__ import annotations
 
 from radix.manager import KVCacheManager
+from runtime.protocol import TokenLogprobs
+from runtime.scheduler.draft_slots import DraftSlots
 from runtime.scheduler.finish import Finisher
 from runtime.scheduler.ngram import NgramProposer, NoProposer
 from runtime.scheduler.request import SchedulerSeq, SeqStatus
@@ -24,16 +30,10 @@ from runtime.speculative import SpeculativeConfig
 
 
 def may_speculate(seq: SchedulerSeq) -> bool:
-    """Whether seq's params leave the target distribution to the verify step alone: no penalties, no structured
-    outputs (their state would have to advance inside the run), no logprobs (one entry per token), no beam search."""
-    params = seq.req.params
-    return not (
-        params.has_penalties
-        or params.structured_outputs is not None
-        or params.logprobs is not None
-        or params.use_beam_search
-        or seq.prefill_only
-    )
+    """Whether the worker verifies a draft of seq: not for beam search (its candidates are not one draw per row) or
+    a prefill-only sequence. Penalties, structured outputs and logprobs do speculate (each draft row gets the
+    penalties and the grammar mask of the draft tokens before it; each emitted token carries its row's logprobs)."""
+    return not (seq.req.params.use_beam_search or seq.prefill_only)
 
 
 class Speculation:
@@ -53,11 +53,13 @@ class Speculation:
         self._manager = manager
         self._finisher = finisher
         self._max_model_len = max_model_len
-        self._proposer: NgramProposer | NoProposer = NoProposer()
+        self._proposer: NgramProposer | NoProposer | DraftSlots = NoProposer()
         self._k = 0
         self._disable_at: int | None = None
         if config is not None:
             self._proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+            if config.method == "draft_model":  # the worker's draft model fills the slots (draft_slots.py)
+                self._proposer = DraftSlots()
             self._k = config.num_speculative_tokens
             self._disable_at = config.disable_by_batch_size
         self._active = False
@@ -78,14 +80,27 @@ class Speculation:
         room = min(self._k, seq.req.params.max_tokens - seq.num_output - 1, self._max_model_len - len(seq.token_ids))
         return self._proposer.propose(seq.token_ids, room)
 
-    def on_verified(self, seq: SchedulerSeq, start: int, draft: list[int], accepted: list[int], token: int) -> None:
+    def on_verified(
+        self,
+        seq: SchedulerSeq,
+        start: int,
+        draft: list[int],
+        accepted: list[int],
+        token: int,
+        logprobs: list[TokenLogprobs | None] | None = None,
+    ) -> None:
         """Apply the verification of seq's step that ran tokens [start, start + 1 + len(draft)): accepted (a prefix
-        of draft) and then token are appended in order, each as plain decoding's one token (a finish inside the run
-        drops the rest); KV is committed through the last accepted token; if seq still runs, the blocks past its
-        computed tokens are released (manager.release_uncomputed) and seq.sent_blocks follows the table.
-        Raises ValueError when accepted is not a prefix of draft (a worker bug). O(len(draft) + blocks)."""
+        of draft) and then token are appended in order, each as plain decoding's one token with its logprobs
+        (logprobs: one per accepted token then token's, or None: not asked; a finish inside the run drops the rest);
+        KV is committed through the last accepted token; if seq still runs, the blocks past its computed tokens are
+        released (manager.release_uncomputed) and seq.sent_blocks follows the table.
+        Raises ValueError when accepted is not a prefix of draft, or logprobs not one per token (a worker bug).
+        O(len(draft) + blocks)."""
         if accepted != draft[: len(accepted)]:
             raise ValueError(f"seq {seq.seq_id}: accepted {accepted} is not a prefix of the draft {draft}")
+        lps = logprobs if logprobs is not None else [None] * (len(accepted) + 1)
+        if len(lps) != len(accepted) + 1:
+            raise ValueError(f"seq {seq.seq_id}: {len(lps)} logprobs for {len(accepted) + 1} tokens")
         c = self.counters
         c.num_drafts += 1
         c.num_draft_tokens += len(draft)
@@ -94,11 +109,11 @@ class Speculation:
             c.accepted_per_pos[i] += 1
         self._manager.commit_computed(seq.seq_id, start + 1)
         for i, tok in enumerate(accepted):
-            self._finisher.on_token(seq, tok, None)
+            self._finisher.on_token(seq, tok, lps[i])
             if seq.status != SeqStatus.RUNNING:
                 return
             self._manager.commit_computed(seq.seq_id, start + 2 + i)
-        self._finisher.on_token(seq, token, None)
+        self._finisher.on_token(seq, token, lps[-1])
         if seq.status == SeqStatus.RUNNING:
             self._manager.release_uncomputed(seq.seq_id)
             seq.sent_blocks = len(self._manager.block_table(seq.seq_id))

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from radix.host_tier import TierCopies
 from runtime.protocol import ForwardBatch, ScheduledSeq
+from runtime.scheduler.draft_slots import is_slots
 from runtime.scheduler.request import SchedulerSeq
 
 
@@ -64,14 +65,15 @@ class StepPlan:
         its SamplingParams, prompt length, sample index, (with penalties) penalty_token_ids and (with
         prompt_logprobs) the prompt. A chunk that is not a
         decode spends prefill_budget. draft: a decode's speculative draft, run after its one token (num_tokens
-        counts it). Mutates seqs, inflight and prefill_budget only; O(num_tokens +
-        len(new_block_ids)), plus O(prompt + output) for a first entry with penalties."""
+        counts it; DRAFT_SLOT placeholders go as num_draft_slots). Mutates seqs, inflight and prefill_budget only;
+        O(num_tokens + len(new_block_ids)), plus O(prompt + output) for a first entry with penalties."""
         req = seq.req
         draft = draft or []
+        slots = len(draft) if is_slots(draft) else 0  # a draft model's: the worker drafts them (draft_slots.py)
         self.seqs.append(
             ScheduledSeq(
                 seq.seq_id,
-                seq.token_ids[start : start + num_tokens - len(draft)] + draft,
+                seq.token_ids[start : start + num_tokens - len(draft)] + (draft if not slots else []),
                 start,
                 new_block_ids,
                 sample,
@@ -81,7 +83,8 @@ class StepPlan:
                 seq.penalty_token_ids() if first else None,
                 req.prompt_ids if first and req.params.prompt_logprobs is not None else None,
                 new_window_block_ids,
-                len(draft),
+                len(draft) - slots,
+                slots,
             )
         )
         self.inflight.append(InflightChunk(seq, start, num_tokens, sample, draft))

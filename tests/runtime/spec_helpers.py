@@ -5,21 +5,26 @@ are partly accepted and partly rejected), and the n-gram --speculative-config th
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3})
 # prompts whose greedy continuations on the loopy model mix accepted and rejected drafts
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 3, 4, 3, 4, 3], list(range(20, 45))]
 
 
-def save_loopy_llama(folder: Path, tokenizer) -> Path:
-    """Save the loopy tiny Llama (vocab 512, 2 layers, hidden 64, tied embeddings, init std 0.1) into folder."""
+def save_loopy_llama(folder: Path, tokenizer, vocab_size: int = 512) -> Path:
+    """Save the loopy tiny Llama (vocab 512, 2 layers, hidden 64, tied embeddings, init std 0.1) into folder;
+    vocab_size 49152 covers the tokenizer (structured outputs compile against its whole vocabulary)."""
     from transformers import LlamaConfig
 
     from tests.conftest import _save_tiny
 
     config = LlamaConfig(
-        vocab_size=512,
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -34,3 +39,21 @@ def save_loopy_llama(folder: Path, tokenizer) -> Path:
     )
     config.architectures = ["LlamaForCausalLM"]
     return _save_tiny(folder, config, tokenizer, seed=3)
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Workers made inside it run on one torch thread ($RADIXSERVE_THREADS): the tiny models' many small ops
+    (per-sequence attention of extends and verifications) run several times faster than on the thread pool of a
+    busy machine. torch's process-wide count is restored on exit."""
+    import torch
+
+    from runtime.model.threads import THREADS_ENV
+
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(THREADS_ENV, "1")
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)

@@ -90,19 +90,25 @@ class GrammarState:
             wait(running, timeout=wait_s)
         return [s for s, f in waiting.items() if not f.done()]
 
-    def rows(self, seq_ids: Sequence[int]) -> GrammarRows | None:
+    def rows(self, seq_ids: Sequence[int], prior: Sequence[Sequence[int]] | None = None) -> GrammarRows | None:
         """The GrammarRows of a step whose logits rows belong to seq_ids (in order), or None when none of them is
         constrained (the step then does no grammar work at all).
 
+        prior (aligned with seq_ids; None: all empty): the draft tokens before each row (spec_verify.row_priors): a
+        sequence verifying a draft d_1..d_k has k + 1 consecutive rows, the first with [] and each next with one
+        more draft token; row j's mask is the matcher's state after d_1..d_j-1 (the matcher advances through the
+        draft and is rolled back). A draft token the grammar rejects, or one after the grammar ended, leaves the
+        rows after it with the mask of the row before: that row cannot draw the token, so the draft ends there.
+
         Expects every compile done (the runner first takes the pending() sequences out of the step; a compile still
         running is waited for). Makes each new matcher and replays its output tokens. Fills one bitmask row per
-        constrained sequence (xgrammar's batch fill, on its threads) and copies it to the device.
-        Reads the matchers only, so a re-run of the step gets the same rows.
+        constrained row (xgrammar's batch fill, on its threads; row by row with drafts) and copies it to the device.
+        Leaves the matchers as they were, so a re-run of the step gets the same rows.
 
         Raises:
             InvalidStructuredOutputs: a constraint that does not compile (the runner's isolation fails that sequence
                 alone).
-            ValueError: a replayed token the grammar does not accept.
+            ValueError: a replayed token the grammar does not accept; a prior that is not row_priors' shape.
         """
         if not self._entries:
             return None
@@ -111,26 +117,34 @@ class GrammarState:
             return None
         matchers = [self._matcher(s) for _, s in picked]
         bitmask = xgr.allocate_token_bitmask(len(picked), self.vocab_size)
-        self._batch.batch_fill_next_token_bitmask(matchers, bitmask)
+        if prior is None or not any(prior[i] for i, _ in picked):
+            self._batch.batch_fill_next_token_bitmask(matchers, bitmask)
+        else:
+            _fill_with_drafts(picked, matchers, [prior[i] for i, _ in picked], bitmask)
         index = torch.tensor([i for i, _ in picked], dtype=torch.int64)
         return GrammarRows(
             index.to(self.device), bitmask.to(self.device, non_blocking=True), len(picked) == len(seq_ids)
         )
 
     def record(self, seq_ids: Sequence[int], token_ids: Sequence[int]) -> dict[int, str]:
-        """Advance the matcher of each constrained seq_ids[i] by token_ids[i] (aligned; others skipped). Returns the
-        sequences whose token the grammar rejected (seq_id -> why: starting with NO_TOKEN when the grammar allowed no
-        token at all, so the row's scores were all -inf); their matchers are left as they were. O(len), plus a
+        """Advance the matcher of each constrained seq_ids[i] by token_ids[i] (aligned, in order: a sequence repeats
+        for a verified draft's accepted tokens and then its token; others skipped). Returns the sequences whose token
+        the grammar rejected (seq_id -> why: starting with NO_TOKEN when the grammar allowed no token at all, so the
+        row's scores were all -inf); their matchers are left as they were and their later tokens skipped. Tokens
+        after one that ended the grammar (its stop token: the sequence finishes there) are skipped. O(len), plus a
         bitmask fill per rejection."""
         rejected: dict[int, str] = {}
         if not self._entries:
             return rejected
+        ended: set[int] = set()
         for seq_id, token_id in zip(seq_ids, token_ids, strict=True):
             entry = self._entries.get(seq_id)
-            if entry is None or entry.matcher is None:
+            if entry is None or entry.matcher is None or seq_id in rejected or seq_id in ended:
                 continue
             if not entry.matcher.accept_token(token_id):
                 rejected[seq_id] = self._rejection(entry.matcher, token_id)
+            elif entry.matcher.is_terminated():
+                ended.add(seq_id)
         return rejected
 
     def _rejection(self, matcher: xgr.GrammarMatcher, token_id: int) -> str:
@@ -150,3 +164,41 @@ class GrammarState:
             entry.matcher = matcher
             entry.replay = []
         return entry.matcher
+
+
+def _fill_with_drafts(
+    picked: list[tuple[int, int]],
+    matchers: list[xgr.GrammarMatcher],
+    priors: list[Sequence[int]],
+    bitmask: torch.Tensor,
+) -> None:
+    """Fill bitmask's rows (picked: (logits row, seq_id) each, matchers and priors aligned) for a step with drafts:
+    each run of one sequence's rows (row_priors' shape) is filled by _fill_draft_run. Mutates bitmask only (the
+    matchers end as they began). Raises ValueError for a prior of another shape. O(rows + draft tokens)."""
+    m = 0
+    while m < len(picked):
+        if priors[m]:
+            raise ValueError(f"seq {picked[m][1]}: a draft row without the rows before it")
+        end = m + 1
+        while end < len(picked) and picked[end][1] == picked[m][1] and len(priors[end]) == len(priors[end - 1]) + 1:
+            end += 1
+        _fill_draft_run(matchers[m], priors[end - 1], bitmask, range(m, end))
+        m = end
+
+
+def _fill_draft_run(matcher: xgr.GrammarMatcher, draft: Sequence[int], bitmask: torch.Tensor, rows: range) -> None:
+    """Fill rows (one sequence's, consecutive) with matcher's masks after draft[:0], draft[:1], ...; from a draft
+    token the grammar rejects (or one after it ended) on, each row repeats the row before. Rolls the matcher back
+    to where it began. O(len(rows)) fills."""
+    accepted = 0
+    ok = True
+    for j, row in enumerate(rows):
+        if j > 0 and ok:
+            ok = matcher.accept_token(draft[j - 1])
+            accepted += int(ok)
+            ok = ok and not matcher.is_terminated()  # past its stop token the grammar has no next mask
+        if ok:
+            matcher.fill_next_token_bitmask(bitmask, row)
+        else:
+            bitmask[row] = bitmask[row - 1]
+    matcher.rollback(accepted)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from runtime.model.sampler import Sampler, SampleRequest
-from runtime.model.spec_verify import accept, draft_problem, logits_rows, row_token_indexes
-from runtime.protocol import ScheduledSeq
+from runtime.model.spec_verify import accept, draft_problem, logits_rows, row_token_indexes, sampled
+from runtime.protocol import ScheduledSeq, TokenLogprobs
 from runtime.sampling_params import SamplingParams
 from runtime.structured_outputs import StructuredOutputs
 
@@ -51,13 +51,13 @@ def test_drafts_the_worker_refuses():
     assert draft_problem(s, GREEDY) is None
     assert "draft" in draft_problem(_seq(1, [7, 8], 6, 2), GREEDY)  # no token before the draft
     assert "sample" in draft_problem(_seq(1, [7, 8], 6, 1, sample=False), GREEDY)
+    assert "beam" in draft_problem(s, SamplingParams(n=2, use_beam_search=True, temperature=0.0))
     for params in (
-        SamplingParams(frequency_penalty=0.5),
-        SamplingParams(logprobs=1),
+        SamplingParams(frequency_penalty=0.5, repetition_penalty=1.2),
+        SamplingParams(logprobs=1, logit_bias={3: 1.0}, min_tokens=4),
         SamplingParams(structured_outputs=StructuredOutputs(regex="a+")),
-        SamplingParams(n=2, use_beam_search=True, temperature=0.0),
     ):
-        assert draft_problem(s, params) is not None
+        assert draft_problem(s, params) is None  # each draft row gets them as plain decoding would
 
 
 def _target(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -109,3 +109,13 @@ def test_emitted_tokens_follow_the_target_distribution():
     sd = (n * p0[draft] * (1 - p0[draft])) ** 0.5
     assert abs(accepted - n * p0[draft]) < 4 * sd  # accepted with probability p(d)
     assert firsts[p0 == 0].sum() == 0 and bonus[p1 == 0].sum() == 0  # never outside top-p
+
+
+def test_sampled_takes_each_emitted_tokens_row_logprobs():
+    lps = [TokenLogprobs(-float(i), [t], [-float(i)]) for i, t in enumerate([8, 9, 4])]
+    s = _seq(1, [7, 8, 9], 6, 2)
+    got = sampled(s, [8, 1, 4], lps, asked=True)  # 8 stands, 1 replaces 9
+    assert (got.accepted, got.token_id, got.accepted_logprobs, got.logprobs) == ([8], 1, [lps[0]], lps[1])
+    assert got.emitted == [8, 1]
+    assert sampled(s, [8, 1, 4], [None] * 3, asked=False).accepted_logprobs is None
+    assert sampled(_seq(1, [7], 6, 0), [5], [lps[2]], asked=True) == (5, lps[2], None, None)  # no draft

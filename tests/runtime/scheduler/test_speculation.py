@@ -11,12 +11,15 @@ import pytest
 
 from radix.manager import KVCacheManager
 from runtime.config import InvalidConfig, ServerArgs
-from runtime.protocol import ForwardBatch, ForwardResult
+from runtime.protocol import ForwardBatch, ForwardResult, TokenLogprobs
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.ngram import NgramProposer, NoProposer
 from runtime.scheduler.scheduler import Scheduler
+from runtime.scheduler.speculation import may_speculate
+from runtime.structured_outputs import StructuredOutputs
 
 EOS = 2
+REGEX = StructuredOutputs(regex="[a-z]+")
 CONFIG = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2})
 
 
@@ -40,7 +43,8 @@ def test_ngram_proposes_what_followed_the_longest_recurring_suffix():
         ('{"method": "ngram"}', "num_speculative_tokens"),
         ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens"),
         ('{"method": "eagle", "num_speculative_tokens": 2}', "method"),
-        ('{"method": "draft_model", "model": "m", "num_speculative_tokens": 2}', "draft_model"),
+        ('{"method": "draft_model", "num_speculative_tokens": 2}', "model is required"),
+        ('{"method": "ngram", "model": "m", "num_speculative_tokens": 2}', "model is only used"),
         ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}', "max"),
         ('{"method": "ngram", "num_speculative_tokens": 2, "lookup": 2}', "lookup"),
         ('{"method": "ngram", "num_speculative_tokens": "2"}', "num_speculative_tokens"),
@@ -147,11 +151,56 @@ def test_disable_by_batch_size_and_ineligible_params():
     sched, _ = _scheduler(config=json.dumps(config))
     sched.add_request("a", PROMPT, SamplingParams(max_tokens=10, temperature=0.0))
     other = [t + 10 for t in PROMPT]  # not PROMPT: a prompt being computed makes its twin wait a step
-    sched.add_request("b", other, SamplingParams(max_tokens=10, temperature=0.0, presence_penalty=0.5))
+    params = SamplingParams(max_tokens=10, temperature=0.0, presence_penalty=0.5, structured_outputs=REGEX)
+    sched.add_request("b", other, params)
     sched.process_result(_answer(sched.schedule(), {1: [5], 2: [15]}))
     batch = sched.schedule()
     assert [s.num_draft_tokens for s in batch.seqs] == [0, 0]  # two running: off
     sched.abort("a")
-    sched.process_result(_answer(batch, {1: [1], 2: [1]}))
+    sched.process_result(_answer(batch, {1: [1], 2: [16]}))
     batch = sched.schedule()
-    assert [s.num_draft_tokens for s in batch.seqs] == [0]  # one running, but penalties never draft
+    assert [s.num_draft_tokens for s in batch.seqs] == [3]  # one running: penalties and a grammar do draft
+    sched.add_request("c", PROMPT, SamplingParams(n=2, use_beam_search=True, temperature=0.0, max_tokens=10))
+    assert not may_speculate(sched.requests["c"].seqs[0])  # beam search never drafts
+    assert may_speculate(sched.requests["b"].seqs[0])
+
+
+def test_draft_model_slots_then_the_workers_draft():
+    """With method draft_model the scheduler reserves 1 + k slots and sends num_draft_slots (the one token sampled
+    last step, no draft tokens); the draft the worker returns is verified as any draft."""
+    config = json.dumps({"method": "draft_model", "model": "unused-by-the-scheduler", "num_speculative_tokens": 3})
+    sched, manager = _scheduler(config=config)
+    seq_id = _start(sched, SamplingParams(max_tokens=10, temperature=0.0))
+    batch = sched.schedule()
+    assert batch is not None
+    (s,) = batch.seqs
+    assert (s.token_ids, s.start_pos, s.num_draft_tokens, s.num_draft_slots, s.sample) == ([5], 7, 0, 3, True)
+    assert manager.block_table(seq_id) == [1, 2, 3]  # slots for positions 0..10
+    result = ForwardResult(
+        batch.step_id, [seq_id], [1], accepted_token_ids={seq_id: [6, 7]}, draft_token_ids={seq_id: [6, 7, 8]}
+    )
+    outs = sched.process_result(result)  # 6, 7 accepted; 1 instead of 8
+    assert [o.token_ids for o in outs] == [[6], [7], [1]]
+    assert manager.num_computed_tokens(seq_id) == 10
+    c = sched.speculation.counters
+    assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, c.accepted_per_pos) == (1, 3, 2, [1, 1, 0])
+    batch = sched.schedule()  # the draft model drafts every decode, whatever the tokens
+    assert batch is not None and (batch.seqs[0].token_ids, batch.seqs[0].num_draft_slots) == ([1], 3)
+    manager.check_invariants()
+
+
+def _lp(token: int) -> TokenLogprobs:
+    return TokenLogprobs(-0.5 - token, [token], [-0.5 - token])
+
+
+def test_logprobs_ride_with_each_accepted_token():
+    sched, _ = _scheduler()
+    seq_id = _start(sched, SamplingParams(max_tokens=10, temperature=0.0, logprobs=1, frequency_penalty=0.5))
+    batch = sched.schedule()
+    assert batch is not None and batch.seqs[0].num_draft_tokens == 3  # penalties and logprobs speculate
+    result = _answer(batch, {seq_id: [6, 7, 1]})
+    result.logprobs = [_lp(1)]
+    result.accepted_logprobs = {seq_id: [_lp(6), _lp(7)]}
+    outs = sched.process_result(result)
+    assert [o.token_ids for o in outs] == [[6], [7], [1]]
+    assert [o.logprobs for o in outs] == [[_lp(6)], [_lp(7)], [_lp(1)]]
