@@ -3,13 +3,17 @@
 path), token for token, while drafts are both accepted and rejected far past the window, and under preemption by
 recompute and by swap in a small window pool; the rollback of rejected slots cuts both groups' tables
 (radix/hybrid_manager.py release_uncomputed, the worker's copy alike), the manager's invariants hold after every
-step, and every block of both groups comes back."""
+step, and every block of both groups comes back. A draft model (runtime/model/draft_model.py) is refused on such a
+target by name: its pool mirrors one group only."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from radix.hybrid_manager import HybridKVCacheManager
+from runtime.config import InvalidConfig
 from runtime.engine import Engine
 from runtime.sampling_params import SamplingParams
 from tests.runtime.engine_helpers import assert_idle, greedy, record_batches
@@ -100,3 +104,9 @@ def test_preemption_under_window_pressure_with_speculation(loopy_gemma3, plain, 
     assert stats.num_preemptions > 0 and (stats.num_swaps > 0) == (mode == "swap")
     assert spec.scheduler.speculation.counters.num_accepted_tokens > 0
     _assert_both_groups_idle(spec)
+
+
+def test_a_draft_model_on_a_target_with_groups_is_refused_by_name(loopy_gemma3):
+    draft = json.dumps({"method": "draft_model", "model": str(loopy_gemma3), "num_speculative_tokens": 2})
+    with pytest.raises(InvalidConfig, match="draft_model' is not supported with kv_groups 'auto'"):
+        Engine(model=str(loopy_gemma3), dtype="float32", num_blocks=64, speculative_config=draft)  # auto: the default
