@@ -212,7 +212,11 @@ def measure_model(
     runners = {
         dtype: ModelRunner(
             ServerArgs(
-                model=model, num_blocks=blocks, dtype=cast(Any, dtype), quantization=cast(Any, args.quantization)
+                model=model,
+                num_blocks=blocks,
+                dtype=cast(Any, dtype),
+                quantization=cast(Any, args.quantization),
+                kv_groups="single",  # one block table per sequence, built here (no scheduler's window tables)
             )
         )
         for dtype in dtypes

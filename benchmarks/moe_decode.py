@@ -109,7 +109,11 @@ def measure(folder: Path, top_k: int, batch: int, args: argparse.Namespace, cont
     set_top_k(folder, top_k)
     blocks = max(MIN_USABLE_BLOCKS + 1, 1 + batch * cdiv(context + steps, 16))
     server_args = ServerArgs(
-        model=str(folder), num_blocks=blocks, dtype=cast(Any, args.dtype), quantization=cast(Any, args.quantization)
+        model=str(folder),
+        num_blocks=blocks,
+        dtype=cast(Any, args.dtype),
+        quantization=cast(Any, args.quantization),
+        kv_groups="single",  # one block table per sequence, built here (no scheduler's window tables)
     )
     runner = ModelRunner(server_args)
     if args.threads:  # after the runner, which sets its own default (runtime.model.runner.set_cpu_threads)

@@ -263,7 +263,9 @@ def run(
         for dtype in dtypes:
             most = max(batches + [penalty_batch or 0])
             blocks = 1 + most * cdiv(context + max_tokens(most, steps, threads), 16)
-            runner = ModelRunner(ServerArgs(model=model, dtype=dtype, num_blocks=blocks))  # type: ignore[arg-type]
+            # one KV cache group: the plain KVCacheManager below makes the block tables
+            args = ServerArgs(model=model, dtype=dtype, num_blocks=blocks, kv_groups="single")  # type: ignore[arg-type]
+            runner = ModelRunner(args)
             name = str(runner.dtype).removeprefix("torch.")
             label = name if dtype != "auto" else f"auto ({name})"
             cases = [(b, False) for b in batches]

@@ -101,6 +101,7 @@ def server_args(ns: argparse.Namespace, tp: int, port: int | None) -> ServerArgs
         max_prefill_tokens=max(ns.batch) * ns.context,
         tensor_parallel_size=tp,
         master_port=port,
+        kv_groups="single",  # one block table per sequence, built here (no scheduler's window tables)
     )
 
 

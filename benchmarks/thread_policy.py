@@ -64,7 +64,13 @@ class Decoder:
         tokens = context + 2 * spec["reps"] * spec["steps"] * max(2, len(spec["threads"])) + 1
         per_seq = cdiv(tokens, 16)
         blocks = max(8, 1 + per_seq * sum(batches))
-        args = ServerArgs(model=spec["model"], num_blocks=blocks, dtype=dtype, quantization=quantization)  # type: ignore[arg-type]
+        args = ServerArgs(
+            model=spec["model"],
+            num_blocks=blocks,
+            dtype=dtype,  # type: ignore[arg-type]
+            quantization=quantization,  # type: ignore[arg-type]
+            kv_groups="single",  # one block table per sequence, built here (no scheduler's window tables)
+        )
         self.runner = ModelRunner(args)
         self.runner.threads.active = spec["tuned"]  # a fixed count is set by this benchmark, step by step
         greedy = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=tokens)

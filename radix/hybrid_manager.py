@@ -12,6 +12,7 @@ What each method adds to the base's, in both groups all or nothing:
   cached in group 1; add_sequence locks that window there and takes the new blocks in both groups.
 - allocate: a new position needs one block in each group (the tables are aligned), so both count; can_allocate
   counts group 1 as the window a sequence keeps (cdiv(W, B) + 1 blocks at most), not the whole request.
+  release_uncomputed (speculative decoding's rollback of rejected draft slots) cuts both tables to the same length.
 - prepare_write: copy-on-write in each group; group 1's pairs wait in take_window_copies.
 - commit_computed / free: group 0 caches full blocks in the tree; group 1 gives each newly cached node the sequence's
   window block, then releases the blocks the window has passed (they stay cached, evictable on their own).
@@ -275,6 +276,20 @@ class HybridKVCacheManager(KVCacheManager):
             self._window.check_invariants(computed, cache.holds)
         else:
             self._window.check_invariants(computed, lambda node: False)
+
+    # ----------------------------------------------------------------- speculative decoding
+    def release_uncomputed(self, seq_id: int) -> list[int]:
+        """Speculative decoding's rollback in both groups: the base's (group 0's entries past cdiv(num_computed, B)
+        leave the table), then group 1's table is cut to the same length (aligned tables), each entry cut losing this
+        sequence's reference (a cached one becomes evictable, any other goes free). Returns group 0's released
+        blocks. O(released). Raises as the base."""
+        released = super().release_uncomputed(seq_id)
+        num_blocks = len(self._live(seq_id).block_table)
+        table = self._window.tables[seq_id]
+        cut = table[num_blocks:]
+        del table[num_blocks:]
+        self._window.unlock(cut)  # none is NULL: they lie past the computed tokens, so inside the window
+        return released
 
     def _cache_window(self, seq_id: int, start: int, end: int, last: Node | None) -> None:
         if end > start:

@@ -153,9 +153,9 @@ class ServerArgs:
 
     # hybrid KV memory: a sliding-window KV cache group (radix/hybrid_manager.py, runtime/model/hybrid_kv.py)
     kv_groups: Literal["single", "auto"] = _opt(
-        "single",
-        "KV cache groups: single (every layer keeps its whole KV) or auto (a model with sliding-window layers keeps "
-        "only their window, in a second pool)",
+        "auto",
+        "KV cache groups: auto (a model with sliding-window layers of one window keeps only their window, in a second "
+        "pool; any other model one group) or single (every layer keeps its whole KV)",
     )
     window_blocks_ratio: float = _opt(
         0.25, "with kv_groups auto: sliding-window blocks per full-attention block when sizing from the memory budget"
@@ -255,8 +255,6 @@ class ServerArgs:
             parse_speculative_config(self.speculative_config)
         except InvalidSpeculativeConfig as e:
             raise InvalidConfig(str(e)) from e
-        if self.speculative_config is not None and self.kv_groups == "auto":
-            raise InvalidConfig("speculative_config is not supported with kv_groups 'auto' yet: use 'single'")
         if self.preemption_mode == "swap" and self.num_host_blocks == 0:
             raise InvalidConfig("preemption_mode 'swap' needs num_host_blocks > 0 (the host pool it swaps into)")
         self._validate_parallel()

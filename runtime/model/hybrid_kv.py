@@ -10,7 +10,12 @@ the one tensor of a single group (runtime/model/kv_cache.py KVCache.layer_k).
 
 Sizing from one budget (after vLLM's and SGLang's hybrid pools): with r = window_blocks_ratio window blocks per full
 block, a full block and its share of window blocks cost bytes_full + r * bytes_window, so num_blocks = budget //
-that and num_window_blocks = r * num_blocks (num_blocks / num_window_blocks, when given, override).
+that and num_window_blocks = r * num_blocks, at least a window and a prefill chunk (num_blocks / num_window_blocks,
+when given, override).
+
+Under tensor parallelism each rank builds this from its ShardPlan.local_config (its KV heads) with num_blocks the
+smallest count any rank's budget allows (runtime/model/parallel/load.py), so every rank holds the same block ids in
+both groups and num_window_blocks, derived from num_blocks alone, agrees too.
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ logger = logging.getLogger(__name__)
 
 def hybrid_layout(args: ServerArgs, cfg: ModelConfig) -> int | None:
     """The sliding window (tokens) of the model's sliding layers when args asks for KV cache groups (kv_groups
-    "auto") and the model has sliding layers of one window, else None (one group;
-    several windows: logged). O(layers)."""
+    "auto") and the model has sliding layers of one window shorter than its context, else None (one group: a model
+    with full attention only; several windows, logged as a warning; a window that covers every position the model
+    takes, logged, as a second pool would save nothing). O(layers)."""
     if args.kv_groups != "auto":
         return None
     windows = {cfg.layer_window(i) for i in range(cfg.num_hidden_layers)} - {None}
@@ -43,15 +49,32 @@ def hybrid_layout(args: ServerArgs, cfg: ModelConfig) -> int | None:
             "kv_groups auto: sliding windows %s differ; every layer keeps its whole KV", sorted(w or 0 for w in windows)
         )
         return None
-    return windows.pop()
+    window = windows.pop()
+    context = min(args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+    if window is not None and window >= context:
+        logger.info("kv_groups auto: the %d-token window covers the %d-token context: one group", window, context)
+        return None
+    return window
+
+
+def hybrid_block_bytes(args: ServerArgs, cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes a full block and its share of window blocks cost (the module docstring's sizing): bytes_full +
+    int(window_blocks_ratio * bytes_window), each kv_block_bytes of its layers, K and V. O(layers)."""
+    num_sliding = sum(cfg.layer_window(i) is not None for i in range(cfg.num_hidden_layers))
+    heads = cfg.num_key_value_heads
+    full_bytes = kv_block_bytes(cfg.num_hidden_layers - num_sliding, block_size, heads, cfg.head_dim, dtype)
+    window_bytes = kv_block_bytes(num_sliding, block_size, heads, cfg.head_dim, dtype)
+    return full_bytes + int(args.window_blocks_ratio * window_bytes)
 
 
 class HybridKVCache:
     """The device KV tensors of the two groups and the copies between their blocks (see the module docstring); the
     interface of runtime/model/kv_cache.py KVCache plus the window group's.
 
-    Raises InvalidConfig: a pool too small (as kv_pool_blocks), or a window pool that cannot hold one sequence's
-    window and a prefill chunk (cdiv(window + chunked_prefill_size, block_size) + 1 blocks and the null block).
+    Raises InvalidConfig: a pool too small (as kv_pool_blocks), or a num_window_blocks (given) that cannot hold one
+    sequence's window and a prefill chunk (cdiv(window + chunked_prefill_size, block_size) + 1 blocks and the null
+    block); a window pool derived from window_blocks_ratio is raised to that floor instead (beyond the budget by
+    at most that many window blocks: a small pool only).
     """
 
     def __init__(
@@ -69,14 +92,12 @@ class HybridKVCache:
         sliding = [i for i in layers if cfg.layer_window(i) is not None]
         heads = cfg.num_key_value_heads
         full_bytes = kv_block_bytes(len(full), block_size, heads, cfg.head_dim, dtype)
-        window_bytes = kv_block_bytes(len(sliding), block_size, heads, cfg.head_dim, dtype)
-        ratio = args.window_blocks_ratio
-        self.num_blocks = kv_pool_blocks(args, full_bytes + int(ratio * window_bytes), device)
+        self.num_blocks = kv_pool_blocks(args, hybrid_block_bytes(args, cfg, block_size, dtype), device)
+        least = cdiv(window + args.chunked_prefill_size, block_size) + 2
         if args.num_window_blocks is not None:
             self.num_window_blocks = args.num_window_blocks
-        else:
-            self.num_window_blocks = int(ratio * self.num_blocks)
-        least = cdiv(window + args.chunked_prefill_size, block_size) + 2
+        else:  # a small pool (num_blocks given, as tests do) still gets room for a window and a chunk
+            self.num_window_blocks = max(int(args.window_blocks_ratio * self.num_blocks), least)
         if self.num_window_blocks < least:
             raise InvalidConfig(
                 f"sliding-window KV pool of {self.num_window_blocks} blocks cannot hold a {window}-token window and a "

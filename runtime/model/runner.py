@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from radix.blocks import cdiv
-from runtime.config import InvalidConfig, ServerArgs
+from runtime.config import ServerArgs
 from runtime.model import spec_verify
 from runtime.model.cpu_features import resolve_dtype
 from runtime.model.draft_runner import build_draft
@@ -114,8 +114,6 @@ class ModelRunner:
         else:  # this rank's slices and KV heads (runtime/model/parallel/)
             from runtime.model.parallel.load import load_rank_model
 
-            if hybrid_layout(args, cfg) is not None:
-                raise InvalidConfig("kv_groups 'auto' is not supported with tensor_parallel_size > 1: use 'single'")
             rank = load_rank_model(args, folder, cfg, group, self.dtype, self.max_model_len, backend, self.quantization)
             self.model = rank.model
             self.kv = rank.kv

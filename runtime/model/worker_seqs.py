@@ -218,10 +218,14 @@ class WorkerSeqs:
 
     def truncate(self, seq_id: int, num_blocks: int) -> None:
         """Cut seq_id's block table (and its row) to its first num_blocks entries: speculative decoding's rollback,
-        the scheduler's KVCacheManager.release_uncomputed by the same rule. O(width)."""
+        the scheduler's KVCacheManager.release_uncomputed by the same rule; the window table too (its entries are
+        aligned with the block table's: radix/hybrid_manager.py). O(width)."""
         state = self.seqs[seq_id]
         del state.block_table[num_blocks:]
         self.block_tables.truncate(state.row, num_blocks)
+        if state.window_table is not None and self.window_tables is not None:
+            del state.window_table[num_blocks:]
+            self.window_tables.truncate(state.window_row, num_blocks)
 
     def prepare(self, seqs: list[ScheduledSeq]) -> StepInputs:
         """Flatten seqs (each registered and checked, none empty) into the model's inputs.

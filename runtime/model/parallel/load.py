@@ -1,5 +1,6 @@
 """One rank's model and KV pool under tensor parallelism: its slices loaded (shard.py), the dense model built from
-them and wrapped (layers.py), its KV heads' pool sized with the same block count on every rank."""
+them and wrapped (layers.py), its KV heads' pool sized with the same block count on every rank (with KV cache
+groups, both groups' pools: runtime/model/hybrid_kv.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 from runtime.config import ServerArgs
 from runtime.model.hf_config import ModelConfig
+from runtime.model.hybrid_kv import HybridKVCache, hybrid_block_bytes, hybrid_layout
 from runtime.model.kv_cache import KVCache, kv_block_bytes, kv_pool_blocks
 from runtime.model.models import CausalLM, build_model
 from runtime.model.parallel.group import TPGroup
@@ -28,7 +30,7 @@ class RankModel(NamedTuple):
     """A rank's sharded model (called as the dense CausalLM is) and its KV pool (its KV heads, the shared block ids)."""
 
     model: CausalLM
-    kv: KVCache
+    kv: KVCache | HybridKVCache
 
 
 def load_rank_model(
@@ -43,8 +45,9 @@ def load_rank_model(
 ) -> RankModel:
     """Load rank group.rank's slices of the model in folder onto group.device, build and wrap its model, and allocate
     its KV pool: num_blocks is the smallest count any rank's budget allows (args.num_blocks when set), so every rank
-    holds the same block ids and the scheduler sees one pool. On CPU each rank takes 1 / (ranks on this node) of
-    the torch threads unless $RADIXSERVE_THREADS sets them.
+    holds the same block ids and the scheduler sees one pool (with kv_groups "auto" on a model with sliding layers,
+    a HybridKVCache: the window pool's size follows from num_blocks, the same on every rank). On CPU each rank takes
+    1 / (ranks on this node) of the torch threads unless $RADIXSERVE_THREADS sets them.
 
     Collective: every rank calls it with the same args, folder and cfg. Raises UnsupportedModelError (ShardPlan),
     ModelLoadError subclasses (load_shard), InvalidConfig (a KV pool too small), RankFailure (a rank failed).
@@ -57,11 +60,20 @@ def load_rank_model(
     model = build_model(plan.local_config, weights, max_positions, backend, quantization=quantization)
     install_tensor_parallel(model, plan, group)
     local = plan.local_config
-    block_bytes = kv_block_bytes(
-        local.num_hidden_layers, args.block_size, local.num_key_value_heads, local.head_dim, dtype
-    )
+    window = hybrid_layout(args, local)
+    if window is None:
+        block_bytes = kv_block_bytes(
+            local.num_hidden_layers, args.block_size, local.num_key_value_heads, local.head_dim, dtype
+        )
+    else:  # two KV cache groups: a full block and its share of window blocks
+        block_bytes = hybrid_block_bytes(args, local, args.block_size, dtype)
     num_blocks = group.min_int(kv_pool_blocks(args, block_bytes, group.device))
-    kv = KVCache(dataclasses.replace(args, num_blocks=num_blocks), local, args.block_size, dtype, group.device)
+    rank_args = dataclasses.replace(args, num_blocks=num_blocks)
+    kv: KVCache | HybridKVCache
+    if window is None:
+        kv = KVCache(rank_args, local, args.block_size, dtype, group.device)
+    else:
+        kv = HybridKVCache(rank_args, local, window, args.block_size, dtype, group.device)
     logger.info(
         "rank %d of %d: q heads %d..%d, KV heads %d..%d, vocabulary rows %d..%d, %d KV blocks, %d threads",
         group.rank,

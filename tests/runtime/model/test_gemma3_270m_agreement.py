@@ -46,7 +46,9 @@ def _transformers_logits(segments: list[list[int]], dtype: torch.dtype) -> torch
 def measured(segments) -> dict[str, Agreement]:
     float32 = _transformers_logits(segments, torch.float32)
     hf_bf16 = _transformers_logits(segments, torch.bfloat16)
-    runner = ModelRunner(ServerArgs(model="gemma3-270m", dtype="bfloat16", quantization="none", num_blocks=64))
+    # teacher_forced_logits builds one block table per sequence (no window tables): one KV cache group
+    args = ServerArgs(model="gemma3-270m", dtype="bfloat16", quantization="none", num_blocks=64, kv_groups="single")
+    runner = ModelRunner(args)
     ours = torch.cat(teacher_forced_logits(runner, segments))
     return {"ours": compare(float32, ours), "hf": compare(float32, hf_bf16)}
 
