@@ -16,7 +16,6 @@ import torch
 from runtime.config import InvalidConfig, ServerArgs
 from runtime.model.errors import ModelLoadError
 from runtime.model.hf_config import ModelConfig
-from runtime.model.hybrid_kv import hybrid_layout
 from runtime.model.loader import load_config, load_weights, resolve_model
 from runtime.model.models import CausalLM, build_model
 from runtime.model.quant_plan import QuantPlan
@@ -49,14 +48,12 @@ def load_draft_model(
 
     Raises:
         DraftVocabMismatch: the draft's vocab_size differs from the target's (both named).
-        InvalidConfig: tensor_parallel_size > 1 (the draft runs unsharded beside a sharded target: not built), or
-            a target with KV cache groups (kv_groups "auto" and sliding layers).
+        InvalidConfig: tensor_parallel_size > 1 (the draft runs unsharded beside a sharded target: not built). A
+            sliding-window target keeps one KV cache group (runtime/model/hybrid_kv.py hybrid_layout).
         ModelLoadError subclasses, InvalidConfig: as resolve_model, load_config, load_weights and build_model raise.
     """
     if args.tensor_parallel_size > 1:
         raise InvalidConfig("speculative_config method 'draft_model' is not supported with tensor_parallel_size > 1")
-    if hybrid_layout(args, target) is not None:  # the draft's pool mirrors one KV group only
-        raise InvalidConfig("speculative_config method 'draft_model' is not supported with kv_groups 'auto'")
     folder = resolve_model(name)
     cfg = load_config(folder)
     if cfg.vocab_size != target.vocab_size:

@@ -30,6 +30,7 @@ from runtime.config import InvalidConfig, ServerArgs
 from runtime.model.host_kv import HostCopies, host_cache_blocks
 from runtime.model.kv_cache import kv_block_bytes, kv_pool_blocks
 from runtime.model.loader import ModelConfig
+from runtime.speculative import parse_speculative_config
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +39,12 @@ def hybrid_layout(args: ServerArgs, cfg: ModelConfig) -> int | None:
     """The sliding window (tokens) of the model's sliding layers when args asks for KV cache groups (kv_groups
     "auto") and the model has sliding layers of one window shorter than its context, else None (one group: a model
     with full attention only; several windows, logged as a warning; a window that covers every position the model
-    takes, logged, as a second pool would save nothing). O(layers)."""
+    takes, logged, as a second pool would save nothing; a draft model, logged, as its pool mirrors one group).
+    O(layers)."""
     if args.kv_groups != "auto":
+        return None
+    if _has_draft_model(args):  # the draft's KV pool mirrors one group (runtime/model/draft_runner.py)
+        logger.info("kv_groups auto: a draft model keeps one KV cache group (every layer keeps its whole KV)")
         return None
     windows = {cfg.layer_window(i) for i in range(cfg.num_hidden_layers)} - {None}
     if not windows:
@@ -55,6 +60,12 @@ def hybrid_layout(args: ServerArgs, cfg: ModelConfig) -> int | None:
         logger.info("kv_groups auto: the %d-token window covers the %d-token context: one group", window, context)
         return None
     return window
+
+
+def _has_draft_model(args: ServerArgs) -> bool:
+    """Whether args speculate with a draft model (ServerArgs validated the JSON already)."""
+    config = parse_speculative_config(args.speculative_config)
+    return config is not None and config.method == "draft_model"
 
 
 def hybrid_block_bytes(args: ServerArgs, cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

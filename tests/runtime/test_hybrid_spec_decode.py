@@ -3,8 +3,8 @@
 path), token for token, while drafts are both accepted and rejected far past the window, and under preemption by
 recompute and by swap in a small window pool; the rollback of rejected slots cuts both groups' tables
 (radix/hybrid_manager.py release_uncomputed, the worker's copy alike), the manager's invariants hold after every
-step, and every block of both groups comes back. A draft model (runtime/model/draft_model.py) is refused on such a
-target by name: its pool mirrors one group only."""
+step, and every block of both groups comes back. A draft model (runtime/model/draft_model.py) on such a target keeps
+one group under the auto default (its pool mirrors one group only) and equals plain decoding."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import json
 import pytest
 
 from radix.hybrid_manager import HybridKVCacheManager
-from runtime.config import InvalidConfig
 from runtime.engine import Engine
 from runtime.sampling_params import SamplingParams
 from tests.runtime.engine_helpers import assert_idle, greedy, record_batches
@@ -106,7 +105,15 @@ def test_preemption_under_window_pressure_with_speculation(loopy_gemma3, plain, 
     _assert_both_groups_idle(spec)
 
 
-def test_a_draft_model_on_a_target_with_groups_is_refused_by_name(loopy_gemma3):
+def test_a_draft_model_keeps_one_group_and_equals_plain_decoding(loopy_gemma3):
+    """Under the auto default a draft model keeps the target in one group (its pool mirrors one): the runner has no
+    window group, and the self draft's tokens equal plain decoding's with every draft accepted."""
     draft = json.dumps({"method": "draft_model", "model": str(loopy_gemma3), "num_speculative_tokens": 2})
-    with pytest.raises(InvalidConfig, match="draft_model' is not supported with kv_groups 'auto'"):
-        Engine(model=str(loopy_gemma3), dtype="float32", num_blocks=64, speculative_config=draft)  # auto: the default
+    spec = Engine(model=str(loopy_gemma3), dtype="float32", num_blocks=64, speculative_config=draft)
+    plain = Engine(model=str(loopy_gemma3), dtype="float32", num_blocks=64, kv_groups="single")
+    params = greedy(NEW_TOKENS)
+    got = [o.token_ids for o in spec.generate(input_ids=PROMPTS, sampling_params=params)]
+    assert got == [o.token_ids for o in plain.generate(input_ids=PROMPTS, sampling_params=params)]
+    assert spec.stats().num_window_blocks == 0  # one group
+    c = spec.scheduler.speculation.counters
+    assert c.num_accepted_tokens == c.num_draft_tokens > 0
