@@ -78,8 +78,9 @@ inline int64_t pair_order(int64_t g, int64_t j, int64_t groups) {
     return base + (j >= 16 ? 32 : 0) + (g & 1) * 16 + (j & 15);
 }
 
+// The rounding of x (its body is inlined into one copy per ISA below, so that the compiler vectorizes each for it).
 template <typename T>
-QuantizedX quantize_rows(const T* x, Shape s, bool paired) {
+__attribute__((always_inline)) inline QuantizedX quantize_body(const T* x, Shape s, bool paired) {
     const int64_t pairs = s.g / 2;
     QuantizedX out{std::vector<int16_t>(s.m * s.k), std::vector<float>(s.m * s.g), std::vector<float>(s.m * s.g),
                    std::vector<float>(paired ? s.m * pairs * 16 : 0)};
@@ -94,15 +95,18 @@ QuantizedX quantize_rows(const T* x, Shape s, bool paired) {
             }
             const float a = amax / XQ_MAX;
             const float inv = a > 0.f ? 1.f / a : 0.f;
+            int16_t xq[GROUP];
             int32_t sum = 0;
             for (int64_t j = 0; j < GROUP; ++j) {
                 // round half to even, as torch.round: adding and subtracting 1.5 * 2^23 leaves no fraction bits
                 // (|v * inv| <= 32767 < 2^22), without a libm call (nearbyintf is one below SSE4.1, the baseline)
                 const float r = (v[j] * inv + ROUNDER) - ROUNDER;
-                const int16_t xq = static_cast<int16_t>(std::min(XQ_MAX, std::max(-XQ_MAX, r)));
-                row[paired ? pair_order(g, j, s.g) : g * GROUP + j] = xq;
-                sum += xq;
+                xq[j] = static_cast<int16_t>(std::min(XQ_MAX, std::max(-XQ_MAX, r)));
+                sum += xq[j];
             }
+            const int64_t half = GROUP / 2;
+            std::copy_n(xq, half, row + (paired ? pair_order(g, 0, s.g) : g * GROUP));
+            std::copy_n(xq + half, half, row + (paired ? pair_order(g, half, s.g) : g * GROUP + half));
             out.scale[m * s.g + g] = a;
             out.sum[m * s.g + g] = a * static_cast<float>(sum);  // |sum| <= 32 * 32767 < 2^24: exact as a float
             if (paired && g / 2 < pairs)
@@ -110,6 +114,22 @@ QuantizedX quantize_rows(const T* x, Shape s, bool paired) {
         }
     }
     return out;
+}
+
+template <typename T>
+QuantizedX quantize_scalar(const T* x, Shape s, bool paired) {
+    return quantize_body(x, s, paired);
+}
+
+template <typename T>
+__attribute__((target("avx2,fma"))) QuantizedX quantize_avx2(const T* x, Shape s, bool paired) {
+    return quantize_body(x, s, paired);
+}
+
+// x rounded (quantize_body) by the code of the given ISA: AVX2's for AVX-512 too (its loops are 32 values long).
+template <typename T>
+QuantizedX quantize_rows(const T* x, Shape s, bool paired, int64_t isa) {
+    return isa == ISA_SCALAR ? quantize_scalar(x, s, paired) : quantize_avx2(x, s, paired);
 }
 
 // ---- scalar -------------------------------------------------------------------------------------------------------
@@ -159,7 +179,32 @@ __attribute__((target("avx2,fma"))) inline void add_mins_avx2(const float* mins,
     }
 }
 
+// acc[m] += the products of group g with row m's x: 4-bit nibbles or 8-bit bytes widened to int16, vpmaddwd.
+template <int ROWS>
+__attribute__((target("avx2,fma"))) inline void group_avx2(const uint8_t* q, const float* d, const QuantizedX& x,
+                                                           Shape s, int64_t g, bool four_bit, __m256* acc) {
+    __m256i w0, w1;  // q 0..15 and 16..31 of group g as int16
+    if (four_bit) {
+        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + g * 16)));
+        w0 = _mm256_and_si256(v, _mm256_set1_epi16(0x0F));
+        w1 = _mm256_srli_epi16(v, 4);
+    } else {
+        const __m256i wb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + g * GROUP));
+        w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(wb));
+        w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(wb, 1));
+    }
+    for (int64_t m = 0; m < (ROWS ? ROWS : s.m); ++m) {
+        const int16_t* xg = x.q.data() + m * s.k + g * GROUP;
+        const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg));
+        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + 16));
+        const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
+        const __m256 scale = _mm256_set1_ps(d[g] * x.scale[m * s.g + g]);
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[m]);
+    }
+}
+
 // ROWS: the row count when known at compile time (then the accumulators stay in registers: for_rows), 0 for s.m.
+// Two accumulator sets (even and odd groups): one row's fma chain does not wait on the previous group's.
 template <int ROWS>
 __attribute__((target("avx2,fma"))) void row_avx2(const Weights& w, int64_t n, const QuantizedX& x, Shape s,
                                                   bool four_bit, float* y) {
@@ -167,35 +212,23 @@ __attribute__((target("avx2,fma"))) void row_avx2(const Weights& w, int64_t n, c
         s.m = ROWS;
     const uint8_t* q = w.q + n * w.row_bytes;
     const float* d = w.scales + n * s.g;
-    __m256 acc[2][MAX_ROWS];  // even and odd groups: one row's fma chain does not wait on the previous group's
+    __m256 acc0[MAX_ROWS];
+    __m256 acc1[MAX_ROWS];
     for (int64_t m = 0; m < s.m; ++m) {
-        acc[0][m] = _mm256_setzero_ps();
-        acc[1][m] = _mm256_setzero_ps();
+        acc0[m] = _mm256_setzero_ps();
+        acc1[m] = _mm256_setzero_ps();
     }
-    for (int64_t g = 0; g < s.g; ++g) {
-        __m256i w0, w1;  // q 0..15 and 16..31 of group g as int16
-        if (four_bit) {
-            const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + g * 16)));
-            w0 = _mm256_and_si256(v, _mm256_set1_epi16(0x0F));
-            w1 = _mm256_srli_epi16(v, 4);
-        } else {
-            const __m256i wb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + g * GROUP));
-            w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(wb));
-            w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(wb, 1));
-        }
-        for (int64_t m = 0; m < s.m; ++m) {
-            const int16_t* xg = x.q.data() + m * s.k + g * GROUP;
-            const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg));
-            const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + 16));
-            const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
-            const __m256 scale = _mm256_set1_ps(d[g] * x.scale[m * s.g + g]);
-            acc[g & 1][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[g & 1][m]);
-        }
+    int64_t g = 0;
+    for (; g + 2 <= s.g; g += 2) {
+        group_avx2<ROWS>(q, d, x, s, g, four_bit, acc0);
+        group_avx2<ROWS>(q, d, x, s, g + 1, four_bit, acc1);
     }
+    if (g < s.g)
+        group_avx2<ROWS>(q, d, x, s, g, four_bit, acc0);
     if (four_bit)
-        add_mins_avx2(w.mins + n * s.g, x, s, acc[0]);
+        add_mins_avx2(w.mins + n * s.g, x, s, acc0);
     for (int64_t m = 0; m < s.m; ++m)
-        y[m] = hsum256(_mm256_add_ps(acc[0][m], acc[1][m]));
+        y[m] = hsum256(_mm256_add_ps(acc0[m], acc1[m]));
 }
 
 // ---- AVX-512 VNNI -------------------------------------------------------------------------------------------------
@@ -222,42 +255,69 @@ QGEMV_AVX512 inline void load_pair_q4(const uint8_t* q, __m512i* low, __m512i* h
 
 // 4-bit: pairs of groups (load_pair_q4), x in pair_order; two accumulator sets (even and odd pairs), so that one
 // row's fma chain does not wait on the previous pair's. 8-bit: one group a 512-bit vector.
+// acc[m] += the products of the pair of 4-bit groups at g (load_pair_q4) with row m's x (pair p = g / 2).
+template <int ROWS>
+QGEMV_AVX512 inline void pair_avx512(const uint8_t* q, const float* d, const QuantizedX& x, Shape s, int64_t g,
+                                     __m512* acc) {
+    __m512i low, high;
+    load_pair_q4(q + g * 16, &low, &high);
+    const __m512 dd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d[g]), _mm512_set1_ps(d[g + 1]));
+    const int64_t pairs = s.g / 2;
+    for (int64_t m = 0; m < (ROWS ? ROWS : s.m); ++m) {
+        const int16_t* xp = x.q.data() + m * s.k + g * GROUP;
+        __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), low, _mm512_loadu_si512(xp));
+        dot = _mm512_dpwssd_epi32(dot, high, _mm512_loadu_si512(xp + 32));
+        const __m512 a = _mm512_loadu_ps(x.lanes.data() + (m * pairs + g / 2) * 16);
+        acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), a), dd, acc[m]);
+    }
+}
+
+// acc[m] += the products of group g (8-bit, or a 4-bit group in order) with row m's x.
+template <int ROWS>
+QGEMV_AVX512 inline void group_avx512(const uint8_t* q, const float* d, const QuantizedX& x, Shape s, int64_t g,
+                                      bool four_bit, __m512* acc) {
+    const __m512i wv = load_group_avx512(q + g * (four_bit ? 16 : GROUP), four_bit);
+    for (int64_t m = 0; m < (ROWS ? ROWS : s.m); ++m) {
+        const __m512i xv = _mm512_loadu_si512(x.q.data() + m * s.k + g * GROUP);
+        const __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), wv, xv);
+        const __m512 scale = _mm512_set1_ps(d[g] * x.scale[m * s.g + g]);
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[m]);
+    }
+}
+
+// 4-bit: pairs of groups (pair_avx512), x in pair_order; 8-bit: one group a 512-bit vector. Two accumulator sets
+// (even and odd steps), so that one row's fma chain does not wait on the previous step's.
 template <int ROWS>
 QGEMV_AVX512 void row_avx512(const Weights& w, int64_t n, const QuantizedX& x, Shape s, bool four_bit, float* y) {
     if (ROWS)
         s.m = ROWS;
     const uint8_t* q = w.q + n * w.row_bytes;
     const float* d = w.scales + n * s.g;
-    const __m512i zero = _mm512_setzero_si512();
-    __m512 acc[2][MAX_ROWS];
+    __m512 acc0[MAX_ROWS];
+    __m512 acc1[MAX_ROWS];
     for (int64_t m = 0; m < s.m; ++m) {
-        acc[0][m] = _mm512_setzero_ps();
-        acc[1][m] = _mm512_setzero_ps();
+        acc0[m] = _mm512_setzero_ps();
+        acc1[m] = _mm512_setzero_ps();
     }
     int64_t g = 0;
     if (four_bit) {
-        const int64_t pairs = s.g / 2;
-        for (int64_t p = 0; p < pairs; ++p, g += 2) {
-            __m512i low, high;
-            load_pair_q4(q + g * 16, &low, &high);
-            const __m512 dd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d[g]), _mm512_set1_ps(d[g + 1]));
-            for (int64_t m = 0; m < s.m; ++m) {
-                const int16_t* xp = x.q.data() + m * s.k + g * GROUP;
-                __m512i dot = _mm512_dpwssd_epi32(zero, low, _mm512_loadu_si512(xp));
-                dot = _mm512_dpwssd_epi32(dot, high, _mm512_loadu_si512(xp + 32));
-                const __m512 a = _mm512_loadu_ps(x.lanes.data() + (m * pairs + p) * 16);
-                const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), a);
-                acc[p & 1][m] = _mm512_fmadd_ps(scaled, dd, acc[p & 1][m]);
-            }
+        for (; g + 4 <= s.g; g += 4) {
+            pair_avx512<ROWS>(q, d, x, s, g, acc0);
+            pair_avx512<ROWS>(q, d, x, s, g + 2, acc1);
         }
-    }
-    for (; g < s.g; ++g) {  // 8-bit groups, or the last 4-bit group of an odd count (in order)
-        const __m512i wv = load_group_avx512(q + g * (four_bit ? 16 : GROUP), four_bit);
-        for (int64_t m = 0; m < s.m; ++m) {
-            const __m512i dot = _mm512_dpwssd_epi32(zero, wv, _mm512_loadu_si512(x.q.data() + m * s.k + g * GROUP));
-            const __m512 scale = _mm512_set1_ps(d[g] * x.scale[m * s.g + g]);
-            acc[g & 1][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[g & 1][m]);
+        if (g + 2 <= s.g) {
+            pair_avx512<ROWS>(q, d, x, s, g, acc0);
+            g += 2;
         }
+        if (g < s.g)  // the last group of an odd count, in order
+            group_avx512<ROWS>(q, d, x, s, g, true, acc1);
+    } else {
+        for (; g + 2 <= s.g; g += 2) {
+            group_avx512<ROWS>(q, d, x, s, g, false, acc0);
+            group_avx512<ROWS>(q, d, x, s, g + 1, false, acc1);
+        }
+        if (g < s.g)
+            group_avx512<ROWS>(q, d, x, s, g, false, acc0);
     }
     if (four_bit)  // + sum_g mins[g] * (a * sum of xq over group g), 16 groups a vector, the rest masked
         for (int64_t m = 0; m < s.m; ++m) {
@@ -266,11 +326,11 @@ QGEMV_AVX512 void row_avx512(const Weights& w, int64_t n, const QuantizedX& x, S
             for (int64_t h = 0; h < s.g; h += 16) {
                 const __mmask16 live = s.g - h >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (s.g - h)) - 1);
                 const __m512 a = _mm512_maskz_loadu_ps(live, mins + h);
-                acc[0][m] = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(live, sums + h), acc[0][m]);
+                acc0[m] = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(live, sums + h), acc0[m]);
             }
         }
     for (int64_t m = 0; m < s.m; ++m)
-        y[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][m], acc[1][m]));
+        y[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[m], acc1[m]));
 }
 
 // ---- the operator -------------------------------------------------------------------------------------------------
@@ -339,7 +399,7 @@ struct Avx2Rows {
 
 template <typename T>
 void run(const T* x, const Weights& w, Shape s, int64_t n, bool four_bit, int64_t isa, T* out) {
-    const QuantizedX xq = quantize_rows(x, s, four_bit && isa == ISA_AVX512);
+    const QuantizedX xq = quantize_rows(x, s, four_bit && isa == ISA_AVX512, isa);
     const int64_t grain = std::max<int64_t>(1, 16384 / (w.row_bytes * s.m));
     const RowFn kernel_avx512 = for_rows<Avx512Rows>(s.m);
     const RowFn kernel_avx2 = for_rows<Avx2Rows>(s.m);

@@ -12,7 +12,7 @@ AVX-512 instruction.
 
 Build: kernels.cpp_build compiles it on first use into ``$RADIXSERVE_CACHE/kernels`` as
 ``radixserve_cpu_qgemv-<key>.so``. A build or load failure logs one warning and ``load_op`` returns None: the caller
-keeps torch's kernels. It is off unless ``RADIXSERVE_CPU_QGEMV=1`` (read at import) or ``ENABLED = True``.
+keeps torch's kernels. ``RADIXSERVE_CPU_QGEMV=0`` (read at import) or ``ENABLED = False`` turns it off.
 ``python -m kernels.cpu_qgemv`` builds it (if needed) and prints where and how long.
 """
 
@@ -35,10 +35,10 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")
 NAME = "radixserve_cpu_qgemv"
 # No -march: each ISA's functions carry their own target attribute. -fopenmp: at::parallel_for's OpenMP backend.
-CFLAGS = ("-O3", "-fopenmp")
-# Opt-in (RADIXSERVE_CPU_QGEMV=1): measured on SmolLM2, the activations' int8 rounding costs top-1 agreement with
-# float32 that torch's kernels keep (README, "Quantized decode GEMV").
-ENABLED = os.environ.get("RADIXSERVE_CPU_QGEMV", "0") == "1"
+# -ffp-contract=off: x's rounding (v * inv + 1.5 * 2^23) must not fuse into an fma (one rounding instead of two).
+CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
+# On by default; RADIXSERVE_CPU_QGEMV=0 turns it off (Linear then keeps torch's kernels for every row count).
+ENABLED = os.environ.get("RADIXSERVE_CPU_QGEMV", "1") != "0"
 GROUP = 32  # values of K per scale (and min): GGUF's Q4_0 / Q4_1 / Q8_0 block, a Q4_K sub-block
 MAX_ROWS = 16  # the most rows of x one call takes
 XQ_MAX = 32767  # x is rounded per group to int16: xq = round(x / a), a = max |x| / XQ_MAX

@@ -126,12 +126,12 @@ def dequantize(w: Q4Weight | Q8Weight) -> torch.Tensor:
 
 
 # The most rows (tokens) of a step that take the qgemv op, by scheme and model (activation) dtype: the largest row
-# count at which the op still beat F.linear (float32 or bfloat16) on cold SmolLM2 qkv_proj and down_proj shapes, one
-# thread, AVX-512 VNNI (benchmarks/qgemv.py; figures in README, "Quantized decode GEMV"). float16 models do not take
-# the op (it reads float32 and bfloat16 x only).
+# count at which the op beat torch's int4pack / int8pack kernel on every cold SmolLM2 shape, one thread, AVX-512 VNNI
+# (benchmarks/qgemv.py, crossing_torch; figures in README, "Quantized decode GEMV"); above it Linear runs torch's
+# kernel. float16 models do not take the op (it reads float32 and bfloat16 x only).
 QGEMV_MAX_ROWS: dict[str, dict[torch.dtype, int]] = {
-    "int4": {torch.float32: 12, torch.bfloat16: 4},
-    "int8": {torch.float32: 12, torch.bfloat16: 8},
+    "int4": {torch.float32: 1, torch.bfloat16: 1},
+    "int8": {torch.float32: 2, torch.bfloat16: 2},
 }
 
 
