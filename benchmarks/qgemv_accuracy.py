@@ -61,9 +61,9 @@ def layer_errors(weight: torch.Tensor, x: torch.Tensor, scheme: str) -> dict[str
     deq = op.dequantized(1).double()
     ref = x.double() @ deq.T
     if scheme == "int4":
-        groups = quant_int4.quantize_int4(weight)
-        torch_y = quant_int4.int4_linear(x, quant_int4.pack_int4(groups))
-        torch_ref = x.double() @ quant_int4.dequantize_int4(groups).double().T
+        int4 = quant_int4.quantize_int4(weight)
+        torch_y = quant_int4.int4_linear(x, quant_int4.pack_int4(int4))
+        torch_ref = x.double() @ quant_int4.dequantize_int4(int4).double().T
     else:
         w8 = quant.quantize_int8(weight)
         torch_y = quant.int8_linear(x, w8)
