@@ -119,7 +119,8 @@ class Linear(torch.nn.Module):
     - "qgemv" (kernels.cpu_qgemv, the default: when enabled and built, K % 32 == 0, weight float32 or bfloat16): groups
       of 32 with float32 scales (runtime.model.quant_groups): int4 qweight uint8 [N, K / 2], scales and mins
       [N, K / 32] (quantize_q4: a GGUF 4-bit block's own grid); int8 qweight int8 [N, K], scales [N, K / 32]
-      (quantize_q8); x is read in its own dtype; row limit QGEMV_MAX_ROWS (where it beats torch's kernel). Beside it,
+      (quantize_q8); x is read in its own dtype; row limit QGEMV_MAX_ROWS for the CPU's ISA (where it beats torch's
+      kernel; where that is 0, as on the scalar code, the op is not used). Beside it,
       torch's copy (torch_qweight, torch_scales) serves the rows above that limit up to torch's (torch_rows).
     - "torch" (otherwise): int8 per output channel, qweight int8 [N, K], scales [N] (KERNEL_DTYPE), kernel
       int8_linear; int4 qweight packed for this CPU, scales [K / 32, N, 2] (scale and zero per group), kernel
@@ -169,9 +170,9 @@ class Linear(torch.nn.Module):
         self.torch_qweight = None
         self.torch_scales = None
         self.torch_rows = 0
-        if quantization != "none" and _qgemv_takes(w):
+        if quantization != "none" and QGEMV_MAX_ROWS[self.isa][quantization].get(w.dtype, 0) and _qgemv_takes(w):
             self.kernel = "qgemv"
-            limits = QGEMV_MAX_ROWS[quantization]
+            limits = QGEMV_MAX_ROWS[self.isa][quantization]
             copy = tuple(quantize_q4(w) if quantization == "int4" else quantize_q8(w))
             if torch_copy:
                 self.torch_qweight = torch_copy[0]

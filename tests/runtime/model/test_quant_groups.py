@@ -98,7 +98,7 @@ def test_linear_on_the_op_equals_the_dequantized_product_within_the_bound(quanti
     gen = torch.Generator().manual_seed(5)
     weight = (torch.randn(N, K, generator=gen) * 0.05).to(dtype)
     lin = Linear(weight, torch.randn(N, generator=gen).to(dtype), quantization)
-    limit = QGEMV_MAX_ROWS[quantization][dtype]
+    limit = QGEMV_MAX_ROWS[lin.isa][quantization][dtype]
     assert lin.kernel == "qgemv" and lin.scheme == quantization and lin.max_rows == limit
     torch_copy = lin.int4 if quantization == "int4" else lin.int8  # torch's copy serves the rows above the op's
     assert torch_copy is not None and (lin.int8 if quantization == "int4" else lin.int4) is None
@@ -137,12 +137,13 @@ def test_linear_keeps_torch_kernels_when_the_op_is_off_or_cannot_take_the_weight
     assert torch.equal(lin.dequantized(), expect)
 
 
-def test_isa_follows_the_flags_at_construction(monkeypatch):
+def test_isa_and_row_limit_follow_the_flags_at_construction(monkeypatch):
     monkeypatch.setenv("RADIXSERVE_CPU_FLAGS", "avx2 fma")
     lin = Linear(torch.randn(32, 64), quantization="int8")
     x = torch.randn(2, 64)
-    assert lin.isa == "avx2"
+    assert lin.isa == "avx2" and lin.kernel == "qgemv" and lin.max_rows == QGEMV_MAX_ROWS["avx2"]["int8"][torch.float32]
+    expect = x.double() @ lin.dequantized(2).double().T
+    assert bool(((lin(x).double() - expect).abs() <= op_bound(x, lin.groups)).all())  # the AVX2 code ran
     monkeypatch.setenv("RADIXSERVE_CPU_FLAGS", "sse2")
-    scalar = Linear(lin.weight.detach(), quantization="int8")
-    assert scalar.isa == "scalar"
-    torch.testing.assert_close(scalar(x), lin(x), rtol=1e-5, atol=1e-5)  # the same math, another summation order
+    scalar = Linear(lin.weight.detach(), quantization="int8")  # the op's scalar code is no faster: torch's kernels
+    assert scalar.isa == "scalar" and scalar.kernel == "torch" and scalar.groups is None and scalar.int8 is not None
