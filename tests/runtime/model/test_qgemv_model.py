@@ -20,7 +20,7 @@ from runtime.model import quant
 from runtime.model.loader import resolve_model
 from runtime.model.runner import ModelRunner
 
-pytestmark = pytest.mark.slow  # a model against transformers' generate: ~40 s quiet, minutes under load
+pytestmark = pytest.mark.slow  # a model against transformers' generate: 473 s measured at load average ~12
 
 NEW_TOKENS = 16
 PROMPTS = 2  # of conftest.CHAT_PROMPTS
