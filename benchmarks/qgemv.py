@@ -10,9 +10,10 @@ model's layer count), so caches hold none of them, as in a decode step that read
 - dense: F.linear on the weight in x's dtype.
 us: microseconds per call, the fastest of `repeats` passes, on `--threads` torch threads (default 1: a call
 split over 2 threads waits for both, and on a shared machine one of them is often descheduled); gb_s: the method's
-weight bytes (codes, scales, mins) read per call / time. crossing[dtype][method]: the largest M up to which the
-method beats dense on every shape it ran (the row limit runtime.model.quant_groups.QGEMV_MAX_ROWS records). The head
-runs int8 in every model: no int4 rows.
+weight bytes (codes, scales, mins) read per call / time. crossing["dense"][dtype][method]: the largest M up to which the
+method beats dense on every shape it ran; crossing["torch"]: the largest M up to which the op beats torch's kernel of
+the same bits on every shape (the row limit runtime.model.quant_groups.QGEMV_MAX_ROWS records: above it Linear runs
+torch's kernel). The head runs int8 in every model: no int4 rows.
 
 Legs: "native" runs in this process with the qgemv ISA this CPU's flags pick; "avx2" in a subprocess with
 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 (torch's kernels and oneDNN held to AVX2) and the op's AVX2 code.
@@ -146,6 +147,26 @@ def crossings(rows: list[dict]) -> dict[str, dict[str, int]]:
     return result
 
 
+def crossings_torch(rows: list[dict]) -> dict[str, dict[str, int]]:
+    """{dtype: {qgemv_int4 / qgemv_int8: largest M up to which the op beats torch's kernel of the same bits on every
+    shape}} (0: never): the row limit runtime.model.quant_groups.QGEMV_MAX_ROWS records."""
+    table: dict[tuple, float] = {(r["shape"], r["dtype"], r["rows"], r["method"]): r["us"] for r in rows}
+    result: dict[str, dict[str, int]] = {}
+    for dtype in sorted({r["dtype"] for r in rows}):
+        result[dtype] = {}
+        for method in ("qgemv_int4", "qgemv_int8"):
+            rival = method.replace("qgemv", "torch")
+            shapes = {r["shape"] for r in rows if r["dtype"] == dtype and r["method"] == method}
+            best = 0
+            for m in sorted({r["rows"] for r in rows}):
+                if all(table[(s, dtype, m, method)] < table[(s, dtype, m, rival)] for s in shapes):
+                    best = m
+                else:
+                    break
+            result[dtype][method] = best
+    return result
+
+
 def measure_decode(model: str, context: int, steps: int, repeats: int) -> dict:
     """Single-stream decode tok/s of `model` with the defaults (ServerArgs: dtype auto, quantization auto), two
     runners side by side in this process: Linear on torch's kernels (the op turned off while it was built) and on
@@ -180,7 +201,8 @@ def run_leg(args: argparse.Namespace, isa: str) -> dict:
     """One leg measured in this process."""
     shapes = SMOKE_SHAPES if args.smoke else {**SHAPES, **HEAD}
     rows = measure_leg(shapes, args.rows, args.repeats, isa)
-    return {"isa": isa, "machine": machine_facts(), "crossing": crossings(rows), "rows": rows}
+    crossing = {"dense": crossings(rows), "torch": crossings_torch(rows)}
+    return {"isa": isa, "machine": machine_facts(), "crossing": crossing, "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -199,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.rows = args.rows or ([1, 2] if args.smoke else [1, 2, 4, 8, 12, 16])
     args.repeats = args.repeats or (1 if args.smoke else 5)
     legs = args.legs or (["native"] if args.smoke else ["native", "avx2"])
-    cpu_qgemv.ENABLED = True  # opt-in in the product; measure_decode turns it off for its torch-kernel runner
+    cpu_qgemv.ENABLED = True  # the default, unless RADIXSERVE_CPU_QGEMV=0; measure_decode turns it off for one runner
     if cpu_qgemv.load_op() is None:
         raise SystemExit("the qgemv op could not be built (see the warning above)")
     torch.set_num_threads(args.threads)

@@ -5,22 +5,21 @@
 //   bits 4: qweight uint8 [N, K / 2], per group 16 bytes, byte j = q[j] | q[j + 16] << 4 (q in 0..15);
 //           w = q * scales[n, g] + mins[n, g] (GGUF Q4_0, Q4_1 and a Q4_K sub-block all have this form).
 //   bits 8: qweight int8 [N, K] (q in -127..127); w = q * scales[n, g] (GGUF Q8_0).
-// Activations: each row of x is quantized per group of 32 to int8 on the fly, a = max |x| / 127, xq = round(x / a)
-// (ggml's Q8 activations, llama.cpp ggml-cpu quants.c, vec_dot_q4_1_q8_1 / vec_dot_q8_0_q8_0), so a group's dot
-// product is an integer sum of q * xq, exact in int32, scaled once by scales * a. The 4-bit min term uses the float
-// sum of x over the group (sum_j m * x_j = m * sum_j x_j exactly, up to float rounding), not the quantized x, so the
-// only error against the float product of the dequantized weight is x's int8 rounding:
-//   |y - x @ W.T| <= sum_g |scale_g| * a_g / 2 * sum_j |q_j|, plus float32 rounding.
+// Activations: each row of x is rounded to int16 per group of 32 on the fly, a = max |x| / 32767, xq = round(x / a):
+// ggml's scheme for its Q8 activations (llama.cpp ggml-cpu quants.c, vec_dot_q4_1_q8_1) with 16 bits instead of 8,
+// because int8 per group cost SmolLM2 top-1 agreement (an outlier channel takes its group's range: measured per
+// layer, int8 rounding moved outputs 4x more than torch's bfloat16 activations; int16, 60x less). A group's dot
+// product is an integer sum of q * xq, exact in int32 (|sum| <= 32 * 127 * 32767 < 2^31), scaled once by
+// scales * a; the 4-bit min term is m * a * sum_j xq_j (the rounded x, as Q8_1's s), so the result is the
+// dequantized weight times the rounded x, and its only error against x @ W.T is that rounding:
+//   |y - x @ W.T| <= sum_g a_g / 2 * sum_j |w_j|, plus float32 rounding (of the terms, and of an int32 sum over 2^24).
 //
 // ISA: one function per instruction set, each compiled for its own target (GCC target attributes), the one run
 // chosen by the caller from the CPU's flags (an AVX2-only CPU never executes an AVX-512 instruction):
-//   ISA_AVX512: AVX-512 VNNI vpdpbusd (u8 x s8 -> s32), two groups of 32 per 512-bit vector;
-//   ISA_AVX2: vpmaddubsw + vpmaddwd, one group per 256-bit vector;
+//   ISA_AVX512: AVX-512 VNNI vpdpwssd (s16 x s16 pairs -> s32), a group's 32 products in one 512-bit vector;
+//   ISA_AVX2: vpmaddwd, a group in two 256-bit vectors;
 //   ISA_SCALAR: plain C++.
-// vpdpbusd and vpmaddubsw take an unsigned and a signed byte: 4-bit q is unsigned already; 8-bit q is signed, so its
-// magnitude is the unsigned side and its sign moves onto x (|q| * (x * sign q) = q * x; neither side is ever -128).
-// For 4 bits on AVX-512, a 32-byte load holds groups g and g + 1 as [g low nibbles, g + 1 low, g high, g + 1 high]
-// once split, so the quantized x of a pair of groups is stored in that order (quantize_rows, pair_order).
+// Weights are widened to int16 once per group (vpmovzxbw / vpmovsxbw) and reused for every row of x.
 //
 // Threads: at::parallel_for over N (torch's intra-op pool; -fopenmp inlines its OpenMP backend, linked to the
 // runtime libtorch_cpu loaded). Each output depends only on its inputs: the result is the same for any thread count.
@@ -45,12 +44,15 @@ constexpr int64_t ISA_SCALAR = 0;
 constexpr int64_t ISA_AVX2 = 1;
 constexpr int64_t ISA_AVX512 = 2;
 constexpr float ROUNDER = 12582912.f;  // 1.5 * 2^23
+constexpr float XQ_MAX = 32767.f;  // x rounds to -32767..32767 times its group's a
 
-// x quantized per row per group: q [M, K] int8, scale a [M, G], sum of x [M, G] (float).
+// x rounded per row per group: q [M, K] int16, scale a [M, G], a * (sum of q over the group) [M, G] (float); for the
+// paired order (4-bit AVX-512), lanes [M, G / 2, 16]: a of group 2p in lanes 0-7 and of group 2p + 1 in lanes 8-15.
 struct QuantizedX {
-    std::vector<int8_t> q;
+    std::vector<int16_t> q;
     std::vector<float> scale;
     std::vector<float> sum;
+    std::vector<float> lanes;
 };
 
 // Weights of one call: row n's groups start at q + n * row_bytes; scales and mins [N, G] (mins null for 8 bits).
@@ -67,42 +69,67 @@ struct Shape {
     int64_t g;
 };
 
-// Byte offset of x[j] (j < 32) of group g inside the quantized row, in the order the 4-bit AVX-512 loop reads.
+// Index of x[j] (j < 32) of group g inside its quantized row, in the order the 4-bit AVX-512 loop reads a pair of
+// groups: [g 0..15, g + 1 0..15, g 16..31, g + 1 16..31] (the last group of an odd count stays in order).
 inline int64_t pair_order(int64_t g, int64_t j, int64_t groups) {
-    if ((g | 1) >= groups)  // the last group of an odd count stays in order
+    if ((g | 1) >= groups)
         return g * GROUP + j;
     const int64_t base = (g & ~int64_t(1)) * GROUP;
     return base + (j >= 16 ? 32 : 0) + (g & 1) * 16 + (j & 15);
 }
 
+// The rounding of x (its body is inlined into one copy per ISA below, so that the compiler vectorizes each for it).
 template <typename T>
-QuantizedX quantize_rows(const T* x, Shape s, bool paired) {
-    QuantizedX out{std::vector<int8_t>(s.m * s.k), std::vector<float>(s.m * s.g), std::vector<float>(s.m * s.g)};
+__attribute__((always_inline)) inline QuantizedX quantize_body(const T* x, Shape s, bool paired) {
+    const int64_t pairs = s.g / 2;
+    QuantizedX out{std::vector<int16_t>(s.m * s.k), std::vector<float>(s.m * s.g), std::vector<float>(s.m * s.g),
+                   std::vector<float>(paired ? s.m * pairs * 16 : 0)};
     for (int64_t m = 0; m < s.m; ++m) {
+        int16_t* row = out.q.data() + m * s.k;
         for (int64_t g = 0; g < s.g; ++g) {
             float v[GROUP];
             float amax = 0.f;
-            float sum = 0.f;
             for (int64_t j = 0; j < GROUP; ++j) {
                 v[j] = static_cast<float>(x[m * s.k + g * GROUP + j]);
                 amax = std::max(amax, std::fabs(v[j]));
-                sum += v[j];
             }
-            const float a = amax / 127.f;
+            const float a = amax / XQ_MAX;
             const float inv = a > 0.f ? 1.f / a : 0.f;
-            int8_t* row = out.q.data() + m * s.k;
+            int16_t xq[GROUP];
+            int32_t sum = 0;
             for (int64_t j = 0; j < GROUP; ++j) {
                 // round half to even, as torch.round: adding and subtracting 1.5 * 2^23 leaves no fraction bits
-                // (|v * inv| <= 127), without a libm call (nearbyintf is one below SSE4.1, the build's baseline)
+                // (|v * inv| <= 32767 < 2^22), without a libm call (nearbyintf is one below SSE4.1, the baseline)
                 const float r = (v[j] * inv + ROUNDER) - ROUNDER;
-                const int64_t at = paired ? pair_order(g, j, s.g) : g * GROUP + j;
-                row[at] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, r)));
+                xq[j] = static_cast<int16_t>(std::min(XQ_MAX, std::max(-XQ_MAX, r)));
+                sum += xq[j];
             }
+            const int64_t half = GROUP / 2;
+            std::copy_n(xq, half, row + (paired ? pair_order(g, 0, s.g) : g * GROUP));
+            std::copy_n(xq + half, half, row + (paired ? pair_order(g, half, s.g) : g * GROUP + half));
             out.scale[m * s.g + g] = a;
-            out.sum[m * s.g + g] = sum;
+            out.sum[m * s.g + g] = a * static_cast<float>(sum);  // |sum| <= 32 * 32767 < 2^24: exact as a float
+            if (paired && g / 2 < pairs)
+                std::fill_n(out.lanes.data() + (m * pairs + g / 2) * 16 + (g & 1) * 8, 8, a);
         }
     }
     return out;
+}
+
+template <typename T>
+QuantizedX quantize_scalar(const T* x, Shape s, bool paired) {
+    return quantize_body(x, s, paired);
+}
+
+template <typename T>
+__attribute__((target("avx2,fma"))) QuantizedX quantize_avx2(const T* x, Shape s, bool paired) {
+    return quantize_body(x, s, paired);
+}
+
+// x rounded (quantize_body) by the code of the given ISA: AVX2's for AVX-512 too (its loops are 32 values long).
+template <typename T>
+QuantizedX quantize_rows(const T* x, Shape s, bool paired, int64_t isa) {
+    return isa == ISA_SCALAR ? quantize_scalar(x, s, paired) : quantize_avx2(x, s, paired);
 }
 
 // ---- scalar -------------------------------------------------------------------------------------------------------
@@ -111,7 +138,7 @@ void row_scalar(const Weights& w, int64_t n, const QuantizedX& x, Shape s, bool 
     const uint8_t* q = w.q + n * w.row_bytes;
     const float* d = w.scales + n * s.g;
     for (int64_t m = 0; m < s.m; ++m) {
-        const int8_t* xq = x.q.data() + m * s.k;
+        const int16_t* xq = x.q.data() + m * s.k;
         float acc = 0.f;
         for (int64_t g = 0; g < s.g; ++g) {
             int32_t dot = 0;
@@ -137,16 +164,47 @@ __attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-// The 32 weights of a group as bytes in x's order: 4-bit nibbles split (unsigned 0..15), or 8-bit |q| (unsigned).
-__attribute__((target("avx2,fma"))) inline __m256i load_group_avx2(const uint8_t* q, bool four_bit) {
-    if (four_bit) {
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-        return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
+// + sum_g mins[g] * (a * sum of xq over group g) to each row's accumulator, 8 groups a vector.
+__attribute__((target("avx2,fma"))) inline void add_mins_avx2(const float* mins, const QuantizedX& x, Shape s,
+                                                              __m256* acc) {
+    for (int64_t m = 0; m < s.m; ++m) {
+        const float* sums = x.sum.data() + m * s.g;
+        int64_t g = 0;
+        for (; g + 8 <= s.g; g += 8)
+            acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(mins + g), _mm256_loadu_ps(sums + g), acc[m]);
+        float rest = 0.f;
+        for (; g < s.g; ++g)
+            rest += mins[g] * sums[g];
+        acc[m] = _mm256_add_ps(acc[m], _mm256_set_ps(0, 0, 0, 0, 0, 0, 0, rest));
     }
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+}
+
+// acc[m] += the products of group g with row m's x: 4-bit nibbles or 8-bit bytes widened to int16, vpmaddwd.
+template <int ROWS>
+__attribute__((target("avx2,fma"))) inline void group_avx2(const uint8_t* q, const float* d, const QuantizedX& x,
+                                                           Shape s, int64_t g, bool four_bit, __m256* acc) {
+    __m256i w0, w1;  // q 0..15 and 16..31 of group g as int16
+    if (four_bit) {
+        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + g * 16)));
+        w0 = _mm256_and_si256(v, _mm256_set1_epi16(0x0F));
+        w1 = _mm256_srli_epi16(v, 4);
+    } else {
+        const __m256i wb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + g * GROUP));
+        w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(wb));
+        w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(wb, 1));
+    }
+    for (int64_t m = 0; m < (ROWS ? ROWS : s.m); ++m) {
+        const int16_t* xg = x.q.data() + m * s.k + g * GROUP;
+        const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg));
+        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + 16));
+        const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
+        const __m256 scale = _mm256_set1_ps(d[g] * x.scale[m * s.g + g]);
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[m]);
+    }
 }
 
 // ROWS: the row count when known at compile time (then the accumulators stay in registers: for_rows), 0 for s.m.
+// Two accumulator sets (even and odd groups): one row's fma chain does not wait on the previous group's.
 template <int ROWS>
 __attribute__((target("avx2,fma"))) void row_avx2(const Weights& w, int64_t n, const QuantizedX& x, Shape s,
                                                   bool four_bit, float* y) {
@@ -154,108 +212,125 @@ __attribute__((target("avx2,fma"))) void row_avx2(const Weights& w, int64_t n, c
         s.m = ROWS;
     const uint8_t* q = w.q + n * w.row_bytes;
     const float* d = w.scales + n * s.g;
-    const int64_t group_bytes = four_bit ? 16 : GROUP;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[MAX_ROWS];
-    for (int64_t m = 0; m < s.m; ++m)
-        acc[m] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < s.g; ++g) {
-        const __m256i wv = load_group_avx2(q + g * group_bytes, four_bit);
-        const __m256i wu = four_bit ? wv : _mm256_sign_epi8(wv, wv);
-        for (int64_t m = 0; m < s.m; ++m) {
-            __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + m * s.k + g * GROUP));
-            if (!four_bit)
-                xv = _mm256_sign_epi8(xv, wv);
-            const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xv), ones);
-            const __m256 scale = _mm256_set1_ps(d[g] * x.scale[m * s.g + g]);
-            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[m]);
-        }
+    __m256 acc0[MAX_ROWS];
+    __m256 acc1[MAX_ROWS];
+    for (int64_t m = 0; m < s.m; ++m) {
+        acc0[m] = _mm256_setzero_ps();
+        acc1[m] = _mm256_setzero_ps();
     }
-    if (four_bit)  // + sum_g mins[g] * (sum of x over group g), 8 groups a vector
-        for (int64_t m = 0; m < s.m; ++m) {
-            const float* mins = w.mins + n * s.g;
-            const float* sums = x.sum.data() + m * s.g;
-            int64_t g = 0;
-            for (; g + 8 <= s.g; g += 8)
-                acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(mins + g), _mm256_loadu_ps(sums + g), acc[m]);
-            float rest = 0.f;
-            for (; g < s.g; ++g)
-                rest += mins[g] * sums[g];
-            acc[m] = _mm256_add_ps(acc[m], _mm256_set_ps(0, 0, 0, 0, 0, 0, 0, rest));
-        }
+    int64_t g = 0;
+    for (; g + 2 <= s.g; g += 2) {
+        group_avx2<ROWS>(q, d, x, s, g, four_bit, acc0);
+        group_avx2<ROWS>(q, d, x, s, g + 1, four_bit, acc1);
+    }
+    if (g < s.g)
+        group_avx2<ROWS>(q, d, x, s, g, four_bit, acc0);
+    if (four_bit)
+        add_mins_avx2(w.mins + n * s.g, x, s, acc0);
     for (int64_t m = 0; m < s.m; ++m)
-        y[m] = hsum256(acc[m]);
+        y[m] = hsum256(_mm256_add_ps(acc0[m], acc1[m]));
 }
 
 // ---- AVX-512 VNNI -------------------------------------------------------------------------------------------------
 
 #define QGEMV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
 
-// Groups g and g + 1 as 64 unsigned bytes (4-bit: in pair_order; 8-bit: |q|) and, for 8 bits, the signs of q.
-QGEMV_AVX512 inline __m512i load_pair_avx512(const uint8_t* q, bool four_bit, __mmask64* negative) {
+// The 32 weights of a group as int16 in x's order: 4-bit 0..15 (nibbles split, then zero-extended), 8-bit -127..127.
+QGEMV_AVX512 inline __m512i load_group_avx512(const uint8_t* q, bool four_bit) {
     if (four_bit) {
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-        const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1);
-        return _mm512_and_si512(both, _mm512_set1_epi8(0x0F));
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+        const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+        return _mm512_cvtepu8_epi16(_mm256_and_si256(both, _mm256_set1_epi8(0x0F)));
     }
-    const __m512i wv = _mm512_loadu_si512(q);
-    *negative = _mm512_movepi8_mask(wv);
-    return _mm512_abs_epi8(wv);
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
 }
 
+// Groups g and g + 1 of 4-bit weights (32 bytes) as two int16 vectors in pair_order: the low nibbles of both groups
+// (q 0..15 of g, then of g + 1) and the high ones (q 16..31): one widening, one and, one shift for 64 weights.
+QGEMV_AVX512 inline void load_pair_q4(const uint8_t* q, __m512i* low, __m512i* high) {
+    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+    *low = _mm512_and_si512(v, _mm512_set1_epi16(0x0F));
+    *high = _mm512_srli_epi16(v, 4);
+}
+
+// 4-bit: pairs of groups (load_pair_q4), x in pair_order; two accumulator sets (even and odd pairs), so that one
+// row's fma chain does not wait on the previous pair's. 8-bit: one group a 512-bit vector.
+// acc[m] += the products of the pair of 4-bit groups at g (load_pair_q4) with row m's x (pair p = g / 2).
+template <int ROWS>
+QGEMV_AVX512 inline void pair_avx512(const uint8_t* q, const float* d, const QuantizedX& x, Shape s, int64_t g,
+                                     __m512* acc) {
+    __m512i low, high;
+    load_pair_q4(q + g * 16, &low, &high);
+    const __m512 dd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d[g]), _mm512_set1_ps(d[g + 1]));
+    const int64_t pairs = s.g / 2;
+    for (int64_t m = 0; m < (ROWS ? ROWS : s.m); ++m) {
+        const int16_t* xp = x.q.data() + m * s.k + g * GROUP;
+        __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), low, _mm512_loadu_si512(xp));
+        dot = _mm512_dpwssd_epi32(dot, high, _mm512_loadu_si512(xp + 32));
+        const __m512 a = _mm512_loadu_ps(x.lanes.data() + (m * pairs + g / 2) * 16);
+        acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), a), dd, acc[m]);
+    }
+}
+
+// acc[m] += the products of group g (8-bit, or a 4-bit group in order) with row m's x.
+template <int ROWS>
+QGEMV_AVX512 inline void group_avx512(const uint8_t* q, const float* d, const QuantizedX& x, Shape s, int64_t g,
+                                      bool four_bit, __m512* acc) {
+    const __m512i wv = load_group_avx512(q + g * (four_bit ? 16 : GROUP), four_bit);
+    for (int64_t m = 0; m < (ROWS ? ROWS : s.m); ++m) {
+        const __m512i xv = _mm512_loadu_si512(x.q.data() + m * s.k + g * GROUP);
+        const __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), wv, xv);
+        const __m512 scale = _mm512_set1_ps(d[g] * x.scale[m * s.g + g]);
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[m]);
+    }
+}
+
+// 4-bit: pairs of groups (pair_avx512), x in pair_order; 8-bit: one group a 512-bit vector. Two accumulator sets
+// (even and odd steps), so that one row's fma chain does not wait on the previous step's.
 template <int ROWS>
 QGEMV_AVX512 void row_avx512(const Weights& w, int64_t n, const QuantizedX& x, Shape s, bool four_bit, float* y) {
     if (ROWS)
         s.m = ROWS;
     const uint8_t* q = w.q + n * w.row_bytes;
     const float* d = w.scales + n * s.g;
-    const int64_t group_bytes = four_bit ? 16 : GROUP;
-    // 4-bit lanes (4 int32 each) alternate groups g, g + 1, g, g + 1; 8-bit lanes hold g then g + 1
-    const __mmask16 second = four_bit ? 0xF0F0 : 0xFF00;
-    const __m512i zero = _mm512_setzero_si512();
-    __m512 acc[MAX_ROWS];
-    for (int64_t m = 0; m < s.m; ++m)
-        acc[m] = _mm512_setzero_ps();
+    __m512 acc0[MAX_ROWS];
+    __m512 acc1[MAX_ROWS];
+    for (int64_t m = 0; m < s.m; ++m) {
+        acc0[m] = _mm512_setzero_ps();
+        acc1[m] = _mm512_setzero_ps();
+    }
     int64_t g = 0;
-    for (; g + 2 <= s.g; g += 2) {
-        __mmask64 negative = 0;
-        const __m512i wu = load_pair_avx512(q + g * group_bytes, four_bit, &negative);
-        for (int64_t m = 0; m < s.m; ++m) {
-            __m512i xv = _mm512_loadu_si512(x.q.data() + m * s.k + g * GROUP);
-            if (!four_bit)
-                xv = _mm512_mask_sub_epi8(xv, negative, zero, xv);
-            const __m512i dot = _mm512_dpbusd_epi32(zero, wu, xv);
-            const float* a = x.scale.data() + m * s.g + g;
-            const __m512 scale = _mm512_mask_blend_ps(second, _mm512_set1_ps(d[g] * a[0]), _mm512_set1_ps(d[g + 1] * a[1]));
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[m]);
+    if (four_bit) {
+        for (; g + 4 <= s.g; g += 4) {
+            pair_avx512<ROWS>(q, d, x, s, g, acc0);
+            pair_avx512<ROWS>(q, d, x, s, g + 2, acc1);
         }
-    }
-    __m256 tail[MAX_ROWS];
-    for (int64_t m = 0; m < s.m; ++m)
-        tail[m] = _mm256_setzero_ps();
-    if (g < s.g) {  // an odd group count: the last group, in order, 256 bits wide
-        const __m256i wv = load_group_avx2(q + g * group_bytes, four_bit);
-        const __m256i wu = four_bit ? wv : _mm256_sign_epi8(wv, wv);
-        for (int64_t m = 0; m < s.m; ++m) {
-            __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + m * s.k + g * GROUP));
-            if (!four_bit)
-                xv = _mm256_sign_epi8(xv, wv);
-            const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, xv);
-            tail[m] = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d[g] * x.scale[m * s.g + g]));
+        if (g + 2 <= s.g) {
+            pair_avx512<ROWS>(q, d, x, s, g, acc0);
+            g += 2;
         }
+        if (g < s.g)  // the last group of an odd count, in order
+            group_avx512<ROWS>(q, d, x, s, g, true, acc1);
+    } else {
+        for (; g + 2 <= s.g; g += 2) {
+            group_avx512<ROWS>(q, d, x, s, g, false, acc0);
+            group_avx512<ROWS>(q, d, x, s, g + 1, false, acc1);
+        }
+        if (g < s.g)
+            group_avx512<ROWS>(q, d, x, s, g, false, acc0);
     }
-    if (four_bit)  // + sum_g mins[g] * (sum of x over group g), 16 groups a vector, the rest masked
+    if (four_bit)  // + sum_g mins[g] * (a * sum of xq over group g), 16 groups a vector, the rest masked
         for (int64_t m = 0; m < s.m; ++m) {
             const float* mins = w.mins + n * s.g;
             const float* sums = x.sum.data() + m * s.g;
             for (int64_t h = 0; h < s.g; h += 16) {
                 const __mmask16 live = s.g - h >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (s.g - h)) - 1);
                 const __m512 a = _mm512_maskz_loadu_ps(live, mins + h);
-                acc[m] = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(live, sums + h), acc[m]);
+                acc0[m] = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(live, sums + h), acc0[m]);
             }
         }
     for (int64_t m = 0; m < s.m; ++m)
-        y[m] = _mm512_reduce_add_ps(acc[m]) + hsum256(tail[m]);
+        y[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[m], acc1[m]));
 }
 
 // ---- the operator -------------------------------------------------------------------------------------------------
@@ -324,7 +399,7 @@ struct Avx2Rows {
 
 template <typename T>
 void run(const T* x, const Weights& w, Shape s, int64_t n, bool four_bit, int64_t isa, T* out) {
-    const QuantizedX xq = quantize_rows(x, s, four_bit && isa == ISA_AVX512);
+    const QuantizedX xq = quantize_rows(x, s, four_bit && isa == ISA_AVX512, isa);
     const int64_t grain = std::max<int64_t>(1, 16384 / (w.row_bytes * s.m));
     const RowFn kernel_avx512 = for_rows<Avx512Rows>(s.m);
     const RowFn kernel_avx2 = for_rows<Avx2Rows>(s.m);

@@ -4,15 +4,15 @@
 bfloat16 x (read as they are: no conversion around the call), W stored in groups of GROUP values along K:
 - 4 bits: ``Q4Weight``: q 0..15 packed two to a byte, w = q * scale + min per group (float32 scale and min);
 - 8 bits: ``Q8Weight``: int8 q in -127..127, w = q * scale per group.
-x is quantized to int8 per row per group on the fly and each group's dot product is an integer sum (the C++ file's
-header gives the scheme and the error bound). The instruction set is an argument (``isa_for`` picks it from the
-CPU's flags), not a compile flag: one library carries the scalar, AVX2 and AVX-512 VNNI code, each function compiled
-for its own target, so a test can run the AVX2 code on an AVX-512 machine and an AVX2-only CPU never meets an AVX-512
-instruction.
+x is rounded to int16 per row per group on the fly and each group's dot product is an integer sum (the C++ file's
+header gives the scheme; rounding_bound, the error bound). The instruction set is an argument (``isa_for`` picks it
+from the CPU's flags), not a compile flag: one library carries the scalar, AVX2 and AVX-512 VNNI code, each function
+compiled for its own target, so a test can run the AVX2 code on an AVX-512 machine and an AVX2-only CPU never meets an
+AVX-512 instruction.
 
 Build: kernels.cpp_build compiles it on first use into ``$RADIXSERVE_CACHE/kernels`` as
 ``radixserve_cpu_qgemv-<key>.so``. A build or load failure logs one warning and ``load_op`` returns None: the caller
-keeps torch's kernels. It is off unless ``RADIXSERVE_CPU_QGEMV=1`` (read at import) or ``ENABLED = True``.
+keeps torch's kernels. ``RADIXSERVE_CPU_QGEMV=0`` (read at import) or ``ENABLED = False`` turns it off.
 ``python -m kernels.cpu_qgemv`` builds it (if needed) and prints where and how long.
 """
 
@@ -35,12 +35,13 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")
 NAME = "radixserve_cpu_qgemv"
 # No -march: each ISA's functions carry their own target attribute. -fopenmp: at::parallel_for's OpenMP backend.
-CFLAGS = ("-O3", "-fopenmp")
-# Opt-in (RADIXSERVE_CPU_QGEMV=1): measured on SmolLM2, the activations' int8 rounding costs top-1 agreement with
-# float32 that torch's kernels keep (README, "Quantized decode GEMV").
-ENABLED = os.environ.get("RADIXSERVE_CPU_QGEMV", "0") == "1"
+# -ffp-contract=off: x's rounding (v * inv + 1.5 * 2^23) must not fuse into an fma (one rounding instead of two).
+CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
+# On by default; RADIXSERVE_CPU_QGEMV=0 turns it off (Linear then keeps torch's kernels for every row count).
+ENABLED = os.environ.get("RADIXSERVE_CPU_QGEMV", "1") != "0"
 GROUP = 32  # values of K per scale (and min): GGUF's Q4_0 / Q4_1 / Q8_0 block, a Q4_K sub-block
 MAX_ROWS = 16  # the most rows of x one call takes
+XQ_MAX = 32767  # x is rounded per group to int16: xq = round(x / a), a = max |x| / XQ_MAX
 ISAS = {"scalar": 0, "avx2": 1, "avx512_vnni": 2}
 AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
 AVX2_FLAGS = frozenset({"avx2", "fma"})
@@ -91,6 +92,18 @@ def unpack_q4(packed: torch.Tensor) -> torch.Tensor:
     return torch.cat([g & 15, g >> 4], dim=2).reshape(n, half * 2)
 
 
+def rounding_bound(x: torch.Tensor, dequantized: torch.Tensor) -> torch.Tensor:
+    """The bound on |qgemv(x, w) - x @ dequantized.T| that x's int16 rounding allows, float64 [M, N], before float32
+    rounding: sum over groups g of a_g / 2 * sum_j |w[n, g * 32 + j]|, a_g = max |x[m, group g]| / XQ_MAX (each x
+    moves by at most a_g / 2; kernels/cpu_qgemv.cpp's header). x [M, K] float32 or bfloat16; dequantized float
+    [N, K] (runtime.model.quant_groups.dequantize)."""
+    m, k = x.shape
+    n = dequantized.shape[0]
+    a = x.double().reshape(m, k // GROUP, GROUP).abs().amax(-1) / XQ_MAX
+    wabs = dequantized.double().abs().reshape(n, k // GROUP, GROUP).sum(-1)
+    return a @ wabs.T / 2
+
+
 def source_bytes() -> bytes:
     """The kernel's source as built."""
     return SOURCE.read_bytes()
@@ -128,8 +141,8 @@ def qgemv(x: torch.Tensor, w: Q4Weight | Q8Weight, isa: str) -> torch.Tensor:
     """x [M, K] @ W.T -> [M, N] in x.dtype, W the group-quantized weight w (Q4Weight: 4 bits, Q8Weight: 8 bits).
 
     x: float32 or bfloat16, contiguous, 1 <= M <= MAX_ROWS; isa: a key of ISAS the CPU supports (isa_for). Builds the
-    op on first use. Accumulates in float32; the error against x @ dequantized(W).T is x's int8 rounding per group
-    (bound: kernels/cpu_qgemv.cpp). Mutates nothing.
+    op on first use. Accumulates in float32; the error against x @ dequantized(W).T is x's int16 rounding per group
+    (rounding_bound) and float32 rounding. Mutates nothing.
     Raises: KernelInputError for shapes, dtypes or an isa the op does not take; RuntimeError when the op is
     unavailable (load_op() is None: check it first).
     """

@@ -112,27 +112,31 @@ def int8_linear(x: torch.Tensor, w: Int8Weight, bias: torch.Tensor | None = None
 
 
 class Linear(torch.nn.Module):
-    """y = x @ weight.T + bias, with an optional int8 or int4 copy of weight for inputs of few rows.
+    """y = x @ weight.T + bias, with optional int8 or int4 copies of weight for inputs of few rows.
 
-    weight [N, K] (kept: it serves inputs above the row limit, and may be shared, e.g. a tied embedding); bias [N] or
-    None. The copy runs one of two kernels (attribute `kernel`):
-    - "qgemv" (kernels.cpu_qgemv, opt-in: when enabled and built, K % 32 == 0, weight float32 or bfloat16): groups of 32
-      with float32 scales (runtime.model.quant_groups): int4 qweight uint8 [N, K / 2], scales and mins [N, K / 32]
-      (quantize_q4: a GGUF 4-bit block's own grid); int8 qweight int8 [N, K], scales [N, K / 32] (quantize_q8);
-      x is read in its own dtype; row limit QGEMV_MAX_ROWS.
+    weight [N, K] (kept: it serves inputs above the row limits, and may be shared, e.g. a tied embedding); bias [N] or
+    None. The copy for the fewest rows runs one of two kernels (attribute `kernel`):
+    - "qgemv" (kernels.cpu_qgemv, the default: when enabled and built, K % 32 == 0, weight float32 or bfloat16): groups
+      of 32 with float32 scales (runtime.model.quant_groups): int4 qweight uint8 [N, K / 2], scales and mins
+      [N, K / 32] (quantize_q4: a GGUF 4-bit block's own grid); int8 qweight int8 [N, K], scales [N, K / 32]
+      (quantize_q8); x is read in its own dtype; row limit QGEMV_MAX_ROWS for the CPU's ISA (where it beats torch's
+      kernel; where that is 0, as on the scalar code, the op is not used). Beside it,
+      torch's copy (torch_qweight, torch_scales) serves the rows above that limit up to torch's (torch_rows).
     - "torch" (otherwise): int8 per output channel, qweight int8 [N, K], scales [N] (KERNEL_DTYPE), kernel
       int8_linear; int4 qweight packed for this CPU, scales [K / 32, N, 2] (scale and zero per group), kernel
       runtime.model.quant_int4.int4_linear; row limits INT8_MAX_ROWS / INT4_MAX_ROWS.
-    Buffers qweight, scales, mins are not in the state dict (derived from weight at construction) and None when not
-    quantized. forward sends inputs of at most max_rows rows (the kernel's limit for weight.dtype unless given) to
-    the copy, larger ones to F.linear on the dense weight. A weight neither kernel can take (int8: K not a multiple of
-    INT8_K_MULTIPLE; int4: K not a multiple of 32 or N of 16) stays dense only (qweight None, scheme "none").
-    Outputs keep x's dtype. Raises ValueError for an unknown quantization.
+    Buffers (not in the state dict: derived from weight at construction) are None when not built. forward sends inputs
+    of at most max_rows rows (the kernel's limit for weight.dtype unless given) to the first copy, up to torch_rows to
+    torch's copy beside the op's, larger ones to F.linear on the dense weight. A weight neither kernel can take (int8:
+    K not a multiple of INT8_K_MULTIPLE; int4: K not a multiple of 32 or N of 16) stays dense only (qweight None,
+    scheme "none"). Outputs keep x's dtype. Raises ValueError for an unknown quantization.
     """
 
     qweight: torch.Tensor | None
     scales: torch.Tensor | None
     mins: torch.Tensor | None
+    torch_qweight: torch.Tensor | None
+    torch_scales: torch.Tensor | None
 
     def __init__(
         self,
@@ -147,28 +151,33 @@ class Linear(torch.nn.Module):
         self.register_buffer("qweight", None, persistent=False)
         self.register_buffer("scales", None, persistent=False)
         self.register_buffer("mins", None, persistent=False)
+        self.register_buffer("torch_qweight", None, persistent=False)
+        self.register_buffer("torch_scales", None, persistent=False)
         self.set_scheme(quantization, max_rows)
 
     def set_scheme(self, quantization: str, max_rows: int | None = None) -> None:
-        """(Re)build the quantized copy of weight for `quantization` ("none", "int8" or "int4"); mutates qweight,
-        scales, mins, scheme, kernel, isa and max_rows (see the class docstring); builds the qgemv op on first use.
-        Raises ValueError for an unknown quantization."""
+        """(Re)build the quantized copies of weight for `quantization` ("none", "int8" or "int4"); mutates qweight,
+        scales, mins, torch_qweight, torch_scales, scheme, kernel, isa, max_rows and torch_rows (see the class
+        docstring); builds the qgemv op on first use. Raises ValueError for an unknown quantization."""
         if quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization {quantization!r}; supported: {list(QUANTIZATIONS)}")
         self.kernel = "torch"
         self.isa = cpu_qgemv.isa_for(cpu_flags())
-        limits = INT8_MAX_ROWS
         w = self.weight.detach()
-        copy: tuple[torch.Tensor, ...] = ()
-        if quantization != "none" and _qgemv_takes(w):
+        torch_copy, torch_limits = _torch_copy(w, quantization)
+        copy: tuple[torch.Tensor, ...] = torch_copy
+        limits = torch_limits
+        self.torch_qweight = None
+        self.torch_scales = None
+        self.torch_rows = 0
+        if quantization != "none" and QGEMV_MAX_ROWS[self.isa][quantization].get(w.dtype, 0) and _qgemv_takes(w):
             self.kernel = "qgemv"
-            limits = QGEMV_MAX_ROWS[quantization]
+            limits = QGEMV_MAX_ROWS[self.isa][quantization]
             copy = tuple(quantize_q4(w) if quantization == "int4" else quantize_q8(w))
-        elif quantization == "int8" and w.shape[-1] % INT8_K_MULTIPLE == 0:
-            copy = tuple(quantize_int8(w, KERNEL_DTYPE))
-        elif quantization == "int4" and int4_fits(w):
-            copy = tuple(pack_int4(quantize_int4(w))[:2])
-            limits = INT4_MAX_ROWS
+            if torch_copy:
+                self.torch_qweight = torch_copy[0]
+                self.torch_scales = torch_copy[1]
+                self.torch_rows = torch_limits.get(w.dtype, 0)
         self.qweight = copy[0] if copy else None
         self.scales = copy[1] if copy else None
         self.mins = copy[2] if len(copy) == 3 else None
@@ -182,19 +191,30 @@ class Linear(torch.nn.Module):
         if self.kernel == "qgemv":
             self.max_rows = min(self.max_rows, cpu_qgemv.MAX_ROWS)
 
+    def _torch_weight(self, scheme: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """torch's copy (qweight, scales) when its scheme is `scheme`: the first copy (kernel "torch") or the one
+        beside the op's."""
+        if self.scheme != scheme:
+            return None
+        if self.kernel == "torch" and self.qweight is not None and self.scales is not None:
+            return self.qweight, self.scales
+        if self.torch_qweight is not None and self.torch_scales is not None:
+            return self.torch_qweight, self.torch_scales
+        return None
+
     @property
     def int8(self) -> Int8Weight | None:
-        """The torch kernel's int8 copy (qweight int8 [N, K], scales [N]), or None (not int8, or the qgemv op)."""
-        if self.scheme != "int8" or self.kernel != "torch" or self.qweight is None or self.scales is None:
-            return None
-        return Int8Weight(self.qweight, self.scales)
+        """torch's int8 copy (qweight int8 [N, K], scales [N]), or None (not int8, or not built)."""
+        copy = self._torch_weight("int8")
+        return None if copy is None else Int8Weight(*copy)
 
     @property
     def int4(self) -> Int4Weight | None:
-        """The torch kernel's int4 copy (qweight uint8 [N, K / 2], scales_and_zeros [K / 32, N, 2]), or None."""
-        if self.scheme != "int4" or self.kernel != "torch" or self.qweight is None or self.scales is None:
+        """torch's int4 copy (qweight uint8 [N, K / 2], scales_and_zeros [K / 32, N, 2]), or None."""
+        copy = self._torch_weight("int4")
+        if copy is None:
             return None
-        return Int4Weight(self.qweight, self.scales, self.weight.shape[-1] // self.scales.shape[0])
+        return Int4Weight(copy[0], copy[1], self.weight.shape[-1] // copy[1].shape[0])
 
     @property
     def groups(self) -> cpu_qgemv.Q4Weight | cpu_qgemv.Q8Weight | None:
@@ -205,12 +225,14 @@ class Linear(torch.nn.Module):
             return cpu_qgemv.Q4Weight(self.qweight, self.scales, self.mins)
         return cpu_qgemv.Q8Weight(self.qweight, self.scales)
 
-    def dequantized(self) -> torch.Tensor:
-        """What inputs of at most max_rows rows are multiplied by: float32 [N, K], the dequantized copy (weight
-        itself when not quantized). Allocates; mutates nothing."""
+    def dequantized(self, rows: int = 1) -> torch.Tensor:
+        """What an input of `rows` rows is multiplied by: float32 [N, K], the dequantized copy that serves it (the
+        op's, or torch's), or weight itself when no copy does. Allocates; mutates nothing."""
         groups = self.groups
-        if groups is not None:
+        if groups is not None and rows <= self.max_rows:
             return dequantize(groups)
+        if not self.uses_quantized(rows):
+            return self.weight.detach().float()
         if self.int8 is not None:
             return dequantize_int8(self.int8.qweight, self.int8.scales)
         if self.int4 is not None:  # the packed layout depends on the CPU: quantize again (deterministic)
@@ -218,15 +240,16 @@ class Linear(torch.nn.Module):
         return self.weight.detach().float()
 
     def uses_quantized(self, rows: int) -> bool:
-        """True when an input of `rows` rows (tokens) runs the quantized copy."""
-        return self.qweight is not None and rows <= self.max_rows
+        """True when an input of `rows` rows (tokens) runs a quantized copy."""
+        return self.qweight is not None and rows <= max(self.max_rows, self.torch_rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., K] -> [..., N] in x.dtype; the quantized kernel when uses_quantized(rows of x), else F.linear."""
+        """x [..., K] -> [..., N] in x.dtype; the op up to max_rows rows, torch's quantized kernel up to its limit,
+        else F.linear (class docstring)."""
         rows = x.numel() // x.shape[-1]
         if rows and self.uses_quantized(rows):
             groups = self.groups
-            if groups is not None:
+            if groups is not None and rows <= self.max_rows:
                 return group_linear(x, groups, self.isa, self.bias)
             w4 = self.int4
             if w4 is not None:
@@ -240,7 +263,18 @@ class Linear(torch.nn.Module):
         """in/out features, bias, and the quantized row limit and kernel when quantized."""
         n, k = self.weight.shape
         q = f", {self.scheme} ({self.kernel}) up to {self.max_rows} rows" if self.qweight is not None else ""
+        q += f", torch's up to {self.torch_rows}" if self.torch_rows else ""
         return f"in_features={k}, out_features={n}, bias={self.bias is not None}{q}"
+
+
+def _torch_copy(weight: torch.Tensor, quantization: str) -> tuple[tuple[torch.Tensor, ...], dict[torch.dtype, int]]:
+    """torch's kernel's copy of weight [N, K] for `quantization` ((qweight, scales), or () when its kernel cannot take
+    the shape) and that kernel's row limits."""
+    if quantization == "int8" and weight.shape[-1] % INT8_K_MULTIPLE == 0:
+        return tuple(quantize_int8(weight, KERNEL_DTYPE)), INT8_MAX_ROWS
+    if quantization == "int4" and int4_fits(weight):
+        return tuple(pack_int4(quantize_int4(weight))[:2]), INT4_MAX_ROWS
+    return (), INT8_MAX_ROWS
 
 
 def _qgemv_takes(weight: torch.Tensor) -> bool:

@@ -125,13 +125,17 @@ def dequantize(w: Q4Weight | Q8Weight) -> torch.Tensor:
     return out.reshape(n, k)
 
 
-# The most rows (tokens) of a step that take the qgemv op, by scheme and model (activation) dtype: the largest row
-# count at which the op still beat F.linear (float32 or bfloat16) on cold SmolLM2 qkv_proj and down_proj shapes, one
-# thread, AVX-512 VNNI (benchmarks/qgemv.py; figures in README, "Quantized decode GEMV"). float16 models do not take
-# the op (it reads float32 and bfloat16 x only).
-QGEMV_MAX_ROWS: dict[str, dict[torch.dtype, int]] = {
-    "int4": {torch.float32: 12, torch.bfloat16: 4},
-    "int8": {torch.float32: 12, torch.bfloat16: 8},
+# The most rows (tokens) of a step that take the qgemv op, by ISA (kernels.cpu_qgemv.isa_for), scheme and model
+# (activation) dtype: the largest row count at which the op beat torch's int4pack / int8pack kernel on the cold SmolLM2
+# shapes, one thread (benchmarks/qgemv.py, crossing["torch"]; figures in README, "Quantized decode GEMV"); above it
+# Linear runs torch's kernel. On AVX-512 the op's int4 ties torch's at one row and loses from two (it is kept at one
+# row for its accuracy and the file's own grid); on AVX2 torch's kernels are slower, the op wins up to 4 rows.
+# The scalar code is not faster than torch's: 0 (the op is not used). float16 models do not take the op (it reads
+# float32 and bfloat16 x only).
+QGEMV_MAX_ROWS: dict[str, dict[str, dict[torch.dtype, int]]] = {
+    "avx512_vnni": {"int4": {torch.float32: 1, torch.bfloat16: 1}, "int8": {torch.float32: 1, torch.bfloat16: 2}},
+    "avx2": {"int4": {torch.float32: 4, torch.bfloat16: 4}, "int8": {torch.float32: 4, torch.bfloat16: 4}},
+    "scalar": {"int4": {}, "int8": {}},
 }
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from kernels import cpu_qgemv
 from runtime.model.gguf_convert import GGUF_TYPES_FILE
 from runtime.model.quant import QUANTIZATIONS, Linear
 
@@ -27,10 +26,11 @@ logger = logging.getLogger(__name__)
 
 AUTO = "auto"
 CHOICES: tuple[str, ...] = (AUTO, *QUANTIZATIONS)
-# The scheme that keeps a GGUF type's precision: 4-bit types int4, 5-8-bit types int8, float types none. Q4_K is int4
-# on the qgemv op only (runtime.model.quant_groups stores each group on the file's own grid); torch's int4 path
-# re-quantizes each group by its min and max, which lands on Q4_K's grid only when the group's codes reach 0 and 15,
-# so where the op is not built Q4_K runs int8 (FALLBACK_SCHEME): measured agreement said so (README, "GGUF types").
+# The scheme that keeps a GGUF type's precision: 4-bit types int4, 5-8-bit types int8, float types none. Q4_K runs
+# int8 (FALLBACK_SCHEME): the qgemv op would store its groups on their own grid (runtime.model.quant_groups), but the op
+# serves only steps of few rows (QGEMV_MAX_ROWS) and above them torch's int4 path re-quantizes each group by its min
+# and max, which lands on Q4_K's grid only when the group's codes reach 0 and 15: measured agreement said int8 (README,
+# "GGUF types").
 GGUF_TYPE_SCHEME: dict[str, str] = {
     "Q4_0": "int4",
     "Q4_1": "int4",
@@ -44,7 +44,7 @@ GGUF_TYPE_SCHEME: dict[str, str] = {
     "F16": "none",
     "BF16": "none",
 }
-FALLBACK_SCHEME: dict[str, str] = {"Q4_K": "int8"}  # GGUF types whose scheme without the qgemv op differs
+FALLBACK_SCHEME: dict[str, str] = {"Q4_K": "int8"}  # GGUF types run at more bits than they store
 _PRECISION = {"int4": 0, "int8": 1, "none": 2}
 # The weights a fused linear of runtime.model.models.decoder is built from, by its module name (Phi-3's checkpoint
 # stores them fused already).
@@ -138,10 +138,8 @@ class QuantPlan:
 
 
 def _type_scheme(gguf_type: str) -> str:
-    """GGUF_TYPE_SCHEME[gguf_type], or FALLBACK_SCHEME's where the qgemv op is not built (builds it on first use)."""
-    if gguf_type in FALLBACK_SCHEME and cpu_qgemv.load_op() is None:
-        return FALLBACK_SCHEME[gguf_type]
-    return GGUF_TYPE_SCHEME[gguf_type]
+    """FALLBACK_SCHEME[gguf_type] where it has one, else GGUF_TYPE_SCHEME[gguf_type]."""
+    return FALLBACK_SCHEME.get(gguf_type, GGUF_TYPE_SCHEME[gguf_type])
 
 
 NO_QUANTIZATION = QuantPlan("none")  # every linear dense (never mutated)

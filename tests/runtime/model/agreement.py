@@ -95,23 +95,27 @@ def assert_within_reference(mine: Agreement, reference: Agreement) -> None:
     assert_flip_count(mine, reference)
 
 
-def _as_quantized(weight: torch.Tensor, scheme: str) -> torch.Tensor:
-    """What runtime.model.quant.Linear(weight, quantization=scheme) multiplies for few rows, float32 [N, K]: its
-    dequantized copy (qgemv groups, or torch's int8 / int4 copy where the op is not built), or weight itself where
-    no kernel can take its shape (Linear keeps it dense)."""
-    return quant.Linear(weight.detach(), quantization=scheme).dequantized()
+def _as_quantized(weight: torch.Tensor, scheme: str, rows: int = 1) -> torch.Tensor:
+    """What runtime.model.quant.Linear(weight, quantization=scheme) multiplies for steps of `rows` rows, float32
+    [N, K]: the dequantized copy that serves them (the qgemv op's groups, or torch's int8 / int4 copy above the op's
+    row limit or where the op is off), or weight itself where no kernel takes them (Linear keeps it dense)."""
+    return quant.Linear(weight.detach(), quantization=scheme).dequantized(rows)
 
 
 @torch.inference_mode()
 def transformers_logits(
-    sequences: list[list[int]], dtype: torch.dtype, quantization: str = "none", weight_dtype: torch.dtype | None = None
+    sequences: list[list[int]],
+    dtype: torch.dtype,
+    quantization: str = "none",
+    weight_dtype: torch.dtype | None = None,
+    rows: int = 1,
 ) -> list[torch.Tensor]:
     """transformers' SmolLM2 in dtype, one forward per sequence: float32 logits [len(seq), vocab] at every position.
 
     quantization "int8" / "int4" first replaces each linear weight, loaded in weight_dtype (the ModelRunner's model
-    dtype; default dtype), by what our quantized linears multiply for few rows (_as_quantized; under "int4" the head
-    is int8, as runtime.model.models.decoder builds it), untying the head from the embedding table, then casts the
-    model to dtype: the same quantized model at the reference's precision.
+    dtype; default dtype), by what our quantized linears multiply for steps of `rows` rows (_as_quantized; under
+    "int4" the head is int8, as runtime.model.models.decoder builds it), untying the head from the embedding table,
+    then casts the model to dtype: the same quantized model at the reference's precision.
     """
     from transformers import AutoModelForCausalLM
 
@@ -124,8 +128,9 @@ def transformers_logits(
             projections = [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]
             projections += [layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj]
             for linear in projections:
-                linear.weight = torch.nn.Parameter(_as_quantized(linear.weight, quantization), requires_grad=False)
-        head = _as_quantized(model.lm_head.weight, "int8")
+                weight = _as_quantized(linear.weight, quantization, rows)
+                linear.weight = torch.nn.Parameter(weight, requires_grad=False)
+        head = _as_quantized(model.lm_head.weight, "int8", rows)
         model.lm_head.weight = torch.nn.Parameter(head, requires_grad=False)
     model = model.to(dtype)
     return [model(torch.tensor([ids])).logits[0].float() for ids in sequences]

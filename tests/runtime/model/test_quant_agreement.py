@@ -116,7 +116,7 @@ def test_int8_model_agrees_with_float32_on_top1_of_real_text(
     head = runner.model.lm_head
     assert head.scheme == "int8" and head.uses_quantized(STEP_ROWS)  # every projection reads int8
     mine = torch.cat(teacher_forced_logits(runner, passage_ids))
-    reference = _predicting(transformers_logits(passage_ids, torch.bfloat16, "int8"))
+    reference = _predicting(transformers_logits(passage_ids, torch.bfloat16, "int8", rows=STEP_ROWS))
     _judge("int8", mine, reference, float32_logits, dense_bf16_error, record_property)
 
 
@@ -131,5 +131,5 @@ def test_int4_model_agrees_with_float32_on_top1_of_real_text(
     assert layer.mlp.down_proj.uses_quantized(STEP_ROWS) and head.uses_quantized(STEP_ROWS)
     mine = torch.cat(teacher_forced_logits(runner, passage_ids))
     weight_dtype = getattr(torch, dtype)  # the runner quantizes its weights as loaded in its dtype
-    reference = _predicting(transformers_logits(passage_ids, torch.bfloat16, "int4", weight_dtype))
+    reference = _predicting(transformers_logits(passage_ids, torch.bfloat16, "int4", weight_dtype, STEP_ROWS))
     _judge(f"int4_{dtype}", mine, reference, float32_logits, dense_bf16_error, record_property)

@@ -1,7 +1,8 @@
 """Group quantization for the qgemv op (runtime/model/quant_groups.py) and Linear on it (runtime/model/quant.py):
 GGUF 4-bit blocks (Q4_0, Q4_1, Q4_K sub-blocks) and Q8_0 blocks stored again on their own grid, off-grid weights
 rounded once; a Linear on the op equals the float product of its dequantized weight within the op's bound, sends
-more rows than its limit to the dense weight, and keeps torch's kernels when the op is off."""
+more rows than its limit to torch's kernel (on torch's own copy) and more than torch's to the dense weight, and keeps
+torch's kernels when the op is off."""
 
 from __future__ import annotations
 
@@ -11,16 +12,16 @@ import torch.nn.functional as F
 
 from kernels import cpu_qgemv
 from kernels.cpu_qgemv import GROUP, Q4Weight, Q8Weight
-from runtime.model.quant import Linear
+from runtime.model.quant import INT8_MAX_ROWS, Linear, int8_linear
 from runtime.model.quant_groups import QGEMV_MAX_ROWS, dequantize, quantize_q4, quantize_q8
-from runtime.model.quant_int4 import dequantize_int4, quantize_int4
+from runtime.model.quant_int4 import INT4_MAX_ROWS, dequantize_int4, int4_linear, quantize_int4
 
 N, K = 48, 256
 
 
 @pytest.fixture(autouse=True)
 def _qgemv_on(monkeypatch):
-    monkeypatch.setattr(cpu_qgemv, "ENABLED", True)  # opt-in in the product (kernels/cpu_qgemv.py)
+    monkeypatch.setattr(cpu_qgemv, "ENABLED", True)  # the default, unless RADIXSERVE_CPU_QGEMV=0
 
 
 G = K // GROUP
@@ -87,12 +88,8 @@ def test_q8_groups_round_trip_q8_0_blocks():
 
 def op_bound(x: torch.Tensor, w: Q4Weight | Q8Weight) -> torch.Tensor:
     """kernels/cpu_qgemv.cpp's bound on |y - x @ dequantize(w).T|, float64 [M, N], plus float32 rounding."""
-    m, k = x.shape
-    a = x.double().reshape(m, k // GROUP, GROUP).abs().amax(-1) / 127
-    codes = cpu_qgemv.unpack_q4(w.qweight) if isinstance(w, Q4Weight) else w.qweight
-    qabs = codes.double().abs().reshape(codes.shape[0], k // GROUP, GROUP).sum(-1)
-    bound = (w.scales.double().abs()[None] * a[:, None] / 2 * qabs[None]).sum(-1)
-    return bound + (x.double().abs() @ dequantize(w).double().abs().T) * 2**-20
+    deq = dequantize(w)
+    return cpu_qgemv.rounding_bound(x, deq) + (x.double().abs() @ deq.double().abs().T) * 2**-20
 
 
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
@@ -101,23 +98,33 @@ def test_linear_on_the_op_equals_the_dequantized_product_within_the_bound(quanti
     gen = torch.Generator().manual_seed(5)
     weight = (torch.randn(N, K, generator=gen) * 0.05).to(dtype)
     lin = Linear(weight, torch.randn(N, generator=gen).to(dtype), quantization)
-    limit = QGEMV_MAX_ROWS[quantization][dtype]
+    limit = QGEMV_MAX_ROWS[lin.isa][quantization][dtype]
     assert lin.kernel == "qgemv" and lin.scheme == quantization and lin.max_rows == limit
-    assert lin.int8 is None and lin.int4 is None
+    torch_copy = lin.int4 if quantization == "int4" else lin.int8  # torch's copy serves the rows above the op's
+    assert torch_copy is not None and (lin.int8 if quantization == "int4" else lin.int4) is None
+    torch_limit = (INT4_MAX_ROWS if quantization == "int4" else INT8_MAX_ROWS)[dtype]
+    assert lin.torch_rows == torch_limit > limit
     groups = lin.groups
     assert isinstance(groups, Q4Weight if quantization == "int4" else Q8Weight)
     assert groups.scales.dtype == torch.float32
-    for rows in (1, 3, limit):
+    for rows in sorted({1, limit}):
         x = torch.randn(2, rows, K, generator=gen).to(dtype)[0]  # [rows, K]: the op reads x in its own dtype
         y = lin(x)
         assert y.dtype == dtype and y.shape == (rows, N)
-        exact = x.double() @ lin.dequantized().double().T + lin.bias.double()
-        slack = 2**-7 * exact.abs() if dtype == torch.bfloat16 else 0  # the bfloat16 output's rounding
+        assert torch.equal(lin.dequantized(rows), dequantize(groups))
+        exact = x.double() @ lin.dequantized(rows).double().T + lin.bias.double()
+        product = exact - lin.bias.double()
+        # bfloat16: the op's output and the bias added to it are each rounded to 8 bits (half an ulp: 2^-9 relative)
+        slack = 2**-8 * (product.abs() + exact.abs()) if dtype == torch.bfloat16 else 0
         assert bool(((y.double() - exact).abs() <= op_bound(x, groups) + slack).all()), rows
-    lin.weight.data.zero_()  # the dense copy gives the bias alone: inputs above the limit go there
-    x = torch.randn(limit + 1, K, generator=gen).to(dtype)
-    assert not lin.uses_quantized(limit + 1) and torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))
-    assert lin.uses_quantized(limit) and not torch.equal(lin(x[:limit]), F.linear(x[:limit], lin.weight, lin.bias))
+    x = torch.randn(torch_limit + 1, K, generator=gen).to(dtype)
+    above = x[: limit + 1]  # torch's kernel: its output equals int4_linear / int8_linear's on its copy, bit for bit
+    expect = int4_linear(above, lin.int4, lin.bias) if lin.int4 is not None else int8_linear(above, lin.int8, lin.bias)
+    assert lin.uses_quantized(limit + 1) and torch.equal(lin(above), expect)
+    assert not torch.equal(lin.dequantized(limit + 1), lin.dequantized(limit))
+    lin.weight.data.zero_()  # the dense copy gives the bias alone: inputs above torch's limit go there
+    assert not lin.uses_quantized(torch_limit + 1) and torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))
+    assert lin.uses_quantized(torch_limit) and not torch.equal(lin(x[:-1]), F.linear(x[:-1], lin.weight, lin.bias))
 
 
 def test_linear_keeps_torch_kernels_when_the_op_is_off_or_cannot_take_the_weight(monkeypatch):
@@ -130,12 +137,13 @@ def test_linear_keeps_torch_kernels_when_the_op_is_off_or_cannot_take_the_weight
     assert torch.equal(lin.dequantized(), expect)
 
 
-def test_isa_follows_the_flags_at_construction(monkeypatch):
+def test_isa_and_row_limit_follow_the_flags_at_construction(monkeypatch):
     monkeypatch.setenv("RADIXSERVE_CPU_FLAGS", "avx2 fma")
     lin = Linear(torch.randn(32, 64), quantization="int8")
     x = torch.randn(2, 64)
-    assert lin.isa == "avx2"
+    assert lin.isa == "avx2" and lin.kernel == "qgemv" and lin.max_rows == QGEMV_MAX_ROWS["avx2"]["int8"][torch.float32]
+    expect = x.double() @ lin.dequantized(2).double().T
+    assert bool(((lin(x).double() - expect).abs() <= op_bound(x, lin.groups)).all())  # the AVX2 code ran
     monkeypatch.setenv("RADIXSERVE_CPU_FLAGS", "sse2")
-    scalar = Linear(lin.weight.detach(), quantization="int8")
-    assert scalar.isa == "scalar"
-    torch.testing.assert_close(scalar(x), lin(x), rtol=1e-5, atol=1e-5)  # the same math, another summation order
+    scalar = Linear(lin.weight.detach(), quantization="int8")  # the op's scalar code is no faster: torch's kernels
+    assert scalar.isa == "scalar" and scalar.kernel == "torch" and scalar.groups is None and scalar.int8 is not None

@@ -39,13 +39,12 @@ def test_auto_maps_each_type_to_the_scheme_that_keeps_its_bits():
     assert QuantPlan("auto", {}).scheme("w") == "none"  # not a GGUF tensor: stored in floating point
 
 
-def test_auto_runs_q4_k_int4_on_the_qgemv_op_and_int8_without_it(monkeypatch):
-    """The op stores Q4_K's groups on their own grid; torch's int4 path would round them a second time."""
-    monkeypatch.setattr(cpu_qgemv, "ENABLED", True)
-    plan = QuantPlan("auto", {"w": "Q4_K", "v": "Q4_1"})
-    assert plan.scheme("w") == "int4" and plan.head_scheme("w") == "int8"
-    monkeypatch.setattr(cpu_qgemv, "ENABLED", False)
-    assert plan.scheme("w") == "int8" and plan.scheme("v") == "int4"
+def test_auto_runs_q4_k_int8_with_the_qgemv_op_on_or_off(monkeypatch):
+    """Above the op's few rows torch's int4 path would round Q4_K's groups a second time: int8 either way."""
+    for on in (True, False):
+        monkeypatch.setattr(cpu_qgemv, "ENABLED", on)
+        plan = QuantPlan("auto", {"w": "Q4_K", "v": "Q4_1"})
+        assert plan.scheme("w") == "int8" and plan.scheme("v") == "int4" and plan.head_scheme("w") == "int8"
 
 
 def test_fused_linear_takes_its_most_precise_part_and_the_head_stays_int8():
