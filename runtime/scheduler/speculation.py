@@ -61,22 +61,28 @@ class Speculation:
             self._k = config.num_speculative_tokens
             self._disable_at = config.disable_by_batch_size
         self._active = False
+        self._drafting: dict[int, SchedulerSeq] = {}  # the sequences the proposer holds an index for
         self.counters = SpecCounters(accepted_per_pos=[0] * self._k)
 
     def begin_step(self, num_running: int) -> None:
         """Decide for the step about to be planned: drafts are proposed only while num_running is below
         disable_by_batch_size (vLLM's rule: a large batch already fills the forward, verification then costs more
-        than it saves)."""
+        than it saves). Releases the proposer's index of every sequence that finished, O(sequences indexed)."""
+        for seq_id, seq in list(self._drafting.items()):
+            if seq.status == SeqStatus.FINISHED:
+                self._proposer.release(seq_id)
+                del self._drafting[seq_id]
         self._active = self._k > 0 and (self._disable_at is None or num_running < self._disable_at)
 
     def propose(self, seq: SchedulerSeq) -> list[int]:
         """The draft of a decode step of seq (maybe []): at most num_speculative_tokens, never past max_tokens
         (plain decoding samples max_tokens - num_output more tokens, the last one unverified) nor max_model_len.
-        O(proposer)."""
+        O(proposer): for ngram, O(k) look-ups plus indexing the tokens appended since seq's previous proposal."""
         if not self._active or not may_speculate(seq):
             return []
         room = min(self._k, seq.req.params.max_tokens - seq.num_output - 1, self._max_model_len - len(seq.token_ids))
-        return self._proposer.propose(seq.token_ids, room)
+        self._drafting[seq.seq_id] = seq
+        return self._proposer.propose(seq.seq_id, seq.token_ids, room)
 
     def on_verified(self, seq: SchedulerSeq, start: int, draft: list[int], accepted: list[int], token: int) -> None:
         """Apply the verification of seq's step that ran tokens [start, start + 1 + len(draft)): accepted (a prefix
