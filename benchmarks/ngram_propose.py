@@ -9,7 +9,8 @@ misses: the scan's worst case) and "copy" (the context's second half repeats its
   bytes.rfind for each n, O(context) per step;
 - index: NgramIndex, O(k) look-ups per step plus indexing the new token; its first proposal indexes the whole
   context once (first_call_ms).
-Reported: the mean microseconds per step over the steps (the index's first call excluded, reported apart), the two
+Reported: the median microseconds per step (robust to other jobs' interruptions on a shared machine; the means
+beside them), the index's first call excluded (reported apart), the two
 proposers' drafts equal at every step (same_drafts). machine: runtime.model.cpu_features.machine_facts().
 
     .venv/bin/python -m benchmarks.ngram_propose             # contexts 2048 and 8192, 400 steps
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import time
 from array import array
 from pathlib import Path
@@ -77,18 +79,18 @@ def measure(source: str, context: int, steps: int, seed: int) -> dict[str, Any]:
     start = time.perf_counter()
     index.propose(tokens[:context], K)
     first_call = time.perf_counter() - start
-    scan_s = 0.0
-    index_s = 0.0
+    scan_s: list[float] = []
+    index_s: list[float] = []
     same = True
     drafted = 0
     for known in range(context + 1, context + steps + 1):
         seq = tokens[:known]  # the sequence as the scheduler holds it (the slice is outside the timing)
         start = time.perf_counter()
         a = scan_propose(seq, K)
-        scan_s += time.perf_counter() - start
+        scan_s.append(time.perf_counter() - start)
         start = time.perf_counter()
         b = index.propose(seq, K)
-        index_s += time.perf_counter() - start
+        index_s.append(time.perf_counter() - start)
         same = same and a == b
         drafted += bool(b)
     return {
@@ -96,9 +98,11 @@ def measure(source: str, context: int, steps: int, seed: int) -> dict[str, Any]:
         "context": context,
         "steps": steps,
         "steps_with_a_draft": drafted,
-        "scan_us_per_step": round(1e6 * scan_s / steps, 2),
-        "index_us_per_step": round(1e6 * index_s / steps, 2),
-        "speedup": round(scan_s / index_s, 1) if index_s else 0.0,
+        "scan_us_per_step": round(1e6 * statistics.median(scan_s), 2),
+        "index_us_per_step": round(1e6 * statistics.median(index_s), 2),
+        "speedup": round(statistics.median(scan_s) / statistics.median(index_s), 1),
+        "scan_us_mean": round(1e6 * sum(scan_s) / steps, 2),
+        "index_us_mean": round(1e6 * sum(index_s) / steps, 2),
         "index_first_call_ms": round(1e3 * first_call, 2),
         "same_drafts": same,
     }
