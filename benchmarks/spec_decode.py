@@ -19,6 +19,7 @@ runtime.model.cpu_features.machine_facts(). A shared machine disturbs the figure
 
     .venv/bin/python -m benchmarks.spec_decode              # SmolLM2, 2 conversations x 2 turns, 80 tokens per turn
     .venv/bin/python -m benchmarks.spec_decode --smoke      # seconds: writes nothing unless --out is given
+    .venv/bin/python -m benchmarks.spec_decode --workloads chat --concurrency 8 --max-tokens 32   # target (a) only
     .venv/bin/python -m benchmarks.spec_decode --method ngram8='{"method": "ngram", "num_speculative_tokens": 8}'
 Targets (issue 26): copy single-stream decode >= 2x off; chat at concurrency 8 never below 0.95x off.
 """
@@ -229,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conversations", type=int, default=2)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     p.add_argument("--max-tokens", type=int, default=80)
+    p.add_argument("--workloads", nargs="+", choices=["chat", "copy"], default=["chat", "copy"])
     p.add_argument(
         "--method",
         action="append",
@@ -251,7 +253,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tokenizer = load_tokenizer(args.model)
     chat = build_workload(tokenizer, max(args.conversations, max(args.concurrency)), 2, 256, 48, 96, seed=0)
     n = max(args.conversations, max(args.concurrency))
-    workloads = {"chat": (chat.user_turns, chat.system_prompt), "copy": (copy_turns(n), None)}
+    every = {"chat": (chat.user_turns, chat.system_prompt), "copy": (copy_turns(n), None)}
+    workloads = {name: every[name] for name in args.workloads}
     methods = args.method or METHODS
     rows = run_setting(args, "off", None, workloads)
     for name, spec in methods:

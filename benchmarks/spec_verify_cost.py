@@ -8,10 +8,12 @@ interleaved over --repeats rounds (a shared machine's load then falls on both al
 - decode steps: B sequences, one token each (the off Engine);
 - verify steps: B sequences, each 1 + k tokens (its last token and a full draft; the ngram Engine).
 Reported per B: the median of each in this process's CPU ms (every thread: less disturbed than wall time by other
-jobs on a shared machine; wall ms beside), ratio = verify / decode (CPU), wall_ratio. Fit over the CPU medians: a
-step of N tokens costs a + b * N (least squares), so a verify step of B sequences with d draft tokens each costs
-(1 + c * B * (1 + d)) / (1 + c * B) decode steps, c = b / a (tokens_cost_c: the constant of the rule). Speculation
-pays when the tokens a drafting step yields, 1 + acceptance * d per sequence, exceed that ratio.
+jobs on a shared machine; wall ms beside), ratio = verify / decode (CPU), wall_ratio, and acceptance_to_pay =
+(ratio - 1) / k: the draft acceptance at which a verify step's 1 + acceptance * k tokens per sequence pay for it.
+The rule (runtime/scheduler/spec_gate.py) takes the ratios as VERIFY_COST_RATIOS. For reference, a least-squares fit
+of a + b * N over the CPU medians (N: tokens of the step; tokens_cost_c = b / a, model_ratio = (1 + c * B * (1 + k))
+/ (1 + c * B)): where model_ratio misses ratio, a step's cost is not one line in its tokens (the decode and the
+extend paths differ).
 machine: runtime.model.cpu_features.machine_facts() (its load average is the disturbance to read the figures by).
 
     .venv/bin/python -m benchmarks.spec_verify_cost              # SmolLM2, B = 1 2 4 8 16, k = 4, 1 round

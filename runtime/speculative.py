@@ -6,7 +6,8 @@ Pure Python, no torch.
 
 Only "ngram" (prompt lookup: runtime/scheduler/ngram.py) is built; "draft_model" is refused
 (InvalidSpeculativeConfig naming the method). disable_by_batch_size (vLLM's name): a step whose running sequences
-number at least this many proposes nothing (None: always propose).
+number at least this many proposes nothing; None (the default): the measured rule decides per step
+(runtime/scheduler/spec_gate.py: the verify step's cost at that batch size against the running acceptance).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     """method: "ngram". num_speculative_tokens: drafts proposed per sequence per step, k in [1, 32].
     prompt_lookup_min / prompt_lookup_max: the shortest and longest suffix (tokens) the n-gram proposer looks up,
     1 <= min <= max. disable_by_batch_size: propose nothing in a step with at least this many running sequences
-    (None: no limit). model: the draft model (method "draft_model", not built)."""
+    (None: the measured rule of runtime/scheduler/spec_gate.py). model: the draft model (method "draft_model", not
+    built)."""
 
     method: str
     num_speculative_tokens: int
