@@ -147,7 +147,7 @@ def run_workload(
 
 def run_setting(args: argparse.Namespace, name: str, spec: str | None, workloads: dict) -> list[dict]:
     """One Engine per setting (spec: its --speculative-config JSON, None: off); a row per (workload, concurrency)."""
-    kw: dict[str, Any] = {"dtype": args.dtype}
+    kw: dict[str, Any] = {"dtype": args.dtype, "quantization": args.quantization}
     if spec is not None:
         kw["speculative_config"] = spec
     engine = Engine(model=args.model, **kw)
@@ -227,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"])
     p.add_argument("--conversations", type=int, default=2)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     p.add_argument("--max-tokens", type=int, default=80)
@@ -263,6 +264,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "spec_decode",
         "model": args.model,
         "dtype": args.dtype,
+        "quantization": args.quantization,
         "max_tokens": args.max_tokens,
         "conversations": n,
         "methods": {name: json.loads(spec) for name, spec in methods},
