@@ -156,10 +156,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row["verify_steps"] = len(verify.seconds[b])
         rows.append(row)
     a, slope = fit(points)
-    c = slope / a if a > 0 else float("inf")
+    c = slope / a if a > 0 and slope >= 0 else None  # None: the points fit no line with a positive fixed cost
     for row in rows:
         bk = row["batch_size"]
-        row["model_ratio"] = round((1 + c * bk * (1 + args.k)) / (1 + c * bk), 3)
+        row["model_ratio"] = None if c is None else round((1 + c * bk * (1 + args.k)) / (1 + c * bk), 3)
         row["acceptance_to_pay"] = round((row["ratio"] - 1) / args.k, 3)  # (1 + acceptance * k) / ratio >= 1
     result = {
         "benchmark": "spec_verify_cost",
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "prompt_len": args.prompt_len,
         "fit_a_cpu_ms": round(1e3 * a, 3),
         "fit_b_cpu_ms_per_token": round(1e3 * slope, 4),
-        "tokens_cost_c": round(c, 4),
+        "tokens_cost_c": None if c is None else round(c, 4),
         "machine": machine_facts(),
         "rows": rows,
     }

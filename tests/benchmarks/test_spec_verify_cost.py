@@ -23,7 +23,11 @@ def test_smoke_run(tiny_llama_dir, tmp_path):
     for r in result["rows"]:
         assert r["decode_steps"] >= 3 and r["verify_steps"] >= 3  # every decode step of the ngram Engine verifies
         assert r["decode_cpu_ms"] > 0 and r["verify_cpu_ms"] > 0
-        assert r["ratio"] == pytest.approx(r["verify_cpu_ms"] / r["decode_cpu_ms"], rel=1e-2)
+        # ratio is of the unrounded medians; the ms are rounded to 0.01 (a tiny model's step is about 1 ms)
+        assert r["ratio"] == pytest.approx(r["verify_cpu_ms"] / r["decode_cpu_ms"], rel=5e-2)
         b = r["batch_size"]
-        assert r["model_ratio"] == pytest.approx((1 + c * b * 5) / (1 + c * b), rel=1e-2)
+        if c is None:  # the two points fit no line with a positive fixed cost
+            assert r["model_ratio"] is None
+        else:
+            assert r["model_ratio"] == pytest.approx((1 + c * b * 5) / (1 + c * b), rel=1e-2)
     assert result["k"] == 4 and result["machine"]["cores"] >= 1
