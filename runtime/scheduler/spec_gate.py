@@ -22,9 +22,9 @@ many running sequences proposes nothing.
 from __future__ import annotations
 
 # (B, verify / decode step CPU cost with k = 4): SmolLM2-135M, bfloat16 with int4 weights (the defaults), on the
-# 2-core AVX-512 VM at load average 10, benchmarks/spec_verify_cost.py (the int4 kernel's one-row path is fast, its
-# multi-row path slow: this ratio falls as that kernel improves; rerun the benchmark and copy its ratios here)
-VERIFY_COST_RATIOS = ((1, 2.739), (2, 2.706), (4, 3.406), (8, 6.646), (16, 4.92))
+# 2-core AVX-512 VM near idle (load 2), benchmarks/spec_verify_cost.py --repeats 2 (the int4 kernel's one-row path
+# is fast, its multi-row path slow: this ratio falls as that kernel improves; rerun the benchmark, copy its ratios)
+VERIFY_COST_RATIOS = ((1, 2.218), (2, 3.147), (4, 4.136), (8, 4.432), (16, 4.53))
 MEASURED_K = 4
 PRIOR_ACCEPTANCE = 0.5  # before any verified draft (last session's SmolLM2 runs: 0.58 copy, 0.68 chat)
 PRIOR_TOKENS = 16.0  # the prior's weight in draft tokens: a few drafts outweigh it
