@@ -156,7 +156,8 @@ def make_handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for flag in ("-m", "-np", "-c", "-t", "-tb"):
+    spec = ("--spec-type", "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m", "--spec-draft-n-max")
+    for flag in ("-m", "-np", "-c", "-t", "-tb", *spec):
         parser.add_argument(flag)  # llama-server's flags, accepted and ignored
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)

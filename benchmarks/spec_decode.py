@@ -5,9 +5,9 @@ Two multi-turn workloads, the same turns for every setting:
   text and a question per user turn), the model's own replies kept in the history;
 - copy: a user pastes a piece of code or text and asks for it back with a small edit, then (next turn) for the
   result again with another edit: the case prompt lookup is for.
-Each setting (off; ngram with --speculative-config) runs each workload single-stream (--conversations conversations,
-one at a time) and at concurrency 8 (8 conversations, each turn submitted together). Greedy decoding, so every
-setting must produce the same tokens (same_outputs records the check).
+Each setting (off, then each of METHODS: a name and its --speculative-config) runs each workload single-stream
+(--conversations conversations, one at a time) and at concurrency 8 (8 conversations, each turn submitted
+together). Greedy decoding, so every setting must produce the same tokens (same_outputs records the check).
 
 Per run: decode_tok_s = tokens produced by decode steps (steps whose every sequence decodes: one token, or one
 token and a draft) / the seconds those steps took (the runner's execute, wall clock); e2e_tok_s = completion tokens
@@ -19,7 +19,10 @@ runtime.model.cpu_features.machine_facts(). A shared machine disturbs the figure
 
     .venv/bin/python -m benchmarks.spec_decode              # SmolLM2, 2 conversations x 2 turns, 80 tokens per turn
     .venv/bin/python -m benchmarks.spec_decode --smoke      # seconds: writes nothing unless --out is given
-    .venv/bin/python -m benchmarks.spec_decode --speculative-config '{"method": "ngram", ...}'
+    .venv/bin/python -m benchmarks.spec_decode --workloads chat --concurrency 8 --max-tokens 32   # target (a) only
+    .venv/bin/python -m benchmarks.spec_decode --method ngram8='{"method": "ngram", "num_speculative_tokens": 8}'
+    .venv/bin/python -m benchmarks.spec_decode --method ngram='...' --method draft='{"method": "draft_model",
+        "model": "./small", "num_speculative_tokens": 4}'     # a draft-model row (no embedded pair shares a vocabulary)
 Targets (issue 26): copy single-stream decode >= 2x off; chat at concurrency 8 never below 0.95x off.
 """
 
@@ -42,6 +45,11 @@ from runtime.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).parent / "results" / "spec_decode.json"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+# The compared settings: (name, its --speculative-config JSON); "off" (plain decoding) always runs first, as every
+# ratio's base. Adding a method is one line here (or --method NAME=JSON on the command line).
+METHODS: list[tuple[str, str]] = [
+    ("ngram", json.dumps(NGRAM)),
+]
 SNIPPETS = [
     (
         "def moving_average(values, window):\n    if window <= 0:\n"
@@ -138,11 +146,11 @@ def run_workload(
     return replies, tokens, time.perf_counter() - start
 
 
-def run_setting(args: argparse.Namespace, name: str, spec: dict[str, Any] | None, workloads: dict) -> list[dict]:
-    """One Engine per setting; a row per (workload, concurrency)."""
-    kw: dict[str, Any] = {"dtype": args.dtype}
+def run_setting(args: argparse.Namespace, name: str, spec: str | None, workloads: dict) -> list[dict]:
+    """One Engine per setting (spec: its --speculative-config JSON, None: off); a row per (workload, concurrency)."""
+    kw: dict[str, Any] = {"dtype": args.dtype, "quantization": args.quantization}
     if spec is not None:
-        kw["speculative_config"] = json.dumps(spec)
+        kw["speculative_config"] = spec
     engine = Engine(model=args.model, **kw)
     rows = []
     for wl_name, (turns, system) in workloads.items():
@@ -202,15 +210,37 @@ def summarise(rows: list[dict]) -> list[dict]:
     return out
 
 
+def parse_method(text: str) -> tuple[str, str]:
+    """NAME=JSON -> (NAME, JSON); argparse's error names the option when the JSON is not an object."""
+    name, sep, spec = text.partition("=")
+    if not sep or not name or name == "off":
+        raise argparse.ArgumentTypeError(f"expected NAME=JSON with NAME not 'off', got {text!r}")
+    try:
+        ok = isinstance(json.loads(spec), dict)
+    except json.JSONDecodeError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{name}: the --speculative-config must be a JSON object, got {spec!r}")
+    return name, spec
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"])
     p.add_argument("--conversations", type=int, default=2)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     p.add_argument("--max-tokens", type=int, default=80)
-    p.add_argument("--speculative-config", default=json.dumps(NGRAM), help="the ngram setting's JSON")
-    p.add_argument("--draft-model", default=None, help="also a draft_model setting with this draft (folder/name)")
+    p.add_argument("--workloads", nargs="+", choices=["chat", "copy"], default=["chat", "copy"])
+    p.add_argument(
+        "--method",
+        action="append",
+        type=parse_method,
+        default=None,
+        metavar="NAME=JSON",
+        help="a setting to compare with off: its name and --speculative-config JSON (repeatable; replaces METHODS)",
+    )
     p.add_argument("--smoke", action="store_true", help="seconds: 1 conversation, 8 tokens, concurrency 1 and 2")
     p.add_argument("--out", type=Path, default=None)
     return p
@@ -225,20 +255,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tokenizer = load_tokenizer(args.model)
     chat = build_workload(tokenizer, max(args.conversations, max(args.concurrency)), 2, 256, 48, 96, seed=0)
     n = max(args.conversations, max(args.concurrency))
-    workloads = {"chat": (chat.user_turns, chat.system_prompt), "copy": (copy_turns(n), None)}
+    every = {"chat": (chat.user_turns, chat.system_prompt), "copy": (copy_turns(n), None)}
+    workloads = {name: every[name] for name in args.workloads}
+    methods = args.method or METHODS
     rows = run_setting(args, "off", None, workloads)
-    rows += run_setting(args, "ngram", json.loads(args.speculative_config), workloads)
-    if args.draft_model is not None:  # k as the ngram setting's
-        k = json.loads(args.speculative_config)["num_speculative_tokens"]
-        draft = {"method": "draft_model", "model": args.draft_model, "num_speculative_tokens": k}
-        rows += run_setting(args, "draft_model", draft, workloads)
+    for name, spec in methods:
+        rows += run_setting(args, name, spec, workloads)
     result = {
         "benchmark": "spec_decode",
         "model": args.model,
         "dtype": args.dtype,
+        "quantization": args.quantization,
         "max_tokens": args.max_tokens,
         "conversations": n,
-        "speculative_config": json.loads(args.speculative_config),
+        "methods": {name: json.loads(spec) for name, spec in methods},
         "machine": machine_facts(),
         "rows": summarise(rows),
     }

@@ -32,6 +32,9 @@ run, not figures across runs.
 
     .venv/bin/python -m benchmarks.vs_llama_server            # the full run, a cold build included (< 50 min, 2 cores)
     .venv/bin/python -m benchmarks.vs_llama_server --model gemma3-270m   # results/vs_llama_server_gemma3-270m.json
+    .venv/bin/python -m benchmarks.vs_llama_server --speculative-config \
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
+        # both servers speculate: radixserve's prompt lookup, llama-server's --spec-type ngram-simple (n = 2, m = 4)
     .venv/bin/python -m benchmarks.vs_llama_server --smoke --model <tiny model folder> --out /tmp/vs.json
         # seconds: a stub llama-server (benchmarks/llama_stub.py), no build; writes nothing unless --out is given
 """
@@ -228,10 +231,33 @@ def results_path(model: str) -> Path:
     return RESULTS / f"vs_llama_server_{name}.json"
 
 
+def llama_speculation(spec_json: str | None) -> dict[str, Any]:
+    """llama-server's lookup-decoding flags for --speculative-config (b11434's `--help`): "ngram" maps to
+    `--spec-type ngram-simple` (the latest earlier occurrence of the last size-n tokens, its next size-m tokens the
+    draft) with size-n = prompt_lookup_min (llama-server looks up one n; the shortest drafts whenever vLLM's rule
+    does), size-m and --spec-draft-n-max = num_speculative_tokens; any other method runs on radixserve only (no
+    flags, said in "note"). Raises BenchmarkError when the text is no JSON object."""
+    if spec_json is None:
+        return {"flags": [], "note": "speculation off on both servers"}
+    try:
+        spec = json.loads(spec_json)
+    except json.JSONDecodeError as e:
+        raise BenchmarkError(f"--speculative-config is not JSON: {e}") from e
+    if not isinstance(spec, dict):
+        raise BenchmarkError(f"--speculative-config must be a JSON object, got {spec_json!r}")
+    if spec.get("method") != "ngram":
+        return {"flags": [], "note": f"method {spec.get('method')!r}: radixserve only (llama-server runs without)"}
+    k = str(spec.get("num_speculative_tokens", 0))
+    size_n = str(spec.get("prompt_lookup_min", 1))
+    flags = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", size_n, "--spec-ngram-simple-size-m", k]
+    return {"flags": [*flags, "--spec-draft-n-max", k], "note": "both servers speculate (prompt lookup)"}
+
+
 def llama_command(ns: argparse.Namespace, gguf: Path, port: int, threads: int, template: str | None) -> list[str]:
     """The real llama-server (built if needed) or, with --smoke, benchmarks/llama_stub.py on the same flags; with
-    `--chat-template-file template` when a template is set."""
+    `--chat-template-file template` when a template is set, and llama_speculation's flags."""
     extra = ["--chat-template-file", template] if template else []
+    extra += llama_speculation(ns.speculative_config)["flags"]
     if ns.smoke:
         stub = [sys.executable, "-m", "benchmarks.llama_stub"]
         flags = ls.server_command("", gguf, ns.concurrency, threads, port)[1:]
@@ -255,6 +281,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         quantization=ns.quantization,
         http_client="stdlib",
         chat_template=template,
+        speculative_config=ns.speculative_config,
     )
     cfg.num_blocks = mtc.default_num_blocks(cfg)
     tokenizer = override_chat_template(load_tokenizer(cfg.model), template)
@@ -296,6 +323,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "decode_tokens": ns.decode_tokens,
         "decode_runs": ns.decode_runs,
         "single_stream_prompt_tokens": len(tokenizer.encode(wl.system_prompt, add_special_tokens=False)),
+        "llama_server_speculation": llama_speculation(ns.speculative_config),
         "workload": wl.to_json(),
     }
     check = prompt_tokens_check({name: e["probe_prompt_tokens"] for name, e in engines.items()}, tokenizer, wl)
@@ -341,6 +369,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     for key, value in WORKLOAD.items():
         parser.add_argument("--" + key.replace("_", "-"), type=type(value), default=value)
+    parser.add_argument(
+        "--speculative-config",
+        help="radixserve's --speculative-config JSON (and llama-server's lookup decoding for ngram: llama_speculation)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--decode-runs", type=int, default=5)

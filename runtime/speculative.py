@@ -8,7 +8,8 @@ Pure Python, no torch.
 M (a folder, a .gguf file or an embedded name, with the target's vocabulary) runs in the worker beside the target and
 proposes k tokens greedily (runtime/model/draft_runner.py); the scheduler only reserves the k slots
 (runtime/scheduler/draft_slots.py). disable_by_batch_size (vLLM's name): a step whose running sequences number at
-least this many proposes nothing (None: always propose).
+least this many proposes nothing; None (the default): the measured rule decides per step
+(runtime/scheduler/spec_gate.py: the verify step's cost at that batch size against the running acceptance).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     """method: "ngram" or "draft_model". num_speculative_tokens: drafts proposed per sequence per step, k in [1, 32].
     prompt_lookup_min / prompt_lookup_max: the shortest and longest suffix (tokens) the n-gram proposer looks up,
     1 <= min <= max. disable_by_batch_size: propose nothing in a step with at least this many running sequences
-    (None: no limit). model: the draft model (method "draft_model" only, where it is required)."""
+    (None: the measured rule of runtime/scheduler/spec_gate.py). model: the draft model (method "draft_model" only,
+    where it is required)."""
 
     method: str
     num_speculative_tokens: int

@@ -35,6 +35,7 @@ class Config:
     kv_groups: str = "single"  # our server targets' KV cache groups (ServerArgs.kv_groups)
     num_window_blocks: int | None = None  # and their sliding-window pool (ServerArgs.num_window_blocks)
     chat_template: str | None = None  # a template file for a base model (ServerArgs.chat_template)
+    speculative_config: str | None = None  # our server targets' --speculative-config JSON (ServerArgs)
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace, targets: list[str], block_size: int, **settings: Any) -> Config:
@@ -78,6 +79,7 @@ class Config:
             kv_groups=cast(Any, self.kv_groups),
             num_window_blocks=self.num_window_blocks,
             chat_template=self.chat_template,
+            speculative_config=self.speculative_config,
         )
 
     @property

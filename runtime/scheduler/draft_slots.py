@@ -22,7 +22,10 @@ def is_slots(draft: Sequence[int]) -> bool:
 class DraftSlots:
     """Proposes max_tokens placeholders: the worker's draft model drafts them."""
 
-    def propose(self, token_ids: Sequence[int], max_tokens: int) -> list[int]:
-        """[DRAFT_SLOT] * max_tokens ([] when max_tokens < 1); token_ids is unused (the worker holds the draft
-        model's state). O(max_tokens)."""
+    def propose(self, seq_id: int, token_ids: Sequence[int], max_tokens: int) -> list[int]:
+        """[DRAFT_SLOT] * max_tokens ([] when max_tokens < 1); seq_id and token_ids are unused (the worker holds the
+        draft model's state). O(max_tokens)."""
         return [DRAFT_SLOT] * max(0, max_tokens)
+
+    def release(self, seq_id: int) -> None:
+        """Nothing to release (the worker drops the draft model's state with the sequence)."""

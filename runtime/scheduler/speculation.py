@@ -12,8 +12,9 @@ truncates its table copy by the same rule: cdiv(computed, block_size) blocks).
 With a draft model the proposal is k placeholders (draft_slots.py): the worker's draft model fills them and returns
 the draft with the result, which the Scheduler passes to on_verified in their place.
 
-Speculation is off per sequence for beam search (the proposal is empty) and per step when at least
-disable_by_batch_size sequences run. Penalties, logit_bias, min_tokens, structured outputs and logprobs speculate:
+Speculation is off per sequence for beam search (the proposal is empty) and per step when verification cannot pay
+(SpeculationGate, spec_gate.py: the measured cost of a verify step against the running acceptance, or vLLM's fixed
+disable_by_batch_size when given). Penalties, logit_bias, min_tokens, structured outputs and logprobs speculate:
 the worker applies them to each draft row as plain decoding would.
 """
 
@@ -25,6 +26,7 @@ from runtime.scheduler.draft_slots import DraftSlots
 from runtime.scheduler.finish import Finisher
 from runtime.scheduler.ngram import NgramProposer, NoProposer
 from runtime.scheduler.request import SchedulerSeq, SeqStatus
+from runtime.scheduler.spec_gate import SpeculationGate
 from runtime.scheduler.stats import SpecCounters
 from runtime.speculative import SpeculativeConfig
 
@@ -55,30 +57,41 @@ class Speculation:
         self._max_model_len = max_model_len
         self._proposer: NgramProposer | NoProposer | DraftSlots = NoProposer()
         self._k = 0
-        self._disable_at: int | None = None
+        self._gate = SpeculationGate(1, None)
         if config is not None:
             self._proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
             if config.method == "draft_model":  # the worker's draft model fills the slots (draft_slots.py)
                 self._proposer = DraftSlots()
             self._k = config.num_speculative_tokens
-            self._disable_at = config.disable_by_batch_size
+            self._gate = SpeculationGate(self._k, config.disable_by_batch_size)
         self._active = False
+        self._probe = False  # a closed step in which one sequence drafts (SpeculationGate.probe)
+        self._drafting: dict[int, SchedulerSeq] = {}  # the sequences the proposer holds an index for
         self.counters = SpecCounters(accepted_per_pos=[0] * self._k)
 
     def begin_step(self, num_running: int) -> None:
-        """Decide for the step about to be planned: drafts are proposed only while num_running is below
-        disable_by_batch_size (vLLM's rule: a large batch already fills the forward, verification then costs more
-        than it saves)."""
-        self._active = self._k > 0 and (self._disable_at is None or num_running < self._disable_at)
+        """Decide for the step about to be planned (SpeculationGate.open: drafts only where verifying them can pay
+        at num_running sequences; a closed step may let one sequence draft: SpeculationGate.probe). Releases the
+        proposer's index of every sequence that finished, O(sequences indexed)."""
+        for seq_id, seq in list(self._drafting.items()):
+            if seq.status == SeqStatus.FINISHED:
+                self._proposer.release(seq_id)
+                del self._drafting[seq_id]
+        self._active = self._k > 0 and self._gate.open(num_running)
+        self._probe = self._k > 0 and not self._active and self._gate.probe()
 
     def propose(self, seq: SchedulerSeq) -> list[int]:
         """The draft of a decode step of seq (maybe []): at most num_speculative_tokens, never past max_tokens
         (plain decoding samples max_tokens - num_output more tokens, the last one unverified) nor max_model_len.
-        O(proposer)."""
-        if not self._active or not may_speculate(seq):
+        O(proposer): for ngram, O(k) look-ups plus indexing the tokens appended since seq's previous proposal."""
+        if not (self._active or self._probe) or not may_speculate(seq):
             return []
         room = min(self._k, seq.req.params.max_tokens - seq.num_output - 1, self._max_model_len - len(seq.token_ids))
-        return self._proposer.propose(seq.token_ids, room)
+        self._drafting[seq.seq_id] = seq
+        draft = self._proposer.propose(seq.seq_id, seq.token_ids, room)
+        if draft and not self._active:
+            self._probe = False  # the probe step's one draft
+        return draft
 
     def on_verified(
         self,
@@ -101,6 +114,7 @@ class Speculation:
         lps = logprobs if logprobs is not None else [None] * (len(accepted) + 1)
         if len(lps) != len(accepted) + 1:
             raise ValueError(f"seq {seq.seq_id}: {len(lps)} logprobs for {len(accepted) + 1} tokens")
+        self._gate.on_verified(len(draft), len(accepted))
         c = self.counters
         c.num_drafts += 1
         c.num_draft_tokens += len(draft)

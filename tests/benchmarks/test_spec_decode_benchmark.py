@@ -3,9 +3,12 @@ speculative rows give the same tokens as plain decoding, and the counters add up
 
 from __future__ import annotations
 
+import argparse
 import json
 
-from benchmarks.spec_decode import main
+import pytest
+
+from benchmarks.spec_decode import METHODS, main, parse_method
 
 
 def test_smoke_run(tiny_llama_dir, tmp_path):
@@ -24,3 +27,14 @@ def test_smoke_run(tiny_llama_dir, tmp_path):
         if r["setting"] == "off":
             assert (r["num_drafts"], r["ratio_vs_off"]) == (0, 1.0)
     assert "cpu_model" in result["machine"] or result["machine"]
+
+
+def test_method_option():
+    assert parse_method('ngram8={"method": "ngram", "num_speculative_tokens": 8}') == (
+        "ngram8",
+        '{"method": "ngram", "num_speculative_tokens": 8}',
+    )
+    for bad in ("ngram", 'off={"method": "ngram"}', "x=[1]", "x={nope"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_method(bad)
+    assert [name for name, _ in METHODS] == ["ngram"]  # off always runs first, outside METHODS

@@ -17,7 +17,14 @@ from benchmarks import llama_server as ls
 from benchmarks.chat.config import BenchmarkError
 from benchmarks.chat.prompt_probe import probe_chat
 from benchmarks.chat.workload import ChatWorkload
-from benchmarks.vs_llama_server import TARGETS, chat_template_for, main, ratios_and_targets, results_path
+from benchmarks.vs_llama_server import (
+    TARGETS,
+    chat_template_for,
+    llama_speculation,
+    main,
+    ratios_and_targets,
+    results_path,
+)
 from runtime.model.loader import load_tokenizer
 from runtime.text.chat_templates import TEMPLATES
 
@@ -258,3 +265,35 @@ def test_smoke_against_the_stub(tiny_llama_dir: Path, tmp_path: Path):
     assert cmd[-2:] == ["--chat-template-file", template]
     assert machine["llama_server"]["build"] == "stub" and (tmp_path / "llama-server.log").exists()
     assert result["config"]["http_client"] == "stdlib" and result["config"]["conversations"] == 2
+
+
+def test_llama_speculation_flags():
+    spec = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
+    assert llama_speculation(spec)["flags"] == [
+        "--spec-type",
+        "ngram-simple",
+        "--spec-ngram-simple-size-n",
+        "2",
+        "--spec-ngram-simple-size-m",
+        "4",
+        "--spec-draft-n-max",
+        "4",
+    ]
+    draft = llama_speculation('{"method": "draft_model", "model": "m", "num_speculative_tokens": 4}')
+    assert draft["flags"] == [] and "radixserve only" in draft["note"]
+    assert llama_speculation(None)["flags"] == []
+    for bad in ("[1]", "{nope"):
+        with pytest.raises(BenchmarkError, match="speculative-config"):
+            llama_speculation(bad)
+
+
+def test_smoke_with_speculation(tiny_llama_dir: Path, tmp_path: Path):
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}'
+    argv = ["--smoke", "--model", str(tiny_llama_dir), "--speculative-config", spec, "--log-dir", str(tmp_path)]
+    result = main(argv)
+    assert result["config"]["speculative_config"] == spec
+    assert result["config"]["llama_server_speculation"] == llama_speculation(spec)
+    assert result["machine"]["llama_server"]["command"][-8:] == llama_speculation(spec)["flags"]
+    for name, e in result["engines"].items():
+        assert [row[5] for row in e["multi_turn"]["trace"]] == [4, 4, 4, 4], name
+        assert [r["tokens"] for r in e["single_stream"]["runs"]] == [8, 8], name

@@ -11,7 +11,17 @@ from pathlib import Path
 
 import pytest
 
-NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3})
+# disable_by_batch_size 64: every step of these small batches drafts (the measured gate of spec_gate.py would close
+# on the random model's rejections; tests/runtime/scheduler/test_spec_gate.py tests it)
+NGRAM = json.dumps(
+    {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_min": 1,
+        "prompt_lookup_max": 3,
+        "disable_by_batch_size": 64,
+    }
+)
 # prompts whose greedy continuations on the loopy model mix accepted and rejected drafts
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 3, 4, 3, 4, 3], list(range(20, 45))]
 

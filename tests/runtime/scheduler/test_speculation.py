@@ -1,7 +1,8 @@
 """Speculative decoding on the scheduler side, with the worker's verification written by hand: the n-gram proposer's
-exact drafts, the 1 + k decode plan and its blocks, EOS / stop ids / max_tokens cutting inside an accepted run as
-plain decoding would, the rollback of rejected slots (blocks back to the pool, only accepted tokens' full blocks in
-the tree), the per-step disable rule, and --speculative-config's errors."""
+drafts in a step (tests/runtime/scheduler/test_ngram.py tests the proposer itself), the 1 + k decode plan and its
+blocks, EOS / stop ids / max_tokens cutting inside an accepted run as plain decoding would, the rollback of rejected
+slots (blocks back to the pool, only accepted tokens' full blocks in the tree), the per-step disable rule, and
+--speculative-config's errors."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from radix.manager import KVCacheManager
 from runtime.config import InvalidConfig, ServerArgs
 from runtime.protocol import ForwardBatch, ForwardResult, TokenLogprobs
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler.ngram import NgramProposer, NoProposer
 from runtime.scheduler.scheduler import Scheduler
 from runtime.scheduler.speculation import may_speculate
 from runtime.structured_outputs import StructuredOutputs
@@ -21,20 +21,6 @@ from runtime.structured_outputs import StructuredOutputs
 EOS = 2
 REGEX = StructuredOutputs(regex="[a-z]+")
 CONFIG = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2})
-
-
-def test_ngram_proposes_what_followed_the_longest_recurring_suffix():
-    p = NgramProposer(1, 3)
-    assert p.propose([1, 2, 3, 9, 1, 2, 3], 2) == [9, 1]  # n = 3 matches at 0
-    assert p.propose([7, 1, 2, 8, 5, 2, 6, 1, 2], 3) == [8, 5, 2]  # n = 2 ([1, 2]) beats n = 1 ([2] at 5)
-    assert p.propose([4, 2, 5, 2, 6, 2], 1) == [6]  # n = 1: the most recent earlier occurrence
-    assert p.propose([4, 2, 5, 2, 6, 2], 3) == [5, 2, 6]  # ... that three tokens follow
-    assert p.propose([3, 3, 3, 3], 3) == [3, 3, 3]  # inside a run: an occurrence with a whole draft after it
-    assert p.propose([1, 2, 3, 4], 3) == []  # nothing recurs
-    assert p.propose([1, 2, 1], 0) == []
-    assert p.propose([256, 1, 0, 0, 0, 1], 2) == [0, 0]  # int32 bytes never match across token boundaries
-    assert NgramProposer(2, 2).propose([5, 1, 5], 2) == []  # [1, 5] does not recur
-    assert NoProposer().propose([1, 1, 1], 4) == []
 
 
 @pytest.mark.parametrize(
