@@ -22,7 +22,10 @@ K = 3
 
 
 def _config(model, k: int = K) -> str:
-    return json.dumps({"method": "draft_model", "model": str(model), "num_speculative_tokens": k})
+    """disable_by_batch_size 64: every step of these small batches drafts (the measured gate of spec_gate.py would
+    close on the random draft's rejections; tests/runtime/scheduler/test_spec_gate.py tests the gate)."""
+    config = {"method": "draft_model", "model": str(model), "num_speculative_tokens": k, "disable_by_batch_size": 64}
+    return json.dumps(config)
 
 
 @pytest.fixture(scope="module")
