@@ -74,18 +74,19 @@ class ModelRunner:
 
     group: this rank's tensor-parallel group (runtime/model/parallel/): the runner then holds the rank's slices of the
     model and its KV heads, with the block count every rank agreed on; every rank executes every batch alike and
-    samples the same tokens. None: the whole model (tensor_parallel_size 1).
+    samples the same tokens. None: the whole model (tensor_parallel_size 1). shares_cores: a server's worker beside the
+    frontend processes (decode steps may run on fewer threads: threads.py decode_threads).
 
     Raises (at construction): runtime.model.loader.ModelLoadError subclasses; runtime.config.InvalidConfig (also for
     a KV pool of fewer than MIN_USABLE_BLOCKS usable blocks). Logs one warning when the pool holds fewer tokens than
     max_model_len.
     """
 
-    def __init__(self, args: ServerArgs, group: TPGroup | None = None) -> None:
+    def __init__(self, args: ServerArgs, group: TPGroup | None = None, shares_cores: bool = False) -> None:
         self.args = args
         self.group = group
         self.device = torch.device(args.device)
-        self.threads = thread_tuner(self.device.type)  # sets torch's CPU threads; tunes them per step (threads.py)
+        self.threads = thread_tuner(self.device.type, shares_cores)  # torch's CPU threads per step (threads.py)
         self.dtype = resolve_dtype(args.dtype, self.device)
         folder = resolve_model(args.model)
         cfg = load_config(folder)
@@ -229,7 +230,7 @@ class ModelRunner:
         self.step_prompt_logprobs = {}
         sampled: dict[int, Sampled] = {}
         if step.runnable:
-            self.threads.before_step()
+            self.threads.before_step(all(len(s.token_ids) - s.num_draft_tokens == 1 for s in step.runnable))
             start = time.perf_counter()
             self.draft.propose(step.runnable, self.live, failed)  # fills num_draft_slots (draft_runner.py)
             run_isolated(step.runnable, self._run, sampled, failed)

@@ -20,6 +20,14 @@ tok/s spinning, 5.9 with PASSIVE, 5.5-5.7 with 1 thread, and the tuner matched o
   and the fastest per token wins), and at once when a step runs twice slower per token than the last probe found; so a
   core taken by another process costs the step the thread that shares it, not every op's wait for it.
 
+- Decode steps beside the frontend (decode_threads): in a server's worker on fewer than FRONTEND_CORE_FROM cores, a
+  step whose sequences each run one token (and a speculative draft) runs on one thread fewer than prefill steps, as
+  llama-server's -t (generation) and -tb (batch) threads differ. Each decoded token also wakes the scheduler,
+  tokenizer and HTTP processes; on 2 cores with both threads in the decode they wait for a core every token. Measured
+  on the 2-core AVX-512 VM, quiet, SmolLM2 int4 over HTTP, 128 streamed tokens after a 741-token prompt, median of 5:
+  30.3 tok/s with 2 threads, 62.3 with 1 (spinning waits: 4.5-64, erratic). Prefill keeps every thread. The
+  in-process Engine (no frontend processes) keeps one count.
+
 No pinning (os.sched_setaffinity): a thread pinned to the core the other process holds could not move off it.
 """
 
@@ -67,6 +75,17 @@ def cpu_threads(cores: int, torch_threads: int, env: str | None) -> int:
     return threads
 
 
+def decode_threads(most: int, cores: int, shares_cores: bool, env: str | None) -> int:
+    """The thread count of decode steps (module docstring): most - 1 (at least 1) in a worker that shares its cores
+    with the frontend processes (shares_cores) on fewer than FRONTEND_CORE_FROM cores, unless $RADIXSERVE_THREADS
+    (env) fixes the count; else most."""
+    if env is not None and env.strip():
+        return most
+    if shares_cores and cores < FRONTEND_CORE_FROM:
+        return max(1, most - 1)
+    return most
+
+
 def set_cpu_threads() -> int:
     """Set torch's intra-op threads to cpu_threads(usable cores, torch's count, $RADIXSERVE_THREADS); returns the
     count. Mutates torch's process-wide setting. Raises InvalidConfig for a malformed RADIXSERVE_THREADS."""
@@ -103,10 +122,12 @@ class ThreadTuner:
         slow_factor: float = 2.0,
         slow_steps: int = 2,
         tune: bool = True,
+        decode_count: int | None = None,
     ) -> None:
         assert most >= 1 and period >= 1 and probe_steps >= 1
         self.most = most
         self.count = most
+        self.decode_count = most if decode_count is None else decode_count  # decode steps' count when not tuning
         self.get_threads = get_threads
         self.set_threads = set_threads
         self.min_period = period
@@ -124,14 +145,24 @@ class ThreadTuner:
         self.reference_tokens = 0  # the tokens of the last probe step (only steps of as many are compared)
         self.last_set = get_threads()
 
-    def before_step(self) -> None:
-        """Sets the thread count of the next step (the probe's next count, else the chosen one)."""
+    def before_step(self, decode: bool = False) -> None:
+        """Sets the thread count of the next step (the probe's next count, else the chosen one); when not tuning, a
+        decode step (decode: every sequence runs one token, and a draft) runs on decode_count, others on most."""
         if not self.active:
+            self._split(decode)
             return
         if self.get_threads() != self.last_set:
             self.active = False  # someone else sets the count now
             return
         want = self.plan[0] if self.plan else self.count
+        if want != self.last_set:
+            self.set_threads(want)
+            self.last_set = want
+
+    def _split(self, decode: bool) -> None:
+        if self.decode_count == self.most:
+            return
+        want = self.decode_count if decode else self.most
         if want != self.last_set:
             self.set_threads(want)
             self.last_set = want
@@ -174,10 +205,11 @@ class ThreadTuner:
         self.slow_run = 0
 
 
-def thread_tuner(device_type: str) -> ThreadTuner:
+def thread_tuner(device_type: str, shares_cores: bool = False) -> ThreadTuner:
     """The worker's tuner: on "cpu", torch's threads set to set_cpu_threads(), tuned below that only with
-    $RADIXSERVE_THREAD_TUNING=1 (and no $RADIXSERVE_THREADS); elsewhere (CUDA) an inactive one. Raises InvalidConfig for
-    a malformed RADIXSERVE_THREADS."""
+    $RADIXSERVE_THREAD_TUNING=1 (and no $RADIXSERVE_THREADS), decode steps on decode_threads() (shares_cores: a
+    server's worker beside the frontend processes); elsewhere (CUDA) an inactive one. Raises InvalidConfig for a
+    malformed RADIXSERVE_THREADS."""
     import torch
 
     if device_type != "cpu":
@@ -185,7 +217,10 @@ def thread_tuner(device_type: str) -> ThreadTuner:
     most = set_cpu_threads()
     fixed = bool(os.environ.get(THREADS_ENV, "").strip())
     tune = os.environ.get(TUNING_ENV) == "1" and not fixed
-    return ThreadTuner(most, torch.get_num_threads, torch.set_num_threads, tune=tune)
+    from runtime.model.cpu_features import usable_cores
+
+    decode = decode_threads(most, usable_cores(), shares_cores, os.environ.get(THREADS_ENV))
+    return ThreadTuner(most, torch.get_num_threads, torch.set_num_threads, tune=tune, decode_count=decode)
 
 
 def _ms(seconds: dict[int, float]) -> str:

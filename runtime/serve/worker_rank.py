@@ -141,7 +141,7 @@ def start_runner(args: ServerArgs, rank: int) -> tuple[ModelRunner, Relay, TPGro
     from runtime.model.runner import ModelRunner
 
     if args.tensor_parallel_size == 1:
-        return ModelRunner(args), NoRelay(), None
+        return ModelRunner(args, shares_cores=True), NoRelay(), None
     from runtime.model.loader import resolve_model
     from runtime.model.parallel.group import RankInfo, init_group
 
@@ -150,7 +150,7 @@ def start_runner(args: ServerArgs, rank: int) -> tuple[ModelRunner, Relay, TPGro
     assert args.master_port is not None, "the launcher sets master_port"
     info = RankInfo(rank, args.tensor_parallel_size, args.master_addr, args.master_port, args.tp_timeout_s)
     group = init_group(info, args.device)
-    return ModelRunner(args, group), StepRelay(group), group
+    return ModelRunner(args, group, shares_cores=True), StepRelay(group), group
 
 
 def follow_steps(runner: ModelRunner, relay: StepRelay, spec: ChildSpec) -> None:

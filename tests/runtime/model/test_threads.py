@@ -20,6 +20,7 @@ from runtime.model.threads import (
     WAIT_ENV,
     ThreadTuner,
     cpu_threads,
+    decode_threads,
     set_cpu_threads,
     thread_tuner,
     worker_omp_env,
@@ -148,3 +149,27 @@ def test_libgomp_reads_the_wait_policy_the_worker_sets(user_env, want):
     done = subprocess.run([sys.executable, "-c", WORKER_START], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert f"OMP_WAIT_POLICY = {want}" in done.stderr  # libgomp prints its settings at start-up
+
+
+def test_decode_threads_one_fewer_beside_the_frontend_below_four_cores():
+    assert decode_threads(2, 2, shares_cores=True, env=None) == 1
+    assert decode_threads(3, 3, shares_cores=True, env=None) == 2
+    assert decode_threads(1, 1, shares_cores=True, env=None) == 1
+    assert decode_threads(3, 4, shares_cores=True, env=None) == 3  # a core is left to the frontend already
+    assert decode_threads(2, 2, shares_cores=False, env=None) == 2  # the in-process Engine
+    assert decode_threads(2, 2, shares_cores=True, env="2") == 2  # RADIXSERVE_THREADS fixes every step's count
+
+
+def test_untuned_decode_steps_run_on_the_decode_count_prefill_on_most():
+    m = FakeMachine()
+    tuner = ThreadTuner(2, lambda: m.threads, m.set, tune=False, decode_count=1)
+    counts = []
+    for decode in (False, True, True, False, True):
+        tuner.before_step(decode)
+        counts.append(m.threads)
+    assert counts == [2, 1, 1, 2, 1]
+    assert m.sets == [1, 2, 1]  # set only on a change
+    same = ThreadTuner(2, lambda: m.threads, m.set, tune=False)
+    m.sets.clear()
+    same.before_step(True)
+    assert m.sets == []  # decode_count defaults to most: nothing set
