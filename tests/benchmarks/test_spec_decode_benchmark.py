@@ -43,6 +43,16 @@ def test_method_option():
     assert [name for name, _ in METHODS] == ["ngram"]  # off always runs first, outside METHODS
 
 
+def test_bad_rounds_and_setting_are_refused_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--rounds", "0"])
+    assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--only-setting", "nope", "--rows-out", str(tmp_path / "rows.json")])
+    assert "--only-setting 'nope' needs --rows-out and a setting among off, ['ngram']" in capsys.readouterr().err
+    assert not (tmp_path / "rows.json").exists()
+
+
 def row(setting: str, decode: float, replies: list[list[int]]) -> dict:
     return {
         "setting": setting,
