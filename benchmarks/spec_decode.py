@@ -9,16 +9,24 @@ Each setting (off, then each of METHODS: a name and its --speculative-config) ru
 (--conversations conversations, one at a time) and at concurrency 8 (8 conversations, each turn submitted
 together). Greedy decoding, so every setting must produce the same tokens (same_outputs records the check).
 
+Each setting runs in its own fresh Python process (this module with --only-setting, writing its rows to a temp
+file), one after another: settings run as successive Engines in one process measured the second and third Engines
+up to 15% slower whatever they did (on a quiet machine a setting that never drafts ran 0.86x off at concurrency 8),
+a spread larger than the 0.95x target it was meant to check. --rounds N runs off and each method N times,
+alternating, each in its own process; a row then gives the median over rounds of its tok/s figures and of the
+per-round ratios (method against that round's off), with every round's ratio in ratio_vs_off_rounds.
+
 Per run: decode_tok_s = tokens produced by decode steps (steps whose every sequence decodes: one token, or one
 token and a draft) / the seconds those steps took (the runner's execute, wall clock); e2e_tok_s = completion tokens
 / the run's wall clock (prefill included); acceptance_rate = accepted / draft tokens; mean_accepted_length =
 1 + accepted / drafts (vLLM's mean acceptance length: tokens per verify step of a drafting sequence);
 ratio_vs_off: decode_tok_s over the off setting's, same workload and concurrency; decode_tok_per_cpu_s and
-cpu_ratio_vs_off: the same with this process's CPU seconds (less disturbed by other jobs on a shared machine). machine:
+cpu_ratio_vs_off: the same with its process's CPU seconds (less disturbed by other jobs on a shared machine). machine:
 runtime.model.cpu_features.machine_facts(). A shared machine disturbs the figures: compare rows of one run.
 
     .venv/bin/python -m benchmarks.spec_decode              # SmolLM2, 2 conversations x 2 turns, 80 tokens per turn
     .venv/bin/python -m benchmarks.spec_decode --smoke      # seconds: writes nothing unless --out is given
+    .venv/bin/python -m benchmarks.spec_decode --workloads chat --concurrency 8 --rounds 3   # on a shared machine
     .venv/bin/python -m benchmarks.spec_decode --workloads chat --concurrency 8 --max-tokens 32   # target (a) only
     .venv/bin/python -m benchmarks.spec_decode --method ngram8='{"method": "ngram", "num_speculative_tokens": 8}'
     .venv/bin/python -m benchmarks.spec_decode --method ngram='...' --method draft='{"method": "draft_model",
@@ -31,6 +39,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +56,7 @@ from runtime.model.loader import load_tokenizer
 from runtime.protocol import ForwardBatch, ForwardResult, ServerStats
 from runtime.sampling_params import SamplingParams
 
+ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results" / "spec_decode.json"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 # The compared settings: (name, its --speculative-config JSON); "off" (plain decoding) always runs first, as every
@@ -50,6 +64,8 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
 METHODS: list[tuple[str, str]] = [
     ("ngram", json.dumps(NGRAM)),
 ]
+# A row's figures and the ratio compare() makes of each against the off row.
+RATIOS = {"decode_tok_s": "ratio_vs_off", "e2e_tok_s": "e2e_ratio_vs_off", "decode_tok_per_cpu_s": "cpu_ratio_vs_off"}
 SNIPPETS = [
     (
         "def moving_average(values, window):\n    if window <= 0:\n"
@@ -192,22 +208,66 @@ def spec_counts(before: ServerStats, after: ServerStats) -> dict[str, Any]:
     }
 
 
-def summarise(rows: list[dict]) -> list[dict]:
-    """Adds ratio_vs_off and same_outputs to each row (against the off row of its workload and concurrency) and
-    drops the replies."""
+def compare(rows: list[dict]) -> list[dict]:
+    """One round's rows with ratio_vs_off, e2e_ratio_vs_off, cpu_ratio_vs_off and same_outputs added, each against
+    the off row of its workload and concurrency (replies kept)."""
     off = {(r["workload"], r["concurrency"]): r for r in rows if r["setting"] == "off"}
     out = []
     for r in rows:
         base = off.get((r["workload"], r["concurrency"]))
-        row = {k: v for k, v in r.items() if k != "replies"}
+        row = dict(r)
         if base is not None:
-            row["ratio_vs_off"] = round(r["decode_tok_s"] / base["decode_tok_s"], 3) if base["decode_tok_s"] else 0.0
-            row["e2e_ratio_vs_off"] = round(r["e2e_tok_s"] / base["e2e_tok_s"], 3) if base["e2e_tok_s"] else 0.0
-            cpu_base = base["decode_tok_per_cpu_s"]
-            row["cpu_ratio_vs_off"] = round(r["decode_tok_per_cpu_s"] / cpu_base, 3) if cpu_base else 0.0
+            for key, ratio_key in RATIOS.items():
+                row[ratio_key] = round(r[key] / base[key], 3) if base[key] else 0.0
             row["same_outputs"] = r["replies"] == base["replies"]
         out.append(row)
     return out
+
+
+def summarise(rounds: list[list[dict]]) -> list[dict]:
+    """rounds: each round's rows (every setting, in the same order, with replies). One row per setting, workload
+    and concurrency: the medians over rounds of the tok/s figures and of the per-round ratios (each round's method
+    against that round's off), ratio_vs_off_rounds (every round's ratio_vs_off), same_outputs true only when every
+    round matched its off and the first round's replies; replies dropped. Raises ValueError when the rounds' rows
+    differ in order."""
+    compared = [compare(rows) for rows in rounds]
+    out = []
+    for i, first in enumerate(compared[0]):
+        runs = [rows[i] for rows in compared]
+        if any(run_key(r) != run_key(first) for r in runs):
+            raise ValueError(f"the rounds' rows differ at {i}: {[run_key(r) for r in runs]}")
+        row = {k: v for k, v in first.items() if k != "replies"}
+        for key in [*RATIOS, *RATIOS.values()]:
+            if key in first:
+                row[key] = round(statistics.median(r[key] for r in runs), 3)
+        if "ratio_vs_off" in first:
+            row["ratio_vs_off_rounds"] = [r["ratio_vs_off"] for r in runs]
+            row["same_outputs"] = all(r["same_outputs"] and r["replies"] == first["replies"] for r in runs)
+        out.append(row)
+    return out
+
+
+def run_key(row: dict) -> tuple[str, str, int]:
+    """(setting, workload, concurrency) of a row."""
+    return row["setting"], row["workload"], row["concurrency"]
+
+
+def run_in_process(args: argparse.Namespace, name: str, spec: str | None) -> list[dict]:
+    """Runs one setting (spec: its --speculative-config JSON, None: off) in a fresh Python process (this module
+    with --only-setting), so that every setting starts from the same state; returns its rows (with replies).
+    Raises subprocess.CalledProcessError when that process fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rows_out = Path(tmp) / "rows.json"
+        cmd = [sys.executable, "-m", "benchmarks.spec_decode", "--only-setting", name, "--rows-out", str(rows_out)]
+        cmd += ["--model", args.model, "--dtype", args.dtype, "--quantization", args.quantization]
+        cmd += ["--conversations", str(args.conversations), "--max-tokens", str(args.max_tokens)]
+        cmd += ["--concurrency", *map(str, args.concurrency), "--workloads", *args.workloads]
+        if spec is not None:
+            cmd += ["--method", f"{name}={spec}"]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        subprocess.run(cmd, check=True, env=env)
+        return json.loads(rows_out.read_text())
 
 
 def parse_method(text: str) -> tuple[str, str]:
@@ -242,7 +302,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="a setting to compare with off: its name and --speculative-config JSON (repeatable; replaces METHODS)",
     )
     p.add_argument("--smoke", action="store_true", help="seconds: 1 conversation, 8 tokens, concurrency 1 and 2")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run off and each method (each in its own process) this many times, alternating; rows give medians",
+    )
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--only-setting", default=None, help=argparse.SUPPRESS)  # internal: the per-setting process
+    p.add_argument("--rows-out", type=Path, default=None, help=argparse.SUPPRESS)  # where it writes its rows
     return p
 
 
@@ -251,16 +319,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.smoke:
         apply_preset(parser, args, {"conversations": 2, "max_tokens": 8, "concurrency": [1, 2]})
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    tokenizer = load_tokenizer(args.model)
-    chat = build_workload(tokenizer, max(args.conversations, max(args.concurrency)), 2, 256, 48, 96, seed=0)
-    n = max(args.conversations, max(args.concurrency))
-    every = {"chat": (chat.user_turns, chat.system_prompt), "copy": (copy_turns(n), None)}
-    workloads = {name: every[name] for name in args.workloads}
     methods = args.method or METHODS
-    rows = run_setting(args, "off", None, workloads)
-    for name, spec in methods:
-        rows += run_setting(args, name, spec, workloads)
+    if args.only_setting is not None:
+        run_only(args, dict(methods))
+        return {}
+    rounds = []
+    for _ in range(args.rounds):
+        rows = run_in_process(args, "off", None)
+        for name, spec in methods:
+            rows += run_in_process(args, name, spec)
+        rounds.append(rows)
+    n = max(args.conversations, max(args.concurrency))
     result = {
         "benchmark": "spec_decode",
         "model": args.model,
@@ -268,12 +340,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "quantization": args.quantization,
         "max_tokens": args.max_tokens,
         "conversations": n,
+        "rounds": args.rounds,
         "methods": {name: json.loads(spec) for name, spec in methods},
         "machine": machine_facts(),
-        "rows": summarise(rows),
+        "rows": summarise(rounds),
     }
     write_result(result, args.out, args.smoke, RESULTS)
     return result
+
+
+def run_only(args: argparse.Namespace, methods: dict[str, str]) -> None:
+    """The per-setting process: runs args.only_setting ("off" or a name in methods) and writes its rows (with
+    replies) as JSON to args.rows_out. Raises SystemExit (argparse's message) for an unknown setting or a missing
+    --rows-out."""
+    name = args.only_setting
+    if (name != "off" and name not in methods) or args.rows_out is None:
+        build_parser().error(f"--only-setting {name!r} needs --rows-out and a setting among off, {sorted(methods)}")
+    tokenizer = load_tokenizer(args.model)
+    n = max(args.conversations, max(args.concurrency))
+    chat = build_workload(tokenizer, n, 2, 256, 48, 96, seed=0)
+    every = {"chat": (chat.user_turns, chat.system_prompt), "copy": (copy_turns(n), None)}
+    workloads = {wl: every[wl] for wl in args.workloads}
+    rows = run_setting(args, name, methods.get(name), workloads)
+    args.rows_out.write_text(json.dumps(rows))
 
 
 if __name__ == "__main__":
