@@ -5,11 +5,14 @@ are partly accepted and partly rejected), and the n-gram --speculative-config th
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from runtime.engine import Engine
+from runtime.sampling_params import SamplingParams
 
 # disable_by_batch_size 64: every step of these small batches drafts (the measured gate of spec_gate.py would close
 # on the random model's rejections; tests/runtime/scheduler/test_spec_gate.py tests it)
@@ -67,3 +70,29 @@ def one_torch_thread() -> Iterator[None]:
             yield
         finally:
             torch.set_num_threads(threads)
+
+
+def loopy_engine_maker(loopy_dir: Path) -> Callable[..., Engine]:
+    """make(**kw) -> an Engine on the loopy model: 128 blocks of 4 tokens (runs cross block boundaries), float32,
+    any ServerArgs keyword overriding those."""
+
+    def make(**kw) -> Engine:
+        kw.setdefault("num_blocks", 128)
+        kw.setdefault("block_size", 4)
+        kw.setdefault("dtype", "float32")
+        return Engine(model=str(loopy_dir), **kw)
+
+    return make
+
+
+def memoised_plain(engine: Engine) -> Callable[[list[list[int]], SamplingParams], list[list[int]]]:
+    """run(prompts, params) -> plain decoding's token ids per prompt on engine, memoised by (prompts, params)."""
+    memo: dict[str, list[list[int]]] = {}
+
+    def run(prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+        key = repr((prompts, params))
+        if key not in memo:
+            memo[key] = [o.token_ids for o in engine.generate(input_ids=prompts, sampling_params=params)]
+        return memo[key]
+
+    return run

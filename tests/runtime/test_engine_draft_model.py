@@ -11,12 +11,11 @@ import json
 import pytest
 
 from runtime.config import InvalidConfig, ServerArgs
-from runtime.engine import Engine
 from runtime.model.draft_model import DraftVocabMismatch
 from runtime.model.draft_runner import DraftRunner
 from runtime.sampling_params import SamplingParams
 from tests.runtime.engine_helpers import assert_idle, greedy, record_batches
-from tests.runtime.spec_helpers import PROMPTS, save_loopy_llama
+from tests.runtime.spec_helpers import PROMPTS, loopy_engine_maker, memoised_plain, save_loopy_llama
 
 K = 3
 
@@ -59,28 +58,13 @@ def random_draft_dir(tmp_path_factory, smollm2_tokenizer):
 
 @pytest.fixture(scope="module")
 def make_engine(loopy_dir):
-    def make(**kw) -> Engine:
-        kw.setdefault("num_blocks", 128)
-        kw.setdefault("block_size", 4)
-        kw.setdefault("dtype", "float32")
-        return Engine(model=str(loopy_dir), **kw)
-
-    return make
+    return loopy_engine_maker(loopy_dir)
 
 
 @pytest.fixture(scope="module")
 def plain_outputs(make_engine):
     """Plain decoding's output of (prompts, params), memoised."""
-    engine = make_engine()
-    memo: dict[str, list[list[int]]] = {}
-
-    def run(prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-        key = repr((prompts, params))
-        if key not in memo:
-            memo[key] = [o.token_ids for o in engine.generate(input_ids=prompts, sampling_params=params)]
-        return memo[key]
-
-    return run
+    return memoised_plain(make_engine())
 
 
 def _slots(batches) -> int:
