@@ -107,7 +107,7 @@ def test_smollm2_json_copy_with_penalty_and_logprobs_equals_plain_decoding():
     messages = [{"role": "user", "content": "Repeat this JSON exactly: " + json.dumps(data)}]
     so = StructuredOutputs(json=json.dumps(ITEMS))
     params = SamplingParams(max_tokens=40, temperature=0.0, structured_outputs=so, frequency_penalty=0.1, logprobs=1)
-    plain = Engine(dtype="float32")
+    plain = Engine(dtype="float32", quantization="none")  # float32 weights: int4 rows would differ by row count
     want = plain.generate(messages=[messages], sampling_params=params)[0]
     # a verified row runs as an extend, not a decode: the gap between the two paths' float32 logprobs, measured by
     # scoring prompt + output as one extend (prompt_logprobs), bounds how far the logprobs may differ
@@ -119,7 +119,7 @@ def test_smollm2_json_copy_with_penalty_and_logprobs_equals_plain_decoding():
     extend = [lp.logprob for lp in scored.prompt_logprobs.logprobs[-len(want.token_ids) :] if lp is not None]
     decode = [lp.logprob for lp in want.outputs[0].logprobs or []]
     tolerance = 2 * max(abs(a - b) for a, b in zip(extend, decode, strict=True)) + 1e-6
-    spec = Engine(dtype="float32", speculative_config=NGRAM)
+    spec = Engine(dtype="float32", quantization="none", speculative_config=NGRAM)
     got = spec.generate(messages=[messages], sampling_params=params)[0]
     assert got.token_ids == want.token_ids
     for a, b in zip(got.outputs[0].logprobs or [], want.outputs[0].logprobs or [], strict=True):
