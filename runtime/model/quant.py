@@ -174,7 +174,7 @@ class Linear(torch.nn.Module):
             self.kernel = "qgemv"
             limits = QGEMV_MAX_ROWS[self.isa][quantization]
             copy = tuple(quantize_q4(w) if quantization == "int4" else quantize_q8(w))
-            if torch_copy:
+            if torch_copy and torch_limits.get(w.dtype, 0) > limits.get(w.dtype, 0):  # else the copy never runs
                 self.torch_qweight = torch_copy[0]
                 self.torch_scales = torch_copy[1]
                 self.torch_rows = torch_limits.get(w.dtype, 0)
