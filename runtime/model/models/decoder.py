@@ -21,6 +21,7 @@ from runtime.model.errors import CorruptModelError
 from runtime.model.hf_config import ModelConfig
 from runtime.model.models.attention import QKV, Attention, separate_qkv
 from runtime.model.models.batch import AttentionMetadata
+from runtime.model.models.fused_layer import FusedDecode, LayerNorms
 from runtime.model.models.mlp import MlpBuilder, dense_mlp
 from runtime.model.models.norms import RMSNorm
 from runtime.model.models.rotary import RotaryEmbedding
@@ -76,11 +77,17 @@ class DecoderLayer(torch.nn.Module):
         self.pre_mlp_norm = family.norm(src.take(f"{prefix}.{names.pre_mlp}.weight"), cfg.rms_norm_eps)
         self.mlp = family.build_mlp(cfg, src, f"{prefix}.mlp", layer, quantization)
         self.post_mlp_norm = _optional_norm(family, cfg, src, prefix, names.post_mlp)
+        norms = LayerNorms(self.input_layernorm, self.post_attention_norm, self.pre_mlp_norm, self.post_mlp_norm)
+        self.fused_decode = FusedDecode(norms, self.self_attn, self.mlp)
 
     def forward(
         self, x: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
-        """x [T, hidden] -> [T, hidden]; writes this layer's K/V."""
+        """x [T, hidden] -> [T, hidden]; writes this layer's K/V. A decode step the C++ layer op can run goes
+        there (runtime/model/models/fused_layer.py); the rest runs here."""
+        fused = self.fused_decode(x, meta, k_cache, v_cache)
+        if fused is not None:
+            return fused
         x = x + self.post_attention_norm(self.self_attn(self.input_layernorm(x), meta, k_cache, v_cache))
         return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
 

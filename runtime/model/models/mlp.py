@@ -40,6 +40,7 @@ class GatedMLP(torch.nn.Module):
         self.inter = gate_up.shape[0] // 2
         self.gate_up_proj = Linear(gate_up, None, quantization)
         self.down_proj = Linear(down, None, quantization)
+        self.act_name = act
         self.act = ACTIVATIONS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
