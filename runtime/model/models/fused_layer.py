@@ -149,7 +149,9 @@ def _norm_kind(norms: LayerNorms, attn: Attention) -> str | None:
 
 def _norm_eps(norm: torch.nn.Module) -> float:
     """A norm's epsilon (RMSNorm and GemmaRMSNorm keep it as eps; _norm_kind checked there is one)."""
-    return float(norm.eps)
+    eps = norm.eps
+    assert isinstance(eps, float)
+    return eps
 
 
 def _norm_tensor(norm: torch.nn.Module | None) -> torch.Tensor:
