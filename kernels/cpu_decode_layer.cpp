@@ -140,7 +140,6 @@ void rotate_and_store(const at::Tensor& qkv, const at::Tensor& positions, const 
                       const at::Tensor& cos, const at::Tensor& sin_signed, at::Tensor& k_cache, at::Tensor& v_cache,
                       const Layer& l, at::Tensor& q) {
     const int64_t rows = qkv.size(0), d = l.head_dim, width = qkv.size(1);
-    const int64_t block_size = k_cache.size(1), slots = k_cache.size(0) * block_size;
     const int64_t slot_stride = l.num_kv_heads * d;  // a slot's K (or V) values in the cache
     std::vector<T> scratch(d);
     for (int64_t i = 0; i < rows; ++i) {
@@ -154,7 +153,6 @@ void rotate_and_store(const at::Tensor& qkv, const at::Tensor& positions, const 
         const int64_t slot = slot_mapping.data_ptr<int64_t>()[i];
         if (slot < 0)
             continue;
-        TORCH_CHECK_VALUE(slot < slots, "decode_layer: slot ", slot, " is outside the cache's ", slots, " slots");
         T* k_slot = k_cache.data_ptr<T>() + slot * slot_stride;
         T* v_slot = v_cache.data_ptr<T>() + slot * slot_stride;
         const T* k_heads = row + l.num_heads * d;
@@ -282,6 +280,11 @@ void check_inputs(const at::Tensor& x, const at::Tensor& positions, const at::Te
     for (int64_t i = 0; i < rows; ++i)
         TORCH_CHECK_VALUE(pos[i] >= 0 && pos[i] < cos.size(0), "decode_layer: position ", pos[i],
                           " is outside the rotary tables' ", cos.size(0));
+    const int64_t* slot = slot_mapping.data_ptr<int64_t>();
+    const int64_t slots = k_cache.size(0) * k_cache.size(1);
+    for (int64_t i = 0; i < rows; ++i)
+        TORCH_CHECK_VALUE(slot[i] < slots, "decode_layer: slot ", slot[i], " is outside the cache's ", slots,
+                          " slots");
     const int64_t hidden = x.size(1);
     check_norm(l.norms[IN_NORM], hidden, l.norm_kind, dtype, "input");
     check_norm(l.norms[POST_ATTENTION_NORM], hidden, l.norm_kind, dtype, "post-attention");

@@ -121,9 +121,9 @@ def decode_layer(
     [T] (this token included); k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim] in x's dtype,
     contiguous: mutated (each row's K/V written at its slot). T at most kernels.cpu_qgemv.MAX_ROWS.
     Returns the layer's output [T, hidden], a new tensor in x's dtype.
-    Raises KernelInputError for shapes, dtypes, positions or slots the op does not take (checked before any write,
-    except a slot past the cache, checked as rows are stored); RuntimeError when the op is unavailable (check
-    load_op() first).
+    Raises KernelInputError for shapes, dtypes, positions or slots the op does not take (checked before any write;
+    the block tables and seq_lens are checked by the attention after this step's K/V are stored, as in the Python
+    layer); RuntimeError when the op is unavailable (check load_op() first).
     """
     op = _op if _op is not None else load_op()
     if op is None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from kernels import cpu_qgemv
+from kernels import cpu_decode_layer, cpu_qgemv
 from runtime.config import ServerArgs
 from runtime.model import quant
 from runtime.model.loader import resolve_model
@@ -38,6 +38,9 @@ def test_int4_greedy_tokens_on_the_op_equal_transformers_float32(
 
     group_linear = quant.group_linear
     monkeypatch.setattr(quant, "group_linear", counted)
+    layer_calls = []
+    decode_layer = cpu_decode_layer.decode_layer
+    monkeypatch.setattr(cpu_decode_layer, "decode_layer", lambda *a: layer_calls.append(1) or decode_layer(*a))
     runner = ModelRunner(ServerArgs(model="smollm2", num_blocks=64, dtype="float32", quantization="int4"))
     head = runner.model.lm_head
     down = runner.model.layers[0].mlp.down_proj
@@ -48,9 +51,11 @@ def test_int4_greedy_tokens_on_the_op_equal_transformers_float32(
     hf = AutoModelForCausalLM.from_pretrained(str(resolve_model("smollm2")), dtype=torch.float32).eval()
     for prompt in chat_prompt_ids[:PROMPTS]:
         calls.clear()
+        layer_calls.clear()
         mine = runner_greedy(runner, [prompt], NEW_TOKENS)[0]
-        # every decode step ran each of the 30 layers' 4 linears (qkv, o, gate_up, down) and the head on the op, and
-        # the prefill its head (its last position only)
-        assert calls.count(1) == len(calls) == (NEW_TOKENS - 1) * (30 * 4 + 1) + 1
+        # every decode step ran each of the 30 layers in the C++ decode layer (its 4 linears on the op) and the head
+        # on the op, and the prefill its head (its last position only)
+        assert len(layer_calls) == (NEW_TOKENS - 1) * 30
+        assert calls.count(1) == len(calls) == (NEW_TOKENS - 1) + 1
         ((ref, ref_logits),) = hf_generate(hf, [prompt], NEW_TOKENS)
         assert_same(mine, ref, ref_logits)
