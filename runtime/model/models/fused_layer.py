@@ -74,15 +74,19 @@ class FusedDecode:
         )
 
     def _projections(self) -> list[torch.nn.Module]:
-        """qkv, o_proj, gate_up, down; empty when the MLP is not a GatedMLP (an MoE block)."""
-        if not isinstance(self.mlp, GatedMLP):
+        """qkv, o_proj, gate_up, down (read from the modules' registries: the cheapest lookup, once per call); empty
+        when the MLP has no gate_up_proj (an MoE block)."""
+        attn = self.attention._modules
+        mlp = self.mlp._modules
+        names = ("gate_up_proj", "down_proj")
+        if not all(name in mlp for name in names):
             return []
-        attn = self.attention
-        return [attn.get_submodule("qkv_proj"), attn.get_submodule("o_proj"), self.mlp.gate_up_proj, self.mlp.down_proj]
+        found = [attn.get("qkv_proj"), attn.get("o_proj"), mlp[names[0]], mlp[names[1]]]
+        return [p for p in found if p is not None]
 
     def _weights(self) -> _Built:
         projections = self._projections()
-        key = tuple(id(p) for p in projections) + tuple(id(getattr(p, "qweight", None)) for p in projections)
+        key = tuple(id(p) for p in projections) + tuple(id(p._buffers.get("qweight")) for p in projections)
         if self._built is None or self._built.key != key:
             self._built = _Built(key, *self._build(projections))
         return self._built

@@ -124,10 +124,17 @@ def test_a_padding_slot_is_not_written_and_a_slot_past_the_cache_is_refused(tiny
 
 
 def test_the_python_layer_runs_what_the_op_does_not(tiny_llama_dir, monkeypatch):
-    """A prefill step, an unquantized model, a disabled op: fused_decode answers None and writes nothing."""
+    """A prefill step, a projection made dense after the op ran (a new quantization plan), an unquantized model, a
+    disabled op: fused_decode answers None and writes nothing."""
     model = _model(tiny_llama_dir, "float32")
     layer = model.layers[0]
     x, meta, k_cache, v_cache = _step(layer, [20], seed=2)
+    second = model.layers[1]
+    with torch.inference_mode():
+        assert second.fused_decode(x, meta, k_cache.clone(), v_cache.clone()) is not None
+    second.mlp.down_proj.set_scheme("none")
+    with torch.inference_mode():
+        assert second.fused_decode(x, meta, k_cache.clone(), v_cache.clone()) is None
     meta.max_query_len = 2
     k1 = k_cache.clone()
     with torch.inference_mode():
