@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_decode_layer.cpp")
 NAME = "radixserve_cpu_decode_layer"
 # -ffp-contract=off: Python's x * cos + roll(x) * sin rounds each product and the sum; no fused multiply-add.
-CFLAGS = ("-O3", "-ffp-contract=off")
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=off")
 ENABLED = os.environ.get("RADIXSERVE_CPU_DECODE_LAYER", "1") != "0"
 NORM_KINDS = {"llama": 0, "gemma": 1}  # weight * round(norm(x)) in the model dtype; round(norm(x) * (1 + w)) in float32
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}
