@@ -4,9 +4,10 @@
 //
 // Why: at one token per step a layer's arithmetic is a few hundred thousand multiply-adds on weights the qgemv op
 // reads; what Python added around it (about 170 torch ops per layer, each a dispatch, an allocation and a Python
-// frame) cost as much as the weights. Here the four projections are the qgemv op (torch.ops.radixserve_qgemv.qgemv)
-// and the attention the paged decode op (torch.ops.radixserve.paged_decode), both called through the dispatcher
-// from C++; the rest is loops over a few thousand values per row.
+// frame) cost as much as the weights. Here each projection is the kernel Python would run for these rows (the qgemv
+// op, torch.ops.radixserve_qgemv.qgemv, through the dispatcher; torch's int4 / int8 weight-only kernels; at::linear)
+// and the attention the paged decode op (torch.ops.radixserve.paged_decode); the rest is loops over a few thousand
+// values per row.
 //
 // Numerics: the result is the Python layer's (runtime/model/models/decoder.py) with the same rounding points. In
 // bfloat16 every value Python holds as a bfloat16 tensor is rounded to bfloat16 here at the same place (the norm's
@@ -20,6 +21,7 @@
 // cos, sin_signed [max_positions, head_dim] (RotaryEmbedding's tables, the whole head rotated); qkv's rows are q
 // heads, then k heads, then v heads.
 #include <ATen/EmptyTensor.h>
+#include <ATen/Functions.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/BFloat16.h>
@@ -33,8 +35,14 @@ namespace {
 
 // norms: six tensors in this order; an absent norm (the family has none there) is an empty tensor.
 enum NormSlot : int64_t { IN_NORM, POST_ATTENTION_NORM, PRE_MLP_NORM, POST_MLP_NORM, Q_NORM, K_NORM, NUM_NORMS };
-// linears: (qweight, scales, mins) of each projection in this order; 8-bit weights pass scales again as mins.
+// linears: three tensors per projection in this order, read as its kind says (kernels/cpu_decode_layer.py's KINDS):
+//   QGEMV4, QGEMV8: (qweight, scales, mins) of the qgemv op (8 bits: scales again as mins);
+//   TORCH_INT4: (qweight, scales_and_zeros, unused) of aten._weight_int4pack_mm_for_cpu, with its group size;
+//   TORCH_INT8: (qweight, scales, unused) of aten._weight_int8pack_mm;
+//   DENSE: (weight, unused, unused) for at::linear.
+// The torch kernels run in bfloat16 (x converted, the output back), as runtime/model/quant*.py run them.
 enum LinearSlot : int64_t { QKV, O_PROJ, GATE_UP, DOWN, NUM_LINEARS };
+enum LinearKind : int64_t { QGEMV4, QGEMV8, TORCH_INT4, TORCH_INT8, DENSE };
 constexpr int64_t LLAMA_NORM = 0;  // weight * round(norm(x)), weight in the model dtype
 constexpr int64_t GEMMA_NORM = 1;  // round(norm(x) * scale), scale = 1 + weight in float32
 constexpr int64_t SILU = 0;
@@ -55,7 +63,8 @@ struct Linear {
     const at::Tensor* qweight;
     const at::Tensor* scales;
     const at::Tensor* mins;
-    int64_t bits;
+    int64_t kind;
+    int64_t group_size;
 };
 
 struct Layer {
@@ -69,7 +78,27 @@ at::Tensor qgemv(const at::Tensor& x, const Linear& w, int64_t isa) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("radixserve_qgemv::qgemv", "")
                                .typed<QgemvFn>();
-    return op.call(x, *w.qweight, *w.scales, *w.mins, w.bits, isa);
+    return op.call(x, *w.qweight, *w.scales, *w.mins, w.kind == QGEMV4 ? 4 : 8, isa);
+}
+
+// x [T, K] @ W.T -> [T, N] in x's dtype by the projection's kind (+ bias for DENSE: F.linear adds it inside; the
+// other kinds' callers add it after, as Python does). int8: x copied when its data is not 64-byte aligned (the
+// kernel's aligned loads: runtime/model/quant.py).
+at::Tensor project(const at::Tensor& x, const Linear& w, int64_t isa, const std::optional<at::Tensor>& bias) {
+    if (w.kind == QGEMV4 || w.kind == QGEMV8)
+        return qgemv(x, w, isa);
+    if (w.kind == DENSE)
+        return at::linear(x, *w.qweight, bias);
+    at::Tensor inner = x.to(at::kBFloat16).contiguous();
+    at::Tensor out;
+    if (w.kind == TORCH_INT4) {
+        out = at::_weight_int4pack_mm_for_cpu(inner, *w.qweight, w.group_size, *w.scales);
+    } else {
+        if (reinterpret_cast<uintptr_t>(inner.data_ptr()) % 64)
+            inner = inner.clone();
+        out = at::_weight_int8pack_mm(inner, *w.qweight, *w.scales);
+    }
+    return out.scalar_type() == x.scalar_type() ? out : out.to(x.scalar_type());
 }
 
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -220,20 +249,21 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& positions, const at::Tenso
                const at::Tensor& cos, const at::Tensor& sin_signed, const std::optional<at::Tensor>& qkv_bias,
                const Layer& l, int64_t window, double scale) {
     const int64_t rows = x.size(0);
-    at::Tensor qkv = qgemv(norm_rows<T>(x, l, IN_NORM), l.linears[QKV], l.isa);
+    const bool dense_qkv = l.linears[QKV].kind == DENSE;
+    at::Tensor qkv = project(norm_rows<T>(x, l, IN_NORM), l.linears[QKV], l.isa, dense_qkv ? qkv_bias : std::nullopt);
     TORCH_CHECK_VALUE(qkv.size(1) == (l.num_heads + 2 * l.num_kv_heads) * l.head_dim,
                       "decode_layer: qkv has ", qkv.size(1), " columns, the heads need ",
                       (l.num_heads + 2 * l.num_kv_heads) * l.head_dim);
-    if (qkv_bias.has_value())
+    if (qkv_bias.has_value() && !dense_qkv)
         add_bias<T>(qkv, *qkv_bias);
     at::Tensor q = at::detail::empty_cpu({rows, l.num_heads, l.head_dim}, x.scalar_type(), false, std::nullopt);
     rotate_and_store<T>(qkv, positions, slot_mapping, cos, sin_signed, k_cache, v_cache, l, q);
     at::Tensor attn = paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
-    at::Tensor o = qgemv(attn.view({rows, l.num_heads * l.head_dim}), l.linears[O_PROJ], l.isa);
+    at::Tensor o = project(attn.view({rows, l.num_heads * l.head_dim}), l.linears[O_PROJ], l.isa, std::nullopt);
     at::Tensor hidden = x.clone();
     add_into<T>(hidden, norm_rows<T>(o, l, POST_ATTENTION_NORM));
-    at::Tensor gate_up = qgemv(norm_rows<T>(hidden, l, PRE_MLP_NORM), l.linears[GATE_UP], l.isa);
-    at::Tensor down = qgemv(gated<T>(gate_up, l.act), l.linears[DOWN], l.isa);
+    at::Tensor gate_up = project(norm_rows<T>(hidden, l, PRE_MLP_NORM), l.linears[GATE_UP], l.isa, std::nullopt);
+    at::Tensor down = project(gated<T>(gate_up, l.act), l.linears[DOWN], l.isa, std::nullopt);
     add_into<T>(hidden, norm_rows<T>(down, l, POST_MLP_NORM));
     return hidden;
 }
@@ -309,19 +339,24 @@ void check_inputs(const at::Tensor& x, const at::Tensor& positions, const at::Te
 at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& slot_mapping,
                         const at::Tensor& block_tables, const at::Tensor& seq_lens, at::Tensor& k_cache,
                         at::Tensor& v_cache, const at::Tensor& cos, const at::Tensor& sin_signed,
-                        at::TensorList norms, at::TensorList linears, at::IntArrayRef bits,
+                        at::TensorList norms, at::TensorList linears, at::IntArrayRef kinds,
+                        at::IntArrayRef group_sizes,
                         const std::optional<at::Tensor>& qkv_bias, int64_t num_heads, int64_t num_kv_heads,
                         int64_t window, int64_t isa, int64_t norm_kind, int64_t act, double eps, double scale) {
     TORCH_CHECK_VALUE(static_cast<int64_t>(norms.size()) == NUM_NORMS, "decode_layer: ", NUM_NORMS,
                       " norms expected, got ", norms.size());
     TORCH_CHECK_VALUE(static_cast<int64_t>(linears.size()) == 3 * NUM_LINEARS &&
-                          static_cast<int64_t>(bits.size()) == NUM_LINEARS,
-                      "decode_layer: ", 3 * NUM_LINEARS, " linear tensors and ", NUM_LINEARS, " bits expected");
+                          static_cast<int64_t>(kinds.size()) == NUM_LINEARS &&
+                          static_cast<int64_t>(group_sizes.size()) == NUM_LINEARS,
+                      "decode_layer: ", 3 * NUM_LINEARS, " linear tensors, ", NUM_LINEARS, " kinds and group sizes "
+                      "expected");
+    for (const int64_t kind : kinds)
+        TORCH_CHECK_VALUE(kind >= QGEMV4 && kind <= DENSE, "decode_layer: unknown projection kind ", kind);
     TORCH_CHECK_VALUE(k_cache.dim() == 4, "decode_layer: k_cache must be 4-D, got ", k_cache.sizes());
     Layer l{std::vector<at::Tensor>(norms.begin(), norms.end()), {}, num_heads, num_kv_heads, k_cache.size(3),
             norm_kind, act, isa, static_cast<float>(eps)};
     for (int64_t i = 0; i < NUM_LINEARS; ++i)
-        l.linears.push_back({&linears[3 * i], &linears[3 * i + 1], &linears[3 * i + 2], bits[i]});
+        l.linears.push_back({&linears[3 * i], &linears[3 * i + 1], &linears[3 * i + 2], kinds[i], group_sizes[i]});
     check_inputs(x, positions, slot_mapping, k_cache, v_cache, cos, sin_signed, qkv_bias, l);
     if (x.scalar_type() == at::kFloat)
         return run<float>(x, positions, slot_mapping, block_tables, seq_lens, k_cache, v_cache, cos, sin_signed,
@@ -335,7 +370,7 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& positions, const 
 TORCH_LIBRARY(radixserve_layer, m) {
     m.def("decode_layer(Tensor x, Tensor positions, Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, "
           "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cos, Tensor sin_signed, Tensor[] norms, Tensor[] linears, "
-          "int[] bits, Tensor? qkv_bias, int num_heads, int num_kv_heads, int window, int isa, int norm_kind, "
+          "int[] kinds, int[] group_sizes, Tensor? qkv_bias, int num_heads, int num_kv_heads, int window, int isa, int norm_kind, "
           "int act, float eps, float scale) -> Tensor");
 }
 

@@ -3,9 +3,10 @@
 ``torch.ops.radixserve_layer.decode_layer`` runs a dense pre-norm layer (runtime/model/models/decoder.py) for T rows
 of one token each: norm, the qkv projection (+ bias), per-head q/k norms, rotary, store K/V at each row's slot, paged
 decode attention, o_proj, the post-attention norm and residual, the pre-MLP norm, gate_up, act(gate) * up, down, the
-post-MLP norm and residual. Its projections are the qgemv op's (kernels/cpu_qgemv.py, group-quantized weights) and
-its attention the paged decode op's (kernels/cpu_decode.py), called from C++; both must be loaded first (load_op
-loads them). The C++ file's header gives the numerics: Python's rounding points, kept.
+post-MLP norm and residual. Each projection is the qgemv op (kernels/cpu_qgemv.py, group-quantized weights), torch's
+int4 / int8 weight-only kernel or at::linear (KINDS), its attention the paged decode op (kernels/cpu_decode.py), all
+called from C++; the two ops must be loaded first (load_op loads them). The C++ file's header gives the numerics:
+Python's rounding points, kept.
 
 Build: kernels.cpp_build compiles it on first use into ``$RADIXSERVE_CACHE/kernels``. A build or load failure logs one
 warning and ``load_op`` returns None: the caller keeps the Python layer. ``RADIXSERVE_CPU_DECODE_LAYER=0`` (read at
@@ -35,6 +36,9 @@ CFLAGS = ("-O3", "-march=native", "-ffp-contract=off")
 ENABLED = os.environ.get("RADIXSERVE_CPU_DECODE_LAYER", "1") != "0"
 NORM_KINDS = {"llama": 0, "gemma": 1}  # weight * round(norm(x)) in the model dtype; round(norm(x) * (1 + w)) in float32
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}
+# A projection's kernel (the C++ file's LinearKind): the qgemv op on 4- or 8-bit groups, torch's int4 / int8
+# weight-only kernels (runtime/model/quant_int4.py, quant.py), or F.linear.
+KINDS = {"qgemv4": 0, "qgemv8": 1, "int4": 2, "int8": 3, "dense": 4}
 
 _op: Callable[..., torch.Tensor] | None = None
 _failed = False
@@ -45,8 +49,10 @@ class LayerWeights(NamedTuple):
 
     norms: six tensors, input, post-attention, pre-MLP, post-MLP, q, k; an absent one is an empty tensor. A "llama"
         norm is its weight in the model dtype [n]; a "gemma" one is its float32 scale 1 + weight [n].
-    linears: qkv, o_proj, gate_up, down, each (qweight, scales, mins) as kernels.cpu_qgemv takes them (8 bits: scales
-        twice); bits: 4 or 8 each.
+    linears: qkv, o_proj, gate_up, down, three tensors each as its kind (a key of KINDS) reads them: qgemv4 / qgemv8
+        (qweight, scales, mins) as kernels.cpu_qgemv takes them (8 bits: scales twice); int4 (qweight,
+        scales_and_zeros, -) with its group size in group_sizes (0 for the others); int8 (qweight, scales, -); dense
+        (weight, -, -); "-" an empty tensor.
     qkv_bias: [(num_heads + 2 num_kv_heads) head_dim] in the model dtype, or None.
     cos, sin_signed: the layer's RotaryEmbedding tables [max_positions, head_dim] in the model dtype.
     norm_kind, act: keys of NORM_KINDS and ACTIVATIONS; isa: a key of kernels.cpu_qgemv.ISAS; eps: the norms' epsilon;
@@ -55,7 +61,8 @@ class LayerWeights(NamedTuple):
 
     norms: Sequence[torch.Tensor]
     linears: Sequence[torch.Tensor]
-    bits: Sequence[int]
+    kinds: Sequence[str]
+    group_sizes: Sequence[int]
     qkv_bias: torch.Tensor | None
     cos: torch.Tensor
     sin_signed: torch.Tensor
@@ -119,7 +126,8 @@ def decode_layer(
 
     positions, slot_mapping: int64 [T] (slot -1: K/V not written); block_tables int32 [T, max_blocks], seq_lens int32
     [T] (this token included); k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim] in x's dtype,
-    contiguous: mutated (each row's K/V written at its slot). T at most kernels.cpu_qgemv.MAX_ROWS.
+    contiguous: mutated (each row's K/V written at its slot). A qgemv projection takes at most
+    kernels.cpu_qgemv.MAX_ROWS rows.
     Returns the layer's output [T, hidden], a new tensor in x's dtype.
     Raises KernelInputError for shapes, dtypes, positions or slots the op does not take (checked before any write;
     the block tables and seq_lens are checked by the attention after this step's K/V are stored, as in the Python
@@ -141,7 +149,8 @@ def decode_layer(
             w.sin_signed,
             list(w.norms),
             list(w.linears),
-            list(w.bits),
+            [KINDS[k] for k in w.kinds],
+            list(w.group_sizes),
             w.qkv_bias,
             w.num_heads,
             w.num_kv_heads,

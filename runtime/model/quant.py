@@ -243,20 +243,35 @@ class Linear(torch.nn.Module):
         """True when an input of `rows` rows (tokens) runs a quantized copy."""
         return self.qweight is not None and rows <= max(self.max_rows, self.torch_rows)
 
+    def path(self, rows: int) -> str:
+        """Which copy an input of `rows` rows runs: "qgemv" (the op's groups), "int4" or "int8" (torch's kernel on
+        torch's copy), or "dense" (F.linear on weight). The one rule forward and the C++ decode layer
+        (runtime/model/models/fused_layer.py) follow."""
+        if rows and self.uses_quantized(rows):
+            if self.groups is not None and rows <= self.max_rows:
+                return "qgemv"
+            if self.int4 is not None:
+                return "int4"
+            if self.int8 is not None:
+                return "int8"
+        return "dense"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N] in x.dtype; the op up to max_rows rows, torch's quantized kernel up to its limit,
-        else F.linear (class docstring)."""
-        rows = x.numel() // x.shape[-1]
-        if rows and self.uses_quantized(rows):
+        else F.linear (class docstring; the rule: path)."""
+        path = self.path(x.numel() // x.shape[-1])
+        if path == "qgemv":
             groups = self.groups
-            if groups is not None and rows <= self.max_rows:
-                return group_linear(x, groups, self.isa, self.bias)
+            assert groups is not None
+            return group_linear(x, groups, self.isa, self.bias)
+        if path == "int4":
             w4 = self.int4
-            if w4 is not None:
-                return int4_linear(x, w4, self.bias)
+            assert w4 is not None
+            return int4_linear(x, w4, self.bias)
+        if path == "int8":
             w8 = self.int8
-            if w8 is not None:
-                return int8_linear(x, w8, self.bias)
+            assert w8 is not None
+            return int8_linear(x, w8, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:

@@ -1,10 +1,11 @@
 """A decode step's decoder layer in one C++ call (kernels.cpu_decode_layer) where the op does what the layer does.
 
-The op runs a dense layer whose four projections are the qgemv op's group-quantized copies (runtime.model.quant.Linear
-with kernel "qgemv"), for a step of one token per sequence and at most as many rows as every projection sends to the
-op. Anything else runs the Python layer: a prefill or extend step, more rows, an unquantized or torch-kernel
-projection, a tensor-parallel (RowParallel) or mixture-of-experts block, a partial rotary, Triton, a disabled or
-unbuilt op. The op's numerics are the Python layer's (kernels/cpu_decode_layer.cpp's header).
+The op runs a dense layer of a quantized model (each projection a runtime.model.quant.Linear with a quantized copy)
+for a step of one token per sequence; each projection runs the kernel its Linear would run for that many rows
+(Linear.path: the qgemv op, torch's int4 / int8 kernel, or F.linear above their row limits). Anything else runs the
+Python layer: a prefill or extend step, an unquantized model, a tensor-parallel (RowParallel) or mixture-of-experts
+block, a partial rotary, Triton, a disabled or unbuilt op. The op's numerics are the Python layer's
+(kernels/cpu_decode_layer.cpp's header).
 """
 
 from __future__ import annotations
@@ -35,10 +36,13 @@ class LayerNorms(NamedTuple):
     post_mlp: torch.nn.Module
 
 
-class _Built(NamedTuple):
-    key: tuple[int, ...]  # identities of the projections and their quantized weights when built
-    weights: cpu_decode_layer.LayerWeights | None  # None: the op does not run this layer
-    max_rows: int  # the most rows every projection sends to the qgemv op
+class _Layer(NamedTuple):
+    """What the op reads of a layer whatever the rows; the projections' tensors come per row count (_for_rows)."""
+
+    linears: list[Linear]
+    norms: list[torch.Tensor]
+    norm_kind: str
+    act: str
 
 
 class FusedDecode:
@@ -46,14 +50,16 @@ class FusedDecode:
 
     Holds the layer's parts; reads the projections when first called and again whenever one of them or its quantized
     copy was replaced (a quantization plan or tensor parallelism installed after construction), so the op never reads
-    stale weights. The op's arguments are built once per such change: O(1) Python per call otherwise.
+    stale weights. The op's arguments are built once per row count and such change: O(1) Python per call otherwise.
     """
 
     def __init__(self, norms: LayerNorms, attention: Attention, mlp: torch.nn.Module) -> None:
         self.norms = norms
         self.attention = attention
         self.mlp = mlp
-        self._built: _Built | None = None
+        self._key: tuple[int, ...] | None = None  # identities of the projections and their copies when read
+        self._layer: _Layer | None = None  # None: the op does not run this layer
+        self._by_rows: dict[int, cpu_decode_layer.LayerWeights] = {}
 
     def __call__(
         self, x: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
@@ -62,15 +68,15 @@ class FusedDecode:
         the op does not run this step or layer (the caller runs the Python layer; nothing was written)."""
         if meta.max_query_len != 1 or x.device.type != "cpu":
             return None
-        built = self._weights()
-        if built.weights is None or x.shape[0] > built.max_rows:
+        weights = self._weights(x.shape[0])
+        if weights is None:
             return None
         if x.dtype != k_cache.dtype or not (x.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()):
             return None
         if self.attention.sliding_window is not None and meta.window is not None:
             meta = meta.window
         return cpu_decode_layer.decode_layer(
-            x, meta.positions, meta.slot_mapping, meta.block_tables, meta.seq_lens, k_cache, v_cache, built.weights
+            x, meta.positions, meta.slot_mapping, meta.block_tables, meta.seq_lens, k_cache, v_cache, weights
         )
 
     def _projections(self) -> list[torch.nn.Module]:
@@ -84,57 +90,86 @@ class FusedDecode:
         found = [attn.get("qkv_proj"), attn.get("o_proj"), mlp[names[0]], mlp[names[1]]]
         return [p for p in found if p is not None]
 
-    def _weights(self) -> _Built:
+    def _weights(self, rows: int) -> cpu_decode_layer.LayerWeights | None:
         projections = self._projections()
         key = tuple(id(p) for p in projections) + tuple(id(p._buffers.get("qweight")) for p in projections)
-        if self._built is None or self._built.key != key:
-            self._built = _Built(key, *self._build(projections))
-        return self._built
+        if key != self._key:
+            self._key = key
+            self._layer = self._read(projections)
+            self._by_rows = {}
+        if self._layer is None:
+            return None
+        weights = self._by_rows.get(rows)
+        if weights is None:
+            weights = self._for_rows(self._layer, rows)
+            self._by_rows[rows] = weights
+        return weights
 
-    def _build(self, projections: list[torch.nn.Module]) -> tuple[cpu_decode_layer.LayerWeights | None, int]:
-        """The op's arguments and row limit, or (None, 0) when the op does not run this layer."""
+    def _read(self, projections: list[torch.nn.Module]) -> _Layer | None:
+        """The layer's parts the op reads, or None when the op does not run this layer."""
         attn = self.attention
         mlp = self.mlp
         linears = [p for p in projections if type(p) is Linear]
         if len(linears) != 4 or type(attn) is not Attention or not isinstance(mlp, GatedMLP):
-            return None, 0
+            return None
         if attn.rotary.rotary_dim != attn.head_dim or attn.backend not in (None, "auto", "reference"):
-            return None, 0
+            return None
         if not cpu_decode.ENABLED or attn.head_dim % 16 or attn.head_dim > cpu_decode.MAX_HEAD_DIM:
-            return None, 0
-        groups = [p.groups for p in linears]
-        if any(g is None for g in groups) or any(p.bias is not None for p in linears[1:]):
-            return None, 0
+            return None
+        if any(p.scheme == "none" for p in linears) or any(p.bias is not None for p in linears[1:]):
+            return None
         kind = _norm_kind(self.norms, attn)
         if kind is None or mlp.act_name not in cpu_decode_layer.ACTIVATIONS or cpu_decode_layer.load_op() is None:
-            return None, 0
+            return None
+        norms = [_norm_tensor(n) for n in (*self.norms, attn.q_norm, attn.k_norm)]
+        return _Layer(linears, norms, kind, mlp.act_name)
+
+    def _for_rows(self, layer: _Layer, rows: int) -> cpu_decode_layer.LayerWeights:
+        """The op's arguments for a step of `rows` rows: each projection's copy for that many rows (Linear.path)."""
+        attn = self.attention
         tensors: list[torch.Tensor] = []
-        bits: list[int] = []
-        for g in groups:
-            if isinstance(g, Q4Weight):
-                tensors.extend((g.qweight, g.scales, g.mins))
-                bits.append(4)
-            elif isinstance(g, Q8Weight):
-                tensors.extend((g.qweight, g.scales, g.scales))
-                bits.append(8)
-        qkv_bias = linears[0].bias
-        weights = cpu_decode_layer.LayerWeights(
-            norms=[_norm_tensor(n) for n in (*self.norms, attn.q_norm, attn.k_norm)],
+        kinds: list[str] = []
+        group_sizes: list[int] = []
+        for linear in layer.linears:
+            kind, copy, group_size = _projection(linear, rows)
+            tensors.extend(copy)
+            kinds.append(kind)
+            group_sizes.append(group_size)
+        qkv_bias = layer.linears[0].bias
+        return cpu_decode_layer.LayerWeights(
+            norms=layer.norms,
             linears=tensors,
-            bits=bits,
+            kinds=kinds,
+            group_sizes=group_sizes,
             qkv_bias=None if qkv_bias is None else qkv_bias.detach(),
             cos=attn.rotary.cos,
             sin_signed=attn.rotary.sin_signed,
             num_heads=attn.num_heads,
             num_kv_heads=attn.num_kv_heads,
-            norm_kind=kind,
-            act=mlp.act_name,
-            isa=linears[0].isa,
+            norm_kind=layer.norm_kind,
+            act=layer.act,
+            isa=layer.linears[0].isa,
             eps=_norm_eps(self.norms.pre_attention),
             scale=attn.scale,
             window=attn.sliding_window or 0,
         )
-        return weights, min(p.max_rows for p in linears)
+
+
+def _projection(linear: Linear, rows: int) -> tuple[str, tuple[torch.Tensor, ...], int]:
+    """(kind, three tensors, group size) of kernels.cpu_decode_layer for the copy `linear` runs at `rows` rows."""
+    path = linear.path(rows)
+    groups = linear.groups
+    int4 = linear.int4
+    int8 = linear.int8
+    if path == "qgemv" and isinstance(groups, Q4Weight):
+        return "qgemv4", (groups.qweight, groups.scales, groups.mins), 0
+    if path == "qgemv" and isinstance(groups, Q8Weight):
+        return "qgemv8", (groups.qweight, groups.scales, groups.scales), 0
+    if path == "int4" and int4 is not None:
+        return "int4", (int4.qweight, int4.scales_and_zeros, _EMPTY), int4.group_size
+    if path == "int8" and int8 is not None:
+        return "int8", (int8.qweight, int8.scales, _EMPTY), 0
+    return "dense", (linear.weight.detach(), _EMPTY, _EMPTY), 0
 
 
 def _norm_kind(norms: LayerNorms, attn: Attention) -> str | None:
