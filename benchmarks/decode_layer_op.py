@@ -1,7 +1,8 @@
-"""Single-stream decode with and without the C++ decode layer (kernels/cpu_decode_layer.cpp), side by side in one
-process: one Engine, one request, blocks of `--block` steps alternating between the op and the Python layer (each
-layer's fused_decode switched off), so that both settings see the same machine minute by minute (on a shared VM the
-speed of a whole process moves by 2x between minutes; only a ratio measured this way means anything).
+"""Decode with and without the C++ decode layer (kernels/cpu_decode_layer.cpp), side by side in one process: one
+Engine, one request (or `--batch` requests decoding together), blocks of `--block` steps alternating between the op
+and the Python layer (each layer's fused_decode switched off), so that both settings see the same machine minute by
+minute (on a shared VM the speed of a whole process moves by 2x between minutes; only a ratio measured this way means
+anything).
 
 Per setting: the median step (ms, the scheduler and sampling included: Engine.step), tok/s, and the torch ops per step
 (torch.profiler over `--profile-steps` more steps: how many dispatches the Python around the kernels costs).
@@ -9,6 +10,7 @@ Per setting: the median step (ms, the scheduler and sampling included: Engine.st
 Writes benchmarks/results/decode_layer_op_<model>.json (machine facts, config, per setting, the ratio).
 
     .venv/bin/python -m benchmarks.decode_layer_op --model smollm2            # 1 thread, 512-token prompt, 12 blocks
+    .venv/bin/python -m benchmarks.decode_layer_op --model smollm2 --batch 8  # 8 requests: results/..._b8.json
     .venv/bin/python -m benchmarks.decode_layer_op --smoke --model <tiny model folder>     # seconds; writes nothing
 """
 
@@ -56,13 +58,16 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(ns.threads)
     engine = Engine(ns.model, dtype=ns.dtype, quantization=ns.quantization)
     vocab = engine.runner.ready.vocab_size
-    prompt = torch.randint(3, vocab, (ns.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    gen = torch.Generator().manual_seed(0)
     steps = 2 * ns.blocks * ns.block + 2 * ns.profile_steps + 8
-    rid = engine.add_request(
-        input_ids=prompt, sampling_params=SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=steps)
-    )
-    while not any(chunk.token_ids for chunk in engine.step()):  # the prefill's steps, up to the first token
-        pass
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=steps)
+    rids = []
+    for _ in range(ns.batch):
+        prompt = torch.randint(3, vocab, (ns.prompt_tokens,), generator=gen).tolist()
+        rids.append(engine.add_request(input_ids=prompt, sampling_params=params))
+    started: set[str] = set()
+    while len(started) < ns.batch:  # the prefills' steps, up to every request's first token
+        started.update(chunk.rid for chunk in engine.step() if chunk.token_ids)
     saved = [layer.fused_decode for layer in engine.runner.model.layers]
     timed_steps(engine, 4)
     times: dict[str, list[float]] = {s: [] for s in SETTINGS}
@@ -76,10 +81,11 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         median = statistics.median(times[setting])
         per_setting[setting] = {
             "step_ms": round(1e3 * median, 3),
-            "decode_tok_s": round(1.0 / median, 2),
+            "decode_tok_s": round(ns.batch / median, 2),
             "ops_per_step": round(_ops_per_step(engine, ns.profile_steps), 1),
         }
-    engine.abort(rid)
+    for rid in rids:
+        engine.abort(rid)
     return {
         "machine": machine_facts(),
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(ns).items() if k != "out"},
@@ -96,6 +102,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"])
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--batch", type=int, default=1, help="requests decoding together (rows per step)")
     parser.add_argument("--blocks", type=int, default=12, help="alternations of the two settings")
     parser.add_argument("--block", type=int, default=8, help="steps per block")
     parser.add_argument("--profile-steps", type=int, default=8)
@@ -110,7 +117,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         figures = f"{row['step_ms']:8.2f} ms/step {row['decode_tok_s']:8.1f} tok/s {row['ops_per_step']:8.1f} ops"
         print(f"{setting:<8} {figures}")
     print(f"op speedup {result['op_speedup']:.2f}x")
-    default = RESULTS / profile_path(ns.model).name.replace("decode_profile_", "decode_layer_op_")
+    name = profile_path(ns.model).name.replace("decode_profile_", "decode_layer_op_")
+    if ns.batch > 1:
+        name = name.replace(".json", f"_b{ns.batch}.json")
+    default = RESULTS / name
     write_result(result, ns.out, ns.smoke, default)
     return result
 
