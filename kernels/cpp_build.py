@@ -115,3 +115,32 @@ def load_library(path: Path, compile_fn: Callable[[Path], None]) -> Built:
     if not built.built:  # a fresh build was loaded by cpp_extension already
         torch.ops.load_library(str(built.path))
     return built
+
+
+class OpSource(NamedTuple):
+    """A torch operator's C++ sources and flags: what the ops with one source file (kernels/cpu_qgemv.py,
+    kernels/cpu_decode_layer.py) need to build, cache and load it."""
+
+    name: str  # the library's name (its file: <name>-<key>.so)
+    sources: tuple[Path, ...]
+    cflags: tuple[str, ...]
+
+    def library_path(self) -> Path:
+        """Where the library built from the sources as they are now lives (library_path)."""
+        return library_path(self.name, b"\0".join(s.read_bytes() for s in self.sources), self.cflags)
+
+    def compile(self, path: Path) -> None:
+        """Build into path (compile_library); loads the operator into this process."""
+        compile_library(path, self.sources, self.cflags)
+
+    def load(self) -> Built:
+        """Build if needed and load into this process (load_library). Raises what the build or the load raises."""
+        return load_library(self.library_path(), self.compile)
+
+    def main(self) -> None:
+        """Build (if needed), load, and print where the library is and how long the build took: the module's
+        `python -m` entry point."""
+        start = time.perf_counter()
+        built = self.load()
+        verb = f"built in {built.seconds:.1f} s" if built.built else "already built"
+        print(f"{built.path}: {verb}; loaded after {time.perf_counter() - start:.1f} s")

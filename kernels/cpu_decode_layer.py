@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -33,6 +32,7 @@ SOURCE = Path(__file__).with_name("cpu_decode_layer.cpp")
 NAME = "radixserve_cpu_decode_layer"
 # -ffp-contract=off: Python's x * cos + roll(x) * sin rounds each product and the sum; no fused multiply-add.
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off")
+OP = cpp_build.OpSource(NAME, (SOURCE,), CFLAGS)
 ENABLED = os.environ.get("RADIXSERVE_CPU_DECODE_LAYER", "1") != "0"
 NORM_KINDS = {"llama": 0, "gemma": 1}  # weight * round(norm(x)) in the model dtype; round(norm(x) * (1 + w)) in float32
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}
@@ -76,20 +76,6 @@ class LayerWeights(NamedTuple):
     window: int
 
 
-def source_bytes() -> bytes:
-    """The op's source as built."""
-    return SOURCE.read_bytes()
-
-
-def library_path(source: bytes) -> Path:
-    """Path of the library built from ``source`` with CFLAGS against this torch, on this machine."""
-    return cpp_build.library_path(NAME, source, CFLAGS)
-
-
-def _compile(path: Path) -> None:
-    cpp_build.compile_library(path, [SOURCE], CFLAGS)
-
-
 def load_op() -> Callable[..., torch.Tensor] | None:
     """torch.ops.radixserve_layer.decode_layer, building it (and loading the qgemv and paged decode ops it calls) on
     first use; None when ENABLED is False, when one of those two is unavailable, or (one warning per process) when it
@@ -103,7 +89,7 @@ def load_op() -> Callable[..., torch.Tensor] | None:
         return None
     try:
         if not hasattr(torch.ops.radixserve_layer, "decode_layer"):
-            cpp_build.load_library(library_path(source_bytes()), _compile)
+            OP.load()
         _op = torch.ops.radixserve_layer.decode_layer
     except Exception as exc:  # any build or load failure (compiler, linker, loader) keeps the Python layer
         detail = "\n".join(str(exc).strip().splitlines()[-6:])
@@ -165,13 +151,5 @@ def decode_layer(
         raise KernelInputError(str(exc).split("\n", 1)[0]) from exc
 
 
-def main() -> None:
-    """Build the op (if needed) and print where it is and how long the build took."""
-    start = time.perf_counter()
-    built = cpp_build.load_library(library_path(source_bytes()), _compile)
-    verb = f"built in {built.seconds:.1f} s" if built.built else "already built"
-    print(f"{built.path}: {verb}; loaded after {time.perf_counter() - start:.1f} s")
-
-
 if __name__ == "__main__":
-    main()
+    OP.main()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable, Set
 from pathlib import Path
 from typing import NamedTuple
@@ -37,6 +36,7 @@ NAME = "radixserve_cpu_qgemv"
 # No -march: each ISA's functions carry their own target attribute. -fopenmp: at::parallel_for's OpenMP backend.
 # -ffp-contract=off: x's rounding (v * inv + 1.5 * 2^23) must not fuse into an fma (one rounding instead of two).
 CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
+OP = cpp_build.OpSource(NAME, (SOURCE,), CFLAGS)
 # On by default; RADIXSERVE_CPU_QGEMV=0 turns it off (Linear then keeps torch's kernels for every row count).
 ENABLED = os.environ.get("RADIXSERVE_CPU_QGEMV", "1") != "0"
 GROUP = 32  # values of K per scale (and min): GGUF's Q4_0 / Q4_1 / Q8_0 block, a Q4_K sub-block
@@ -104,20 +104,6 @@ def rounding_bound(x: torch.Tensor, dequantized: torch.Tensor) -> torch.Tensor:
     return a @ wabs.T / 2
 
 
-def source_bytes() -> bytes:
-    """The kernel's source as built."""
-    return SOURCE.read_bytes()
-
-
-def library_path(source: bytes) -> Path:
-    """Path of the library built from ``source`` with CFLAGS against this torch, on this machine."""
-    return cpp_build.library_path(NAME, source, CFLAGS)
-
-
-def _compile(path: Path) -> None:
-    cpp_build.compile_library(path, [SOURCE], CFLAGS)
-
-
 def load_op() -> Callable[..., torch.Tensor] | None:
     """torch.ops.radixserve_qgemv.qgemv, building it on first use; None when ENABLED is False or (one warning per
     process) when it cannot be built or loaded."""
@@ -128,7 +114,7 @@ def load_op() -> Callable[..., torch.Tensor] | None:
         return _op
     try:
         if not hasattr(torch.ops.radixserve_qgemv, "qgemv"):
-            cpp_build.load_library(library_path(source_bytes()), _compile)
+            OP.load()
         _op = torch.ops.radixserve_qgemv.qgemv
     except Exception as exc:  # any build or load failure (compiler, linker, loader) keeps torch's kernels
         detail = "\n".join(str(exc).strip().splitlines()[-6:])
@@ -159,13 +145,5 @@ def qgemv(x: torch.Tensor, w: Q4Weight | Q8Weight, isa: str) -> torch.Tensor:
         raise KernelInputError(str(exc).split("\n", 1)[0]) from exc
 
 
-def main() -> None:
-    """Build the kernel (if needed) and print where it is and how long the build took."""
-    start = time.perf_counter()
-    built = cpp_build.load_library(library_path(source_bytes()), _compile)
-    verb = f"built in {built.seconds:.1f} s" if built.built else "already built"
-    print(f"{built.path}: {verb}; loaded after {time.perf_counter() - start:.1f} s")
-
-
 if __name__ == "__main__":
-    main()
+    OP.main()
