@@ -98,6 +98,49 @@ def load_op() -> Callable[..., torch.Tensor] | None:
     return _op
 
 
+class LayerArgs(NamedTuple):
+    """LayerWeights as the op takes them (lists, and each key of NORM_KINDS, ACTIVATIONS, KINDS, ISAS as its int):
+    built once per layer and row count by op_args, so a decode step converts nothing per layer."""
+
+    cos: torch.Tensor
+    sin_signed: torch.Tensor
+    norms: list[torch.Tensor]
+    linears: list[torch.Tensor]
+    kinds: list[int]
+    group_sizes: list[int]
+    qkv_bias: torch.Tensor | None
+    num_heads: int
+    num_kv_heads: int
+    window: int
+    isa: int
+    norm_kind: int
+    act: int
+    eps: float
+    scale: float
+
+
+def op_args(w: LayerWeights) -> LayerArgs:
+    """w's arguments in the op's form. Raises KeyError for a kind, norm kind, activation or isa the op does not
+    know."""
+    return LayerArgs(
+        w.cos,
+        w.sin_signed,
+        list(w.norms),
+        list(w.linears),
+        [KINDS[k] for k in w.kinds],
+        list(w.group_sizes),
+        w.qkv_bias,
+        w.num_heads,
+        w.num_kv_heads,
+        w.window,
+        cpu_qgemv.ISAS[w.isa],
+        NORM_KINDS[w.norm_kind],
+        ACTIVATIONS[w.act],
+        w.eps,
+        w.scale,
+    )
+
+
 def decode_layer(
     x: torch.Tensor,
     positions: torch.Tensor,
@@ -106,9 +149,10 @@ def decode_layer(
     seq_lens: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    w: LayerWeights,
+    args: LayerArgs,
 ) -> torch.Tensor:
-    """One decoder layer for x [T, hidden] (float32 or bfloat16, contiguous), row i sequence i's one token.
+    """One decoder layer for x [T, hidden] (float32 or bfloat16, contiguous), row i sequence i's one token; args:
+    op_args of the layer's LayerWeights.
 
     positions, slot_mapping: int64 [T] (slot -1: K/V not written); block_tables int32 [T, max_blocks], seq_lens int32
     [T] (this token included); k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim] in x's dtype,
@@ -123,30 +167,7 @@ def decode_layer(
     if op is None:
         raise RuntimeError("the decode layer op is unavailable (disabled or failed to build); check load_op() first")
     try:
-        return op(
-            x,
-            positions,
-            slot_mapping,
-            block_tables,
-            seq_lens,
-            k_cache,
-            v_cache,
-            w.cos,
-            w.sin_signed,
-            list(w.norms),
-            list(w.linears),
-            [KINDS[k] for k in w.kinds],
-            list(w.group_sizes),
-            w.qkv_bias,
-            w.num_heads,
-            w.num_kv_heads,
-            w.window,
-            cpu_qgemv.ISAS[w.isa],
-            NORM_KINDS[w.norm_kind],
-            ACTIVATIONS[w.act],
-            w.eps,
-            w.scale,
-        )
+        return op(x, positions, slot_mapping, block_tables, seq_lens, k_cache, v_cache, *args)
     except ValueError as exc:  # c10::ValueError from the operator's input checks (its own or the ops it calls)
         raise KernelInputError(str(exc).split("\n", 1)[0]) from exc
 

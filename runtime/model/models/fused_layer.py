@@ -59,7 +59,7 @@ class FusedDecode:
         self.mlp = mlp
         self._key: tuple[int, ...] | None = None  # identities of the projections and their copies when read
         self._layer: _Layer | None = None  # None: the op does not run this layer
-        self._by_rows: dict[int, cpu_decode_layer.LayerWeights] = {}
+        self._by_rows: dict[int, cpu_decode_layer.LayerArgs] = {}
 
     def __call__(
         self, x: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
@@ -68,15 +68,15 @@ class FusedDecode:
         the op does not run this step or layer (the caller runs the Python layer; nothing was written)."""
         if meta.max_query_len != 1 or x.device.type != "cpu":
             return None
-        weights = self._weights(x.shape[0])
-        if weights is None:
+        args = self._args(x.shape[0])
+        if args is None:
             return None
         if x.dtype != k_cache.dtype or not (x.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()):
             return None
         if self.attention.sliding_window is not None and meta.window is not None:
             meta = meta.window
         return cpu_decode_layer.decode_layer(
-            x, meta.positions, meta.slot_mapping, meta.block_tables, meta.seq_lens, k_cache, v_cache, weights
+            x, meta.positions, meta.slot_mapping, meta.block_tables, meta.seq_lens, k_cache, v_cache, args
         )
 
     def _projections(self) -> list[torch.nn.Module]:
@@ -90,7 +90,7 @@ class FusedDecode:
         found = [attn.get("qkv_proj"), attn.get("o_proj"), mlp[names[0]], mlp[names[1]]]
         return [p for p in found if p is not None]
 
-    def _weights(self, rows: int) -> cpu_decode_layer.LayerWeights | None:
+    def _args(self, rows: int) -> cpu_decode_layer.LayerArgs | None:
         projections = self._projections()
         key = tuple(id(p) for p in projections) + tuple(id(p._buffers.get("qweight")) for p in projections)
         if key != self._key:
@@ -99,11 +99,11 @@ class FusedDecode:
             self._by_rows = {}
         if self._layer is None:
             return None
-        weights = self._by_rows.get(rows)
-        if weights is None:
-            weights = self._for_rows(self._layer, rows)
-            self._by_rows[rows] = weights
-        return weights
+        args = self._by_rows.get(rows)
+        if args is None:
+            args = cpu_decode_layer.op_args(self._for_rows(self._layer, rows))
+            self._by_rows[rows] = args
+        return args
 
     def _read(self, projections: list[torch.nn.Module]) -> _Layer | None:
         """The layer's parts the op reads, or None when the op does not run this layer."""
