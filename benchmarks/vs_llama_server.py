@@ -1,15 +1,19 @@
 """radixserve vs llama.cpp's llama-server, side by side in one run, on the same GGUF, through the same HTTP client.
 
-One invocation runs, one engine after the other (radixserve first, then llama-server), each on its own server:
+One invocation runs both engines, each on its own server (radixserve's stays up while llama-server works: idle, its
+processes use 0.7% of a core):
 1. The multi-turn chat workload of benchmarks/multi_turn_chat.py: 16 conversations x 4 turns, a 512-token shared
    system prompt, 64-128-token user turns, 64-token greedy replies, 8 conversations in flight. Both servers are driven
    by multi_turn_chat.run_openai (streamed /v1/chat/completions over http.client, token counts from usage): radixserve
    behind its OpenAI HTTP API (the radixserve-http target, --dtype / --quantization, else ServerArgs' defaults),
    llama-server started as `llama-server -m GGUF -np C -c (C x 2048) -t N -tb N --host 127.0.0.1 --port P` (C: the
    concurrency, N: the usable cores; continuous batching and its prompt cache are on by default).
-2. Single-stream decode: one prompt (the workload's system prompt), `--decode-tokens` 128 tokens streamed from
-   /v1/completions with ignore_eos (both servers take it; llama-server maps max_tokens to n_predict), `--decode-runs`
-   5 runs, median of decode tok/s = (tokens - 1) / (last token time - first token time). tokens is the server's
+2. Single-stream decode, after both multi-turn runs, with both servers up (benchmarks/chat/single_stream.py): one
+   prompt (the workload's system prompt), `--decode-tokens` 128 tokens streamed from /v1/completions with ignore_eos
+   (both servers take it; llama-server maps max_tokens to n_predict), `--decode-runs` 5 runs on each server,
+   alternating between them (radixserve, llama-server, then llama-server, radixserve, ...: this VM's speed drifts by
+   up to 2x from minute to minute, and back-to-back blocks of runs once put the two engines in different minutes),
+   median of decode tok/s = (tokens - 1) / (last token time - first token time). tokens is the server's
    usage.completion_tokens; the text chunks are counted beside it (one_token_per_chunk: both stream one token a chunk).
 
 llama-server b11434 is built once by benchmarks/build_llama_server.sh into $RADIXSERVE_CACHE/llama-server-b11434
@@ -42,14 +46,11 @@ run, not figures across runs.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import logging
-import statistics
 import sys
 import time
-import urllib.parse
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ from benchmarks import multi_turn_chat as mtc
 from benchmarks.chat.config import BenchmarkError, Config
 from benchmarks.chat.openai_client import run_openai
 from benchmarks.chat.prompt_probe import prompt_tokens_check, server_prompt_tokens
+from benchmarks.chat.single_stream import interleaved
 from benchmarks.chat.targets import launch_radixserve
 from benchmarks.chat.trace import summarize
 from benchmarks.chat.workload import ChatWorkload
@@ -89,77 +91,8 @@ TARGETS = {
 }
 
 
-@dataclass
-class DecodeRun:
-    """One streamed completion: tokens (the server's count), chunks (text chunks received), ttft_s, decode_s
-    (last chunk - first chunk, seconds) and decode_tok_s = (tokens - 1) / decode_s."""
-
-    tokens: int
-    chunks: int
-    ttft_s: float
-    decode_s: float
-    decode_tok_s: float
-
-
-def stream_completion(url: str, model: str, prompt: str, max_tokens: int, timeout_s: float = 600.0) -> DecodeRun:
-    """POST url/v1/completions {model, prompt, max_tokens, ignore_eos, temperature 0, stream, include_usage}; times the
-    chunks as they arrive. tokens: usage.completion_tokens, else llama.cpp's timings.predicted_n, else the chunks.
-    Raises BenchmarkError on a non-200 answer or fewer than two chunks."""
-    parts = urllib.parse.urlsplit(url)
-    body = json.dumps(
-        {
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-            "temperature": 0.0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    )
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout_s)
-    times: list[float] = []
-    usage: dict[str, Any] = {}
-    timings: dict[str, Any] = {}
-    t0 = time.perf_counter()
-    try:
-        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            raise BenchmarkError(f"{url}/v1/completions: HTTP {resp.status}: {resp.read()[:300]!r}")
-        for raw in resp:
-            line = raw.decode("utf-8").strip()
-            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                continue
-            obj = json.loads(line[5:])
-            if any(choice.get("text") for choice in obj.get("choices") or []):
-                times.append(time.perf_counter())
-            usage, timings = obj.get("usage") or usage, obj.get("timings") or timings
-    finally:
-        conn.close()
-    if len(times) < 2:
-        raise BenchmarkError(f"{url}/v1/completions: {len(times)} text chunks, need >= 2")
-    tokens = int(usage.get("completion_tokens") or timings.get("predicted_n") or len(times))
-    decode_s = times[-1] - times[0]
-    return DecodeRun(tokens, len(times), round(times[0] - t0, 4), round(decode_s, 4), round((tokens - 1) / decode_s, 2))
-
-
-def single_stream(url: str, model: str, prompt: str, max_tokens: int, runs: int) -> dict[str, Any]:
-    """runs streamed completions one after the other; the median decode tok/s and every run."""
-    done = [stream_completion(url, model, prompt, max_tokens) for _ in range(runs)]
-    return {
-        "decode_tok_s": round(statistics.median(r.decode_tok_s for r in done), 2),
-        "ttft_p50_s": round(statistics.median(r.ttft_s for r in done), 4),
-        "one_token_per_chunk": all(r.chunks == r.tokens for r in done),
-        "runs": [asdict(r) for r in done],
-    }
-
-
-def measure(
-    name: str, cfg: Config, wl: ChatWorkload, url: str, tokenizer: Any, decode_tokens: int, decode_runs: int
-) -> dict[str, Any]:
-    """The multi-turn workload (multi_turn_chat.run_openai), single-stream decode, then the prompt tokens of
-    prompt_probe's chat (last, so it warms no cache the figures use) against the server at url."""
+def measure(name: str, cfg: Config, wl: ChatWorkload, url: str, tokenizer: Any) -> dict[str, Any]:
+    """The multi-turn workload (multi_turn_chat.run_openai) against the server at url."""
     from tqdm import tqdm
 
     t0 = time.perf_counter()
@@ -169,16 +102,22 @@ def measure(
         r.prompt_ids = apply_chat_template(tokenizer, r.messages)
     wall = max(r.reply.t_end for r in records) - min(r.t_submit for r in records)
     summary = summarize(records, wall, cfg.block_size)
-    multi_s = time.perf_counter() - t0
-    decode = single_stream(url, cfg.model, wl.system_prompt, decode_tokens, decode_runs)
-    single_s = round(time.perf_counter() - t0 - multi_s, 1)
-    return {
-        "multi_turn": summary,
-        "single_stream": decode,
-        "multi_turn_s": round(multi_s, 1),
-        "single_stream_s": single_s,
-        "probe_prompt_tokens": server_prompt_tokens(url, cfg.model, wl),
-    }
+    return {"multi_turn": summary, "multi_turn_s": round(time.perf_counter() - t0, 1)}
+
+
+def measure_single_streams(
+    engines: dict[str, dict[str, Any]], urls: dict[str, str], cfg: Config, wl: ChatWorkload, ns: argparse.Namespace
+) -> None:
+    """Single-stream decode on both servers, the runs alternating between them (chat.single_stream.interleaved),
+    then the prompt tokens of prompt_probe's chat on each (last, so it warms no cache the figures use). Mutates
+    engines[name] for each name of urls."""
+    t0 = time.perf_counter()
+    decode = interleaved(urls, cfg.model, wl.system_prompt, ns.decode_tokens, ns.decode_runs)
+    seconds = round(time.perf_counter() - t0, 1)
+    for name, url in urls.items():
+        engines[name]["single_stream"] = decode[name]
+        engines[name]["single_stream_s"] = seconds
+        engines[name]["probe_prompt_tokens"] = server_prompt_tokens(url, cfg.model, wl)
 
 
 def ratios_and_targets(engines: dict[str, dict[str, Any]]) -> tuple[dict[str, float | None], dict[str, Any]]:
@@ -294,17 +233,15 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     engines: dict[str, dict[str, Any]] = {}
     load0 = machine_facts()["load_average"]
     t0 = time.perf_counter()
-    with launch_radixserve(cfg, caching=True, http=True) as launcher:
-        engines["radixserve-http"] = measure(
-            "radixserve-http", cfg, wl, launcher.http_url, tokenizer, ns.decode_tokens, ns.decode_runs
-        )
-    engines["radixserve-http"]["server_s"] = round(time.perf_counter() - t0, 1)
     log = (ls.build_dir() if not ns.smoke else Path(ns.log_dir or "/tmp")) / "llama-server.log"
-    with ls.ServerProcess(cmd, port, log, cwd=ROOT) as server:
-        engines["llama-server"] = measure(
-            "llama-server", cfg, wl, server.url, tokenizer, ns.decode_tokens, ns.decode_runs
-        )
-        engines["llama-server"]["startup_s"] = server.startup_s
+    with launch_radixserve(cfg, caching=True, http=True) as launcher:
+        engines["radixserve-http"] = measure("radixserve-http", cfg, wl, launcher.http_url, tokenizer)
+        engines["radixserve-http"]["server_s"] = round(time.perf_counter() - t0, 1)
+        with ls.ServerProcess(cmd, port, log, cwd=ROOT) as server:  # radixserve stays up, idle
+            engines["llama-server"] = measure("llama-server", cfg, wl, server.url, tokenizer)
+            engines["llama-server"]["startup_s"] = server.startup_s
+            urls = {"radixserve-http": launcher.http_url, "llama-server": server.url}
+            measure_single_streams(engines, urls, cfg, wl, ns)
     ratios, targets = ratios_and_targets(engines)
     machine = {
         **machine_facts(),
