@@ -225,6 +225,7 @@ AttendFn<T> attend_for(int64_t head_dim, int64_t group) {
     static_assert(MAX_GROUP == 8, "attend_for_group lists the group sizes 1 .. MAX_GROUP");
     if (head_dim == 64) return attend_for_group<T, 64 / W>(group);
     if (head_dim == 128) return attend_for_group<T, 128 / W>(group);
+    if (head_dim == 256) return attend_for_group<T, 256 / W>(group);
     return attend_for_group<T, 0>(group);
 }
 
