@@ -8,7 +8,8 @@ read in one pass; the two kernels alternate pass by pass (base first in even rou
 the median pass, over the layers, is the figure. On a shared VM whose speed drifts by 2x from minute to minute, only
 this ratio means anything.
 
-Shapes: SmolLM2-135M heads (9 q / 3 kv / 64) and gemma3-270m heads (4 q / 1 kv / 256), block 16, bfloat16 caches.
+Shapes: SmolLM2-135M heads (9 q / 3 kv / 64) and gemma3-270m heads (4 q / 1 kv / 256), block 16, bfloat16 caches
+(`--dtype float32`: float32 ones, written to results/attention_gqa_cpu_float32.json).
 
     .venv/bin/python -m benchmarks.attention_gqa_cpu            # 1 thread, 30 layers, 41 rounds a shape
     .venv/bin/python -m benchmarks.attention_gqa_cpu --smoke    # seconds; writes nothing unless --out
@@ -92,7 +93,9 @@ def max_difference(ops: dict[str, Callable[..., torch.Tensor]], caches: Caches) 
     return max(diffs)
 
 
-def run(shapes: list[tuple[str, int, int]], layers: int, rounds: int, threads: int) -> dict[str, Any]:
+def run(
+    shapes: list[tuple[str, int, int]], layers: int, rounds: int, threads: int, dtype: torch.dtype = torch.bfloat16
+) -> dict[str, Any]:
     """Rows of us per call for each shape and variant; torch's thread count is set to `threads` for the run."""
     from runtime.model.cpu_features import machine_facts
 
@@ -105,7 +108,7 @@ def run(shapes: list[tuple[str, int, int]], layers: int, rounds: int, threads: i
     rows = []
     try:
         for name, batch, context in shapes:
-            caches = Caches(HEADS[name], batch, context, layers, torch.bfloat16)
+            caches = Caches(HEADS[name], batch, context, layers, dtype)
             t = time_passes(ops, caches, rounds)
             h, kvh, d = HEADS[name]
             rows.append(
@@ -113,7 +116,7 @@ def run(shapes: list[tuple[str, int, int]], layers: int, rounds: int, threads: i
                     "heads": f"{name} {h}q/{kvh}kv/{d}",
                     "batch": batch,
                     "context": context,
-                    "dtype": "bfloat16",
+                    "dtype": str(dtype).removeprefix("torch."),
                     **{f"{v}_us": round(t[v] * 1e6, 2) for v in VARIANTS},
                     "speedup": round(t["base"] / t["grouped"], 3),
                     "max_abs_difference": max_difference(ops, caches),
@@ -132,14 +135,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=1, help="torch threads for the kernels (default 1)")
     parser.add_argument("--layers", type=int, default=30, help="distinct caches read per pass (default 30)")
     parser.add_argument("--rounds", type=int, default=41, help="passes per variant and shape (default 41)")
-    parser.add_argument("--out", type=Path, help="JSON output (default results/attention_gqa_cpu.json)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="cache dtype")
+    parser.add_argument("--out", type=Path, help="JSON output (default results/attention_gqa_cpu[_float32].json)")
     ns = parser.parse_args(argv)
+    dtype = getattr(torch, ns.dtype)
     if ns.smoke:
         shapes = [(name, 2, 40) for name in HEADS]
-        result = run(shapes, layers=2, rounds=3, threads=ns.threads)
+        result = run(shapes, layers=2, rounds=3, threads=ns.threads, dtype=dtype)
     else:
-        result = run(SHAPES, ns.layers, ns.rounds, ns.threads)
-    write_result(result, ns.out, ns.smoke, RESULTS / "attention_gqa_cpu.json")
+        result = run(SHAPES, ns.layers, ns.rounds, ns.threads, dtype)
+    suffix = "" if dtype == torch.bfloat16 else f"_{ns.dtype}"
+    write_result(result, ns.out, ns.smoke, RESULTS / f"attention_gqa_cpu{suffix}.json")
     for row in result["rows"]:
         print(row)
     return result
