@@ -154,7 +154,8 @@ inline void attend_tile(const float* qs, const T* k, const T* v, int64_t st, int
 template <typename T, int64_t NC, int64_t G>
 void attend(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t first,
             int64_t seq_len, int64_t h0, int64_t h1, Scratch& w, T* out) {
-    const int64_t d = p.head_dim, group = p.group, rows = (h1 - h0) * group, bs = p.block_size, st = p.c_st;
+    const int64_t d = NC > 0 ? NC * W : p.head_dim;  // a constant where it can be: the loops over d unroll
+    const int64_t group = p.group, rows = (h1 - h0) * group, bs = p.block_size, st = p.c_st;
     float *qs = w.qs.data(), *acc = w.acc.data(), *m = w.m.data(), *l = w.l.data();
     for (int64_t r = 0; r < rows; r++) {
         const T* qr = q + (h0 * group + r) * p.q_sh;
