@@ -75,8 +75,9 @@ struct Scratch {
 // Up to this many query heads of a KV head are computed together (attend's G); a larger group goes head by head.
 constexpr int64_t MAX_GROUP = 8;
 
-// Vectors of a V row updated per pass (value_tile): G * value_chunk(G) accumulators stay in registers (16 of the 32
-// AVX-512 registers, 8 of AVX2's 16). Even, so a chunk holds whole bfloat16 pairs of load_row.
+// Vectors of a V row updated per pass of attend_tile's value loop: G * value_chunk(G) accumulators stay in registers
+// (16 of the 32 AVX-512 registers, 8 of AVX2's 16; at least 2). Even, so a chunk holds whole bfloat16 pairs of
+// load_row.
 constexpr int64_t value_chunk(int64_t g) {
     const int64_t fit = (W == 16 ? 16 : 8) / g / 2 * 2;
     return fit > 2 ? fit : 2;
