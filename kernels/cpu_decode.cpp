@@ -5,7 +5,9 @@
 // Layout (kernels/__init__.py): k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim], contiguous;
 // q [num_seqs, num_heads, head_dim], head_dim contiguous; out [num_seqs, num_heads, head_dim], contiguous, dtype of
 // q. The G = num_heads / num_kv_heads query heads of a KV head are heads kvh * G .. kvh * G + G - 1, and they share
-// every K/V row read. Scores, softmax and the accumulator are float32 whatever the cache dtype.
+// every K/V row read: up to MAX_GROUP of them go through a tile together (each K/V row loaded and converted once,
+// their softmax steps interleaved), each with the arithmetic of a lone head, so the output does not depend on G.
+// Scores, softmax and the accumulator are float32 whatever the cache dtype.
 //
 // Online softmax: Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"; the tile-wise rescaling of
 // the output accumulator is FlashAttention's (Dao et al. 2022, alg. 1; FlashAttention-2, Dao 2023, sec. 3.1). Scores
@@ -70,49 +72,91 @@ struct Scratch {
     Scratch(int64_t rows, int64_t d) : qs(rows * d), acc(rows * d), m(rows), l(rows) {}
 };
 
-// One query row r against one tile of n <= TILE tokens of one kv head (k, v: the tile's first rows, token stride
-// st): scores, online-softmax update of m, l and the accumulator acc (d = nc * W floats).
-template <typename T, int64_t NC>
+// Up to this many query heads of a KV head are computed together (attend's G); a larger group goes head by head.
+constexpr int64_t MAX_GROUP = 8;
+
+// Vectors of a V row updated per pass of attend_tile's value loop: G * value_chunk(G) accumulators stay in registers
+// (16 of the 32 AVX-512 registers, 8 of AVX2's 16; at least 2). Even, so a chunk holds whole bfloat16 pairs of
+// load_row.
+constexpr int64_t value_chunk(int64_t g) {
+    const int64_t fit = (W == 16 ? 16 : 8) / g / 2 * 2;
+    return fit > 2 ? fit : 2;
+}
+
+// The softmax of G heads over a tile, given each head's W-lane partial dot products part[g][t] (t < TILE, tokens
+// past n are 0): s[g] = exp(score - m_new) (0 past n), m[g] and l[g] updated, corr[g] = exp(m_old - m_new), the
+// rescale of head g's accumulator. Each step runs for all G heads before the next, so their latencies overlap.
+template <int64_t G>
+__attribute__((always_inline)) inline void softmax_tile(const vec (*part)[TILE], int64_t n, float (*s)[TILE],
+                                                        float* m, float* l, float* corr) {
+    float m_new[G];
+    for (int64_t g = 0; g < G; g++) {
+        store_vec(s[g], hsum_tile(part[g]));
+        for (int64_t t = n; t < TILE; t++) s[g][t] = -INFINITY;  // the max ignores them
+    }
+    for (int64_t g = 0; g < G; g++) {
+        m_new[g] = max_with(load_vec(s[g]), m[g]);
+        corr[g] = m_new[g] == m[g] ? 1.0f : m[g] == -INFINITY ? 0.0f : std::exp(m[g] - m_new[g]);  // exp(0) = 1
+    }
+    exp_shifted<G>(s, m_new);
+    for (int64_t g = 0; g < G; g++) {
+        for (int64_t t = n; t < TILE; t++) s[g][t] = 0.0f;  // exp_shifted gave them ~1e-38
+        l[g] = l[g] * corr[g] + hsum(load_vec(s[g]));
+        m[g] = m_new[g];
+    }
+}
+
+// The G query rows of one kv head against one tile of n <= TILE tokens (k, v: the tile's first rows, token stride
+// st): scores, online-softmax update of m[g], l[g] and the accumulators acc (G rows of d = nc * W floats, row g at
+// acc + g * d; qs likewise). Each K and V row is loaded (and converted from bfloat16) once for all G rows; each row's
+// own arithmetic (its dot products, softmax, accumulation order) is that of G = 1, so the output does not depend on G.
+template <typename T, int64_t NC, int64_t G>
 inline void attend_tile(const float* qs, const T* k, const T* v, int64_t st, int64_t n, int64_t nc_rt, float* acc,
-                        float& m, float& l) {
-    const int64_t nc = NC > 0 ? NC : nc_rt;
-    vec qv[NC > 0 ? NC : MAX_NC], row[NC > 0 ? NC : MAX_NC], part[TILE];
-    for (int64_t c = 0; c < nc; c++) qv[c] = load_vec(qs + W * c);
+                        float* m, float* l) {
+    constexpr int64_t NV = NC > 0 ? NC : MAX_NC, CB = value_chunk(G);
+    const int64_t nc = NC > 0 ? NC : nc_rt, d = nc * W;
+    vec qv[G][NV], row[NV], part[G][TILE];
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t c = 0; c < nc; c++) qv[g][c] = load_vec(qs + g * d + W * c);
     for (int64_t t = 0; t < TILE; t++) {
-        vec a = {};
+        vec a[G] = {};
         if (t < n) {
             load_row<NC>(k + t * st, row, nc);
-            for (int64_t c = 0; c < nc; c++) a += qv[c] * row[c];
+            for (int64_t g = 0; g < G; g++)
+                for (int64_t c = 0; c < nc; c++) a[g] += qv[g][c] * row[c];
         }
-        part[t] = a;
+        for (int64_t g = 0; g < G; g++) part[g][t] = a[g];
     }
-    float s[TILE];
-    store_vec(s, hsum_tile(part));
-    for (int64_t t = n; t < TILE; t++) s[t] = -INFINITY;  // the max ignores them
-    float m_new = m;
-    for (int64_t t = 0; t < TILE; t++) m_new = s[t] > m_new ? s[t] : m_new;
-    const float corr = m_new == m ? 1.0f : m == -INFINITY ? 0.0f : std::exp(m - m_new);  // exp(0) = 1: skip it
-    exp_shifted(s, m_new);
-    for (int64_t t = n; t < TILE; t++) s[t] = 0.0f;  // exp_shifted gave them ~1e-38
-    l = l * corr + hsum(load_vec(s));
-    m = m_new;
-    vec o[NC > 0 ? NC : MAX_NC];
-    for (int64_t c = 0; c < nc; c++) o[c] = load_vec(acc + W * c) * corr;
-    for (int64_t t = 0; t < n; t++) {
-        load_row<NC>(v + t * st, row, nc);
-        for (int64_t c = 0; c < nc; c++) o[c] += s[t] * row[c];
+    float s[G][TILE], corr[G];
+    softmax_tile<G>(part, n, s, m, l, corr);
+    for (int64_t c0 = 0; c0 < nc; c0 += CB) {  // CB vectors of every row's accumulator at a time, in registers
+        const int64_t cn = std::min(CB, nc - c0);
+        vec o[G][CB];
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t j = 0; j < CB; j++)
+                if (j < cn) o[g][j] = load_vec(acc + g * d + W * (c0 + j)) * corr[g];
+        for (int64_t t = 0; t < n; t++) {
+            load_chunk<CB>(v + t * st, row, c0, cn);
+            for (int64_t g = 0; g < G; g++)
+                for (int64_t j = 0; j < CB; j++)
+                    if (j < cn) o[g][j] += s[g][t] * row[j];
+        }
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t j = 0; j < CB; j++)
+                if (j < cn) store_vec(acc + g * d + W * (c0 + j), o[g][j]);
     }
-    for (int64_t c = 0; c < nc; c++) store_vec(acc + W * c, o[c]);
 }
 
 // One sequence, kv heads h0 .. h1 - 1 (rows = (h1 - h0) * group, row r = (h - h0) * group + g is query head
 // h0 * group + r), over the keys at positions first .. seq_len - 1. Blocks are visited in table order and, inside a
 // block, head after head, so a block's bytes are read front to back while they are hot. table[j] is the block of
 // positions (first / block_size + j) * block_size onwards: the blocks from the one holding `first` to the last.
-template <typename T, int64_t NC>
+// G = group (1 .. MAX_GROUP): a kv head's rows go through attend_tile together; G = 0: one by one.
+template <typename T, int64_t NC, int64_t G>
 void attend(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t first,
             int64_t seq_len, int64_t h0, int64_t h1, Scratch& w, T* out) {
-    const int64_t d = p.head_dim, group = p.group, rows = (h1 - h0) * group, bs = p.block_size, st = p.c_st;
+    const int64_t d = NC > 0 ? NC * W : p.head_dim;  // a constant where it can be: the loops over d unroll
+    const int64_t group = p.group, rows = (h1 - h0) * group, bs = p.block_size, st = p.c_st;
     float *qs = w.qs.data(), *acc = w.acc.data(), *m = w.m.data(), *l = w.l.data();
     for (int64_t r = 0; r < rows; r++) {
         const T* qr = q + (h0 * group + r) * p.q_sh;
@@ -136,14 +180,17 @@ void attend(const Problem& p, const T* q, const T* k_cache, const T* v_cache, co
         for (int64_t t0 = skip; t0 < in_block; t0 += TILE) {
             const int64_t n = std::min(in_block - t0, TILE);
             for (int64_t h = h0; h < h1; h++) {
-                const int64_t off = t0 * st + h * p.c_sh;
+                const int64_t off = t0 * st + h * p.c_sh, r0 = (h - h0) * group;
                 for (int64_t t = t0 - skip; t < std::min(t0 - skip + TILE, next_len); t++) {
                     prefetch_row(next_k + t * st + h * p.c_sh, d);
                     prefetch_row(next_v + t * st + h * p.c_sh, d);
                 }
-                for (int64_t r = (h - h0) * group; r < (h - h0 + 1) * group; r++)
-                    attend_tile<T, NC>(qs + r * d, k_cache + block * p.c_sb + off, v_cache + block * p.c_sb + off, st,
-                                       n, d / W, acc + r * d, m[r], l[r]);
+                const T *k = k_cache + block * p.c_sb + off, *v = v_cache + block * p.c_sb + off;
+                if constexpr (G > 0)
+                    attend_tile<T, NC, G>(qs + r0 * d, k, v, st, n, d / W, acc + r0 * d, m + r0, l + r0);
+                else
+                    for (int64_t r = r0; r < r0 + group; r++)
+                        attend_tile<T, NC, 1>(qs + r * d, k, v, st, n, d / W, acc + r * d, m + r, l + r);
             }
         }
     }
@@ -152,6 +199,36 @@ void attend(const Problem& p, const T* q, const T* k_cache, const T* v_cache, co
         T* o = out + (h0 * group + r) * p.o_sh;
         for (int64_t i = 0; i < d; i++) store(o + i, acc[r * d + slot(out, i, d)] * inv);
     }
+}
+
+template <typename T>
+using AttendFn = void (*)(const Problem&, const T*, const T*, const T*, const int64_t*, int64_t, int64_t, int64_t,
+                          int64_t, Scratch&, T*);
+
+// attend for this group size (G = group up to MAX_GROUP, else row by row), chosen once per call.
+template <typename T, int64_t NC>
+AttendFn<T> attend_for_group(int64_t group) {
+    switch (group) {
+        case 1: return attend<T, NC, 1>;
+        case 2: return attend<T, NC, 2>;
+        case 3: return attend<T, NC, 3>;
+        case 4: return attend<T, NC, 4>;
+        case 5: return attend<T, NC, 5>;
+        case 6: return attend<T, NC, 6>;
+        case 7: return attend<T, NC, 7>;
+        case 8: return attend<T, NC, 8>;
+        default: return attend<T, NC, 0>;
+    }
+}
+
+// Constant head_dim cases keep q and the accumulator in registers (loops fully unrolled).
+template <typename T>
+AttendFn<T> attend_for(int64_t head_dim, int64_t group) {
+    static_assert(MAX_GROUP == 8, "attend_for_group lists the group sizes 1 .. MAX_GROUP");
+    if (head_dim == 64) return attend_for_group<T, 64 / W>(group);
+    if (head_dim == 128) return attend_for_group<T, 128 / W>(group);
+    if (head_dim == 256) return attend_for_group<T, 256 / W>(group);
+    return attend_for_group<T, 0>(group);
 }
 
 // Element `offset` (in elements) of an int32 or int64 tensor, as int64.
@@ -194,6 +271,7 @@ void run(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const
     // kv heads, so that each block (all kv heads of a token are adjacent) is read front to back once.
     const int64_t heads_per_item = parallel && num_seqs < threads ? 1 : p.num_kv_heads;
     const int64_t items_per_seq = p.num_kv_heads / heads_per_item, work = num_seqs * items_per_seq;
+    const AttendFn<T> attend_fn = attend_for<T>(p.head_dim, p.group);
     std::atomic<int64_t> next{0};
     auto worker = [&](int64_t, int64_t) {
         Scratch scratch(heads_per_item * p.group, p.head_dim);
@@ -203,13 +281,7 @@ void run(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const
             T* os = out + seq * p.o_ss;
             const int64_t *table = tables.data() + offsets[seq], first = firsts[seq], len = lens[seq];
             const int64_t h1 = h0 + heads_per_item;
-            // Constant head_dim cases keep q and the accumulator in registers (loops fully unrolled).
-            if (p.head_dim == 64)
-                attend<T, 64 / W>(p, qs, k_cache, v_cache, table, first, len, h0, h1, scratch, os);
-            else if (p.head_dim == 128)
-                attend<T, 128 / W>(p, qs, k_cache, v_cache, table, first, len, h0, h1, scratch, os);
-            else
-                attend<T, 0>(p, qs, k_cache, v_cache, table, first, len, h0, h1, scratch, os);
+            attend_fn(p, qs, k_cache, v_cache, table, first, len, h0, h1, scratch, os);
         }
     };
     if (parallel && work > 1)

@@ -66,6 +66,30 @@ __attribute__((always_inline)) inline void load_row(const bf16_bits* src, vec* o
     if (c < nc) out[c] = load_vec(src + W * c);
 }
 
+// Vectors c0 .. c0 + cn - 1 (cn <= CB; c0 and CB even) of a row as load_row gives them: out[j] = load_row's
+// out[c0 + j]. A chunk starts on a bfloat16 pair, so it ends on one, or on the odd last vector of the row.
+template <int64_t CB>
+__attribute__((always_inline)) inline void load_chunk(const float* src, vec* out, int64_t c0, int64_t cn) {
+    for (int64_t j = 0; j < CB; j++)
+        if (j < cn) out[j] = load_vec(src + W * (c0 + j));
+}
+
+template <int64_t CB>
+__attribute__((always_inline)) inline void load_chunk(const bf16_bits* src, vec* out, int64_t c0, int64_t cn) {
+    static_assert(CB % 2 == 0, "a chunk holds whole bfloat16 pairs");
+    for (int64_t j = 0; j < CB; j += 2) {
+        if (j + 1 < cn) {
+            u32vec w;
+            std::memcpy(&w, src + W * (c0 + j), sizeof w);
+            const u32vec even = w << 16, odd = w & 0xffff0000u;
+            std::memcpy(&out[j], &even, sizeof even);
+            std::memcpy(&out[j + 1], &odd, sizeof odd);
+        } else if (j < cn) {
+            out[j] = load_vec(src + W * (c0 + j));
+        }
+    }
+}
+
 // Where element i of a row of d elements sits in load_row's order.
 inline int64_t slot(const float*, int64_t i, int64_t) { return i; }
 
@@ -146,33 +170,62 @@ inline void store(bf16_bits* p, float x) {  // round to nearest even, as c10::BF
     *p = std::isnan(x) ? bf16_bits{0x7fc0} : static_cast<bf16_bits>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-// x[i] = exp(x[i] - shift) for x[i] <= shift, i < TILE, vectorizable: y = k ln2 + r with |r| <= ln2 / 2, exp(r) by
-// Cephes expf's degree-6 polynomial (relative error about 2e-7), 2^k written into the exponent bits. y below -87
-// (and -inf) gives about 1e-38 instead of 0. Three simple loops, not one: gcc 12 vectorizes each of them but not the
-// fused loop (its clamp on a computed value becomes a branch).
-inline void exp_shifted(float* __restrict__ x, float shift) {
-    int32_t bits[TILE];
-    float two_k[TILE];
-    for (int64_t i = 0; i < TILE; i++) {
-        float y = x[i] - shift;
-        x[i] = y < -87.0f ? -87.0f : y;
-    }
-    for (int64_t i = 0; i < TILE; i++) {
-        float y = x[i];
-        int32_t k = static_cast<int32_t>(y * 1.44269504088896341f + (y < 0.0f ? -0.5f : 0.5f));  // round(y / ln2)
-        float kf = static_cast<float>(k);
-        float r = y - kf * 0.693359375f + kf * 2.12194440e-4f;  // y - k ln2 in two parts (Cody-Waite)
-        float p = 1.9875691500e-4f;
-        p = p * r + 1.3981999507e-3f;
-        p = p * r + 8.3334519073e-3f;
-        p = p * r + 4.1665795894e-2f;
-        p = p * r + 1.6666665459e-1f;
-        p = p * r + 5.0000001201e-1f;
-        x[i] = p * r * r + r + 1.0f;
-        bits[i] = (k + 127) << 23;
-    }
+// x[r][i] = exp(x[r][i] - shift[r]) for x[r][i] <= shift[r], r < R, i < TILE, vectorizable: y = k ln2 + r with
+// |r| <= ln2 / 2, exp(r) by Cephes expf's degree-6 polynomial (relative error about 2e-7), 2^k written into the
+// exponent bits. y below -87 (and -inf) gives about 1e-38 instead of 0. Three simple loops, not one: gcc 12
+// vectorizes each of them but not the fused loop (its clamp on a computed value becomes a branch). The R rows' chains
+// are independent: one pass over all of them lets the core overlap their latencies.
+template <int64_t R>
+inline void exp_shifted(float (*__restrict__ x)[TILE], const float* shift) {
+    int32_t bits[R][TILE];
+    float two_k[R][TILE];
+    for (int64_t row = 0; row < R; row++)
+        for (int64_t i = 0; i < TILE; i++) {
+            float y = x[row][i] - shift[row];
+            x[row][i] = y < -87.0f ? -87.0f : y;
+        }
+    for (int64_t row = 0; row < R; row++)
+        for (int64_t i = 0; i < TILE; i++) {
+            float y = x[row][i];
+            int32_t k = static_cast<int32_t>(y * 1.44269504088896341f + (y < 0.0f ? -0.5f : 0.5f));  // round(y / ln2)
+            float kf = static_cast<float>(k);
+            float r = y - kf * 0.693359375f + kf * 2.12194440e-4f;  // y - k ln2 in two parts (Cody-Waite)
+            float p = 1.9875691500e-4f;
+            p = p * r + 1.3981999507e-3f;
+            p = p * r + 8.3334519073e-3f;
+            p = p * r + 4.1665795894e-2f;
+            p = p * r + 1.6666665459e-1f;
+            p = p * r + 5.0000001201e-1f;
+            x[row][i] = p * r * r + r + 1.0f;
+            bits[row][i] = (k + 127) << 23;
+        }
     std::memcpy(two_k, bits, sizeof two_k);
-    for (int64_t i = 0; i < TILE; i++) x[i] *= two_k[i];
+    for (int64_t row = 0; row < R; row++)
+        for (int64_t i = 0; i < TILE; i++) x[row][i] *= two_k[row][i];
+}
+
+// The largest of m and the scores x[i] (i < W), NaN scores ignored, as a running `x[i] > m ? x[i] : m` over i in
+// order gives it (up to the sign of a zero maximum), by a tree: log2(W) dependent steps, not W.
+inline float max_with(vec x, float m) {
+    const vec mv = vec{} + m;
+    x = x > mv ? x : mv;  // lanes that are NaN take m: none is NaN after this
+#ifdef __AVX512F__
+    vec z = __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    x = x > z ? x : z;
+    z = __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    x = x > z ? x : z;
+    z = __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    x = x > z ? x : z;
+    z = __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+#else
+    vec z = __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3);
+    x = x > z ? x : z;
+    z = __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5);
+    x = x > z ? x : z;
+    z = __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6);
+#endif
+    x = x > z ? x : z;
+    return x[0];
 }
 
 }  // namespace radixserve_cpu
