@@ -1,12 +1,13 @@
 """The CPU decode kernel before and after its query heads of a KV group shared each K/V row (kernels/cpu_decode.cpp's
 attend_tile), side by side in one process: us per call, and the largest difference between their outputs.
 
-"base" is the kernel at benchmarks/cpu_decode_variant.BASE_COMMIT (one query row at a time), built under its own
-operator name; "grouped" is this checkout's torch.ops.radixserve.paged_decode. Per shape, `layers` distinct caches
-(one per layer, so that K/V come from memory as a model reads them, not from a cache level one call warmed) are
-read in one pass; the two kernels alternate pass by pass (base first in even rounds, grouped first in odd ones) and
-the median pass, over the layers, is the figure. On a shared VM whose speed drifts by 2x from minute to minute, only
-this ratio means anything.
+"base" is the kernel at benchmarks/cpu_decode_variant.BASE_COMMIT (one query row at a time; read from git history),
+built under its own operator name (`--base tree`: this checkout's kernel again, a self-comparison for the smoke test
+and for a checkout without history); "grouped" is this checkout's torch.ops.radixserve.paged_decode. Per shape,
+`layers` distinct caches (one per layer, so that K/V come from memory as a model reads them, not from a cache level
+one call warmed) are read in one pass; the two kernels alternate pass by pass (base first in even rounds, grouped
+first in odd ones) and the median pass, over the layers, is the figure. On a shared VM whose speed drifts by 2x from
+minute to minute, only this ratio means anything.
 
 Shapes: SmolLM2-135M heads (9 q / 3 kv / 64) and gemma3-270m heads (4 q / 1 kv / 256), block 16, bfloat16 caches
 (`--dtype float32`: float32 ones, written to results/attention_gqa_cpu_float32.json).
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 from benchmarks.cli import write_result
-from benchmarks.cpu_decode_variant import BASE_COMMIT, git_source, load_variant
+from benchmarks.cpu_decode_variant import BASE_COMMIT, git_source, load_variant, tree_source
 from kernels import cpu_decode
 from radix.blocks import cdiv
 
@@ -94,15 +95,22 @@ def max_difference(ops: dict[str, Callable[..., torch.Tensor]], caches: Caches) 
 
 
 def run(
-    shapes: list[tuple[str, int, int]], layers: int, rounds: int, threads: int, dtype: torch.dtype = torch.bfloat16
+    shapes: list[tuple[str, int, int]],
+    layers: int,
+    rounds: int,
+    threads: int,
+    dtype: torch.dtype = torch.bfloat16,
+    base: str = "commit",
 ) -> dict[str, Any]:
-    """Rows of us per call for each shape and variant; torch's thread count is set to `threads` for the run."""
+    """Rows of us per call for each shape and variant; torch's thread count is set to `threads` for the run. base:
+    "commit" (BASE_COMMIT's kernel, from git history: raises subprocess.CalledProcessError without it) or "tree"."""
     from runtime.model.cpu_features import machine_facts
 
     op = cpu_decode.load_op()
     if op is None:
         raise RuntimeError("the CPU decode kernel did not build (see the warning of kernels.cpu_decode)")
-    ops = {"base": load_variant("gqa_base", *git_source(BASE_COMMIT)), "grouped": op}
+    source = git_source(BASE_COMMIT) if base == "commit" else tree_source()
+    ops = {"base": load_variant(f"gqa_base_{base}", *source), "grouped": op}
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     rows = []
@@ -126,7 +134,8 @@ def run(
     finally:
         torch.set_num_threads(saved)
     config = {"threads": threads, "layers": layers, "rounds": rounds}
-    return {"machine": machine, "base_commit": BASE_COMMIT, "config": config, "rows": rows}
+    base_name = BASE_COMMIT if base == "commit" else "tree"
+    return {"machine": machine, "base_commit": base_name, "config": config, "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -136,14 +145,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--layers", type=int, default=30, help="distinct caches read per pass (default 30)")
     parser.add_argument("--rounds", type=int, default=41, help="passes per variant and shape (default 41)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="cache dtype")
+    parser.add_argument("--base", choices=("commit", "tree"), default="commit", help="the base kernel's source")
     parser.add_argument("--out", type=Path, help="JSON output (default results/attention_gqa_cpu[_float32].json)")
     ns = parser.parse_args(argv)
     dtype = getattr(torch, ns.dtype)
     if ns.smoke:
         shapes = [(name, 2, 40) for name in HEADS]
-        result = run(shapes, layers=2, rounds=3, threads=ns.threads, dtype=dtype)
+        result = run(shapes, layers=2, rounds=3, threads=ns.threads, dtype=dtype, base=ns.base)
     else:
-        result = run(SHAPES, ns.layers, ns.rounds, ns.threads, dtype)
+        result = run(SHAPES, ns.layers, ns.rounds, ns.threads, dtype, ns.base)
     suffix = "" if dtype == torch.bfloat16 else f"_{ns.dtype}"
     write_result(result, ns.out, ns.smoke, RESULTS / f"attention_gqa_cpu{suffix}.json")
     for row in result["rows"]:
