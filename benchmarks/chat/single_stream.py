@@ -1,5 +1,5 @@
-"""Single-stream decode over HTTP: streamed /v1/completions timed chunk by chunk, on one server or alternating
-between several (benchmarks/vs_llama_server.py).
+"""Single-stream decode over HTTP: streamed /v1/completions timed chunk by chunk, alternating between servers
+(benchmarks/vs_llama_server.py).
 
 decode tok/s = (tokens - 1) / (last chunk time - first chunk time): the prompt's prefill (TTFT) is not in it. Run
 against several servers at once (interleaved), run i goes to the servers in order and run i + 1 in reverse, so a
@@ -72,11 +72,6 @@ def stream_completion(url: str, model: str, prompt: str, max_tokens: int, timeou
     tokens = int(usage.get("completion_tokens") or timings.get("predicted_n") or len(times))
     decode_s = times[-1] - times[0]
     return DecodeRun(tokens, len(times), round(times[0] - t0, 4), round(decode_s, 4), round((tokens - 1) / decode_s, 2))
-
-
-def single_stream(url: str, model: str, prompt: str, max_tokens: int, runs: int) -> dict[str, Any]:
-    """runs streamed completions one after the other; the median decode tok/s and every run."""
-    return summary([stream_completion(url, model, prompt, max_tokens) for _ in range(runs)])
 
 
 def summary(done: list[DecodeRun]) -> dict[str, Any]:
