@@ -124,10 +124,12 @@ class OpSource(NamedTuple):
     name: str  # the library's name (its file: <name>-<key>.so)
     sources: tuple[Path, ...]
     cflags: tuple[str, ...]
+    headers: tuple[Path, ...] = ()  # what the sources include: part of the key, not compiled on their own
 
     def library_path(self) -> Path:
-        """Where the library built from the sources as they are now lives (library_path)."""
-        return library_path(self.name, b"\0".join(s.read_bytes() for s in self.sources), self.cflags)
+        """Where the library built from the sources and headers as they are now lives (library_path)."""
+        text = b"\0".join(s.read_bytes() for s in self.sources + self.headers)
+        return library_path(self.name, text, self.cflags)
 
     def compile(self, path: Path) -> None:
         """Build into path (compile_library); loads the operator into this process."""

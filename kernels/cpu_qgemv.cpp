@@ -31,9 +31,13 @@
 
 #include <immintrin.h>
 
+#include "cpu_share.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -412,16 +416,38 @@ void rows_scalar(const Weights& w, int64_t begin, int64_t end, const QuantizedX&
         row_scalar(w, n, x, s, four_bit, y + (n - begin) * s.m);
 }
 
+// The weight bytes of a block of rows shared with the helper thread (kernels/cpu_share.h): the unit a thread claims,
+// a microsecond or so of work, so that claiming costs little next to it and the wait for the helper's last one is short.
+constexpr int64_t SHARE_BLOCK_BYTES = 16384;
+
+// The rows of one call: on torch's intra-op pool when it has threads, else shared with the helper thread when it is
+// on and the weights span more than one block, else on the caller alone. out [M, N] gets the same bits either way.
 template <typename T>
-void run(const T* x, const Weights& w, Shape s, int64_t n, bool four_bit, int64_t isa, T* out) {
-    const QuantizedX xq = quantize_rows(x, s, four_bit && isa == ISA_AVX512, isa);
-    const int64_t grain = std::max<int64_t>(1, 16384 / (w.row_bytes * s.m));
+void run(const T* x, const Weights& w, const at::Tensor& keep_q, const at::Tensor& keep_s, const at::Tensor& keep_m,
+         Shape s, int64_t n, bool four_bit, int64_t isa, T* out) {
+    const auto xq = std::make_shared<const QuantizedX>(quantize_rows(x, s, four_bit && isa == ISA_AVX512, isa));
     const RowFn kernel = isa == ISA_AVX512 ? for_rows<Avx512Rows>(s.m)
                          : isa == ISA_AVX2 ? for_rows<Avx2Rows>(s.m)
                                            : rows_scalar;
+    const int64_t row_weight_bytes = w.row_bytes + s.g * static_cast<int64_t>(sizeof(float)) * (four_bit ? 2 : 1);
+    const int64_t block_rows = std::max<int64_t>(1, SHARE_BLOCK_BYTES / row_weight_bytes);
+    if (at::get_num_threads() == 1 && radixserve::helper_on() && n > block_rows) {
+        // the closure keeps the weights and x alive: the helper may still hold it after this call returns
+        radixserve::ShareWork work{n, block_rows, s.m, [=](int64_t begin, int64_t end, float* y) {
+                                       (void)keep_q, (void)keep_s, (void)keep_m;
+                                       kernel(w, begin, end, *xq, s, four_bit, y);
+                                   }};
+        radixserve::share_work(std::move(work), [&](int64_t begin, int64_t end, const float* y) {
+            for (int64_t row = begin; row < end; ++row)
+                for (int64_t m = 0; m < s.m; ++m)
+                    out[m * n + row] = static_cast<T>(y[(row - begin) * s.m + m]);
+        });
+        return;
+    }
+    const int64_t grain = std::max<int64_t>(1, 16384 / (w.row_bytes * s.m));
     at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
         std::vector<float> y((end - begin) * s.m);
-        kernel(w, begin, end, xq, s, four_bit, y.data());
+        kernel(w, begin, end, *xq, s, four_bit, y.data());
         for (int64_t row = begin; row < end; ++row)
             for (int64_t m = 0; m < s.m; ++m)
                 out[m * n + row] = static_cast<T>(y[(row - begin) * s.m + m]);
@@ -440,9 +466,10 @@ at::Tensor qgemv(const at::Tensor& x, const at::Tensor& qweight, const at::Tenso
     if (n == 0)
         return out;
     if (x.scalar_type() == at::kFloat)
-        run(x.data_ptr<float>(), w, s, n, four_bit, isa, out.data_ptr<float>());
+        run(x.data_ptr<float>(), w, qweight, scales, mins, s, n, four_bit, isa, out.data_ptr<float>());
     else
-        run(x.data_ptr<at::BFloat16>(), w, s, n, four_bit, isa, out.data_ptr<at::BFloat16>());
+        run(x.data_ptr<at::BFloat16>(), w, qweight, scales, mins, s, n, four_bit, isa,
+            out.data_ptr<at::BFloat16>());
     return out;
 }
 
@@ -450,6 +477,8 @@ at::Tensor qgemv(const at::Tensor& x, const at::Tensor& qweight, const at::Tenso
 
 TORCH_LIBRARY(radixserve_qgemv, m) {
     m.def("qgemv(Tensor x, Tensor qweight, Tensor scales, Tensor mins, int bits, int isa) -> Tensor");
+    m.def("set_helper(bool on) -> ()", [](bool on) { radixserve::set_helper(on); });
+    m.def("helper_on() -> bool", [] { return radixserve::helper_on(); });
 }
 
 TORCH_LIBRARY_IMPL(radixserve_qgemv, CPU, m) { m.impl("qgemv", &qgemv); }

@@ -32,11 +32,13 @@ from kernels.errors import KernelInputError
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")
+SHARE_SOURCE = Path(__file__).with_name("cpu_share.cpp")  # the helper thread (set_helper)
+SHARE_HEADER = Path(__file__).with_name("cpu_share.h")
 NAME = "radixserve_cpu_qgemv"
 # No -march: each ISA's functions carry their own target attribute. -fopenmp: at::parallel_for's OpenMP backend.
 # -ffp-contract=off: x's rounding (v * inv + 1.5 * 2^23) must not fuse into an fma (one rounding instead of two).
 CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
-OP = cpp_build.OpSource(NAME, (SOURCE,), CFLAGS)
+OP = cpp_build.OpSource(NAME, (SOURCE, SHARE_SOURCE), CFLAGS, (SHARE_HEADER,))
 # On by default; RADIXSERVE_CPU_QGEMV=0 turns it off (Linear then keeps torch's kernels for every row count).
 ENABLED = os.environ.get("RADIXSERVE_CPU_QGEMV", "1") != "0"
 GROUP = 32  # values of K per scale (and min): GGUF's Q4_0 / Q4_1 / Q8_0 block, a Q4_K sub-block
@@ -48,6 +50,7 @@ AVX2_FLAGS = frozenset({"avx2", "fma"})
 
 _op: Callable[..., torch.Tensor] | None = None
 _failed = False
+_helper = False  # set_helper's last word, applied when the op loads
 
 
 class Q4Weight(NamedTuple):
@@ -116,11 +119,28 @@ def load_op() -> Callable[..., torch.Tensor] | None:
         if not hasattr(torch.ops.radixserve_qgemv, "qgemv"):
             OP.load()
         _op = torch.ops.radixserve_qgemv.qgemv
+        torch.ops.radixserve_qgemv.set_helper(_helper)
     except Exception as exc:  # any build or load failure (compiler, linker, loader) keeps torch's kernels
         detail = "\n".join(str(exc).strip().splitlines()[-6:])
         logger.warning("CPU qgemv kernel unavailable (%s); using torch's kernels: %s", cpp_build.compiler(), detail)
         _failed = True
     return _op
+
+
+def set_helper(on: bool) -> None:
+    """Turns the op's helper thread on or off for this process (kernels/cpu_share.h), now if the op is loaded, else
+    when load_op loads it (this builds nothing): on, a call on one torch thread whose weights span two pieces (64 KB)
+    or more shares its rows with one more thread, which spins up to 200 us between calls and then sleeps; the result
+    is the same bits. Mutates process-wide state."""
+    global _helper
+    _helper = on
+    if _op is not None:
+        torch.ops.radixserve_qgemv.set_helper(on)
+
+
+def helper_on() -> bool:
+    """Whether the loaded op's helper thread is on (False when the op is not loaded)."""
+    return _op is not None and bool(torch.ops.radixserve_qgemv.helper_on())
 
 
 def qgemv(x: torch.Tensor, w: Q4Weight | Q8Weight, isa: str) -> torch.Tensor:

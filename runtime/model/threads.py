@@ -28,6 +28,13 @@ tok/s spinning, 5.9 with PASSIVE, 5.5-5.7 with 1 thread, and the tuner matched o
   30.3 tok/s with 2 threads, 62.3 with 1 (spinning waits: 4.5-64, erratic). Prefill keeps every thread. The
   in-process Engine (no frontend processes) keeps one count.
 
+- The second core in decode steps (wants_helper): where decode steps run on one thread of two or more, the qgemv
+  op shares each quantized GEMV's weight rows with a helper thread of its own (kernels/cpu_share.h) that runs under
+  SCHED_IDLE, so it takes the core only while the frontend processes and other programs leave it idle, and that the
+  step never waits for (blocks are stolen back, a block it was computing is taken over). Measured over HTTP, SmolLM2
+  int4 single stream, two servers alternating (README, "A second core for decode GEMVs"): quiet 1.26x of it off,
+  beside a busy core 1.10x. $RADIXSERVE_QGEMV_HELPER=0 turns it off.
+
 No pinning (os.sched_setaffinity): a thread pinned to the core the other process holds could not move off it.
 """
 
@@ -46,6 +53,7 @@ THREADS_ENV = "RADIXSERVE_THREADS"  # fixes the worker's torch intra-op threads:
 FRONTEND_CORE_FROM = 4  # from this many usable cores on, one is left to the frontend processes
 WAIT_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}  # the worker's OpenMP wait, unless its environment sets one (WAIT_KEYS)
 WAIT_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+HELPER_ENV = "RADIXSERVE_QGEMV_HELPER"  # "0": decode steps' quantized GEMVs stay on their one thread
 logger = logging.getLogger(__name__)
 
 
@@ -84,6 +92,12 @@ def decode_threads(most: int, cores: int, shares_cores: bool, env: str | None) -
     if shares_cores and cores < FRONTEND_CORE_FROM:
         return max(1, most - 1)
     return most
+
+
+def wants_helper(most: int, decode: int, env: str | None) -> bool:
+    """Whether the qgemv op's helper thread shares decode steps' GEMVs (kernels/cpu_share.h): when decode steps run
+    on one thread (decode) while steps may use most >= 2, unless env ($RADIXSERVE_QGEMV_HELPER) is "0"."""
+    return decode == 1 and most >= 2 and env != "0"
 
 
 def set_cpu_threads() -> int:
@@ -220,6 +234,10 @@ def thread_tuner(device_type: str, shares_cores: bool = False) -> ThreadTuner:
     from runtime.model.cpu_features import usable_cores
 
     decode = decode_threads(most, usable_cores(), shares_cores, os.environ.get(THREADS_ENV))
+    if wants_helper(most, decode, os.environ.get(HELPER_ENV)):
+        from kernels import cpu_qgemv
+
+        cpu_qgemv.set_helper(True)
     return ThreadTuner(most, torch.get_num_threads, torch.set_num_threads, tune=tune, decode_count=decode)
 
 

@@ -23,6 +23,7 @@ from runtime.model.threads import (
     decode_threads,
     set_cpu_threads,
     thread_tuner,
+    wants_helper,
     worker_omp_env,
 )
 
@@ -158,6 +159,15 @@ def test_decode_threads_one_fewer_beside_the_frontend_below_four_cores():
     assert decode_threads(3, 4, shares_cores=True, env=None) == 3  # a core is left to the frontend already
     assert decode_threads(2, 2, shares_cores=False, env=None) == 2  # the in-process Engine
     assert decode_threads(2, 2, shares_cores=True, env="2") == 2  # RADIXSERVE_THREADS fixes every step's count
+
+
+def test_the_qgemv_helper_runs_when_decode_steps_leave_a_core():
+    assert wants_helper(most=2, decode=1, env=None)  # 2 cores beside the frontend: decode on 1 thread + the helper
+    assert not wants_helper(most=1, decode=1, env=None)  # one core, or RADIXSERVE_THREADS=1
+    assert not wants_helper(most=3, decode=2, env=None)  # decode steps run on torch's pool (the helper is unused)
+    assert not wants_helper(most=2, decode=2, env=None)  # the in-process Engine, or RADIXSERVE_THREADS=2
+    assert not wants_helper(most=2, decode=1, env="0")  # RADIXSERVE_QGEMV_HELPER=0
+    assert wants_helper(most=2, decode=1, env="1")
 
 
 def test_untuned_decode_steps_run_on_the_decode_count_prefill_on_most():
