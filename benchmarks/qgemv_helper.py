@@ -28,9 +28,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.chat.config import Config
 from benchmarks.chat.single_stream import interleaved
-from benchmarks.chat.targets import launch_radixserve
 from benchmarks.cli import write_result
 from benchmarks.vs_llama_busy import busy_core
 from kernels import cpu_qgemv
@@ -113,6 +111,21 @@ def shapes_leg(shapes: dict[str, tuple[int, int, int]], cold_bytes: int, blocks:
 
 
 @contextlib.contextmanager
+def server(model: str) -> Iterator[str]:
+    """A radixserve server of model with the defaults and its HTTP API, for the with block; yields its base URL.
+    Raises runtime.serve.launch.LaunchError when it does not start."""
+    from runtime.config import ServerArgs
+    from runtime.serve.launch import Launcher
+
+    launcher = Launcher(ServerArgs(model=model, port=0, http_port=0, log_interval_s=3600.0))
+    try:
+        launcher.start()
+        yield launcher.http_url
+    finally:
+        launcher.shutdown("benchmark finished")
+
+
+@contextlib.contextmanager
 def helper_env(value: str | None) -> Iterator[None]:
     """os.environ[HELPER_ENV] = value (None: unset) for the with block: the servers started in it inherit it."""
     before = os.environ.get(HELPER_ENV)
@@ -131,13 +144,12 @@ def helper_env(value: str | None) -> Iterator[None]:
 
 def http_leg(model: str, busy: bool, tokens: int, runs: int) -> dict[str, Any]:
     """Single-stream tok/s of two servers (helper on: the default; off: RADIXSERVE_QGEMV_HELPER=0), alternating."""
-    cfg = Config(model=model)
     with busy_core(busy), contextlib.ExitStack() as stack:
         with helper_env(None):
-            on = stack.enter_context(launch_radixserve(cfg, http=True))
+            on = stack.enter_context(server(model))
         with helper_env("0"):
-            off = stack.enter_context(launch_radixserve(cfg, http=True))
-        urls = {"helper_on": on.http_url, "helper_off": off.http_url}
+            off = stack.enter_context(server(model))
+        urls = {"helper_on": on, "helper_off": off}
         interleaved(urls, model, PROMPT, 16, 1)  # warm both
         done = interleaved(urls, model, PROMPT, tokens, runs)
     on_tok_s = done["helper_on"]["decode_tok_s"]

@@ -129,9 +129,9 @@ def load_op() -> Callable[..., torch.Tensor] | None:
 
 def set_helper(on: bool) -> None:
     """Turns the op's helper thread on or off for this process (kernels/cpu_share.h), now if the op is loaded, else
-    when load_op loads it (this builds nothing): on, a call on one torch thread whose weights span two pieces (64 KB)
-    or more shares its rows with one more thread, which spins up to 200 us between calls and then sleeps; the result
-    is the same bits. Mutates process-wide state."""
+    when load_op loads it (this builds nothing): on, a call on one torch thread whose weights span more than one
+    16 KB block shares its rows with one more thread (SCHED_IDLE: it takes only a core nothing else wants; it spins up
+    to 200 us between calls, then sleeps); the result is the same bits. Mutates process-wide state."""
     global _helper
     _helper = on
     if _op is not None:

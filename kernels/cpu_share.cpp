@@ -1,8 +1,11 @@
 // The helper thread that shares an op's blocks with its caller (the protocol: kernels/cpu_share.h).
 #include "cpu_share.h"
 
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -11,7 +14,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -26,6 +28,12 @@ using Clock = std::chrono::steady_clock;
 // How long the helper spins for the next job before it sleeps: longer than the gaps between a decode step's GEMVs
 // (an attention of tens of microseconds), shorter than the wait between steps (the scheduler's turn).
 constexpr auto SPIN = std::chrono::microseconds(200);
+// After this many calls in a row to which the helper added no block (it got no core: another process holds it), a
+// caller posts only one call in PROBE_EVERY: every post wakes the helper, and a woken SCHED_IDLE thread that finds
+// no idle core still takes the caller's core now and then (beside a busy core, posting every call made SmolLM2's
+// in-process decode step 0.85x of the helper off).
+constexpr int MISSES_TO_PAUSE = 4;
+constexpr int PROBE_EVERY = 64;
 // The least the caller waits for a block the helper is computing before it takes it over.
 constexpr auto LEAST_WAIT = std::chrono::microseconds(2);
 
@@ -41,9 +49,9 @@ inline void pause() {
 #endif
 }
 
-// The blocks of a piece not claimed yet, front .. back - 1, in one word (front in the low 32 bits), so that its owner
-// (from the front) and a thief (from the back) each claim a block with one compare-and-swap. On a cache line of its
-// own: the two pieces' owners claim on different cores.
+// The blocks a thread owns and has not started, front .. back - 1, in one word (front in the low 32 bits): the
+// owner takes them one by one from the front, the other thread steals the back half of what is left, each with one
+// compare-and-swap. On a cache line of its own: the caller's and the helper's are written on different cores.
 struct alignas(64) Deque {
     std::atomic<uint64_t> ends{0};
 
@@ -51,30 +59,51 @@ struct alignas(64) Deque {
         return static_cast<uint64_t>(back) << 32 | static_cast<uint64_t>(front);
     }
 
-    // The block taken from the front (from_back false) or the back, -1 when the piece has none left.
-    int64_t take(bool from_back) {
+    // The owner's next block, -1 when none is left.
+    int64_t pop() {
         uint64_t e = ends.load(std::memory_order_acquire);
         for (;;) {
             const int64_t front = static_cast<int64_t>(e & 0xFFFFFFFFu);
             const int64_t back = static_cast<int64_t>(e >> 32);
             if (front >= back)
                 return -1;
-            const uint64_t want = from_back ? pack(front, back - 1) : pack(front + 1, back);
-            if (ends.compare_exchange_weak(e, want, std::memory_order_acq_rel))
-                return from_back ? back - 1 : front;
+            if (ends.compare_exchange_weak(e, pack(front + 1, back), std::memory_order_acq_rel))
+                return front;
         }
     }
+
+    // Takes the back half (at least one block) of what is left as first .. last - 1; false when nothing is left.
+    bool steal(int64_t* first, int64_t* last) {
+        uint64_t e = ends.load(std::memory_order_acquire);
+        for (;;) {
+            const int64_t front = static_cast<int64_t>(e & 0xFFFFFFFFu);
+            const int64_t back = static_cast<int64_t>(e >> 32);
+            if (front >= back)
+                return false;
+            const int64_t keep = (back - front) / 2;
+            if (ends.compare_exchange_weak(e, pack(front, front + keep), std::memory_order_acq_rel)) {
+                *first = front + keep;
+                *last = back;
+                return true;
+            }
+        }
+    }
+
+    // The owner's new blocks first .. last - 1, once its own are all taken.
+    void refill(int64_t first, int64_t last) {
+        ends.store(pack(first, last), std::memory_order_release);
+    }
 };
+
+enum Side : int { CALLER, HELPER };
 
 struct Job {
     explicit Job(ShareWork w)
         : work(std::move(w)),
           blocks((work.units + work.block_units - 1) / work.block_units),
-          deques(new Deque[PIECES]),
           state(new std::atomic<int>[blocks]),
-          result(work.units * work.unit_floats) {
-        for (int64_t p = 0; p < PIECES; ++p)
-            deques[p].ends.store(Deque::pack(blocks * p / PIECES, blocks * (p + 1) / PIECES), std::memory_order_relaxed);
+          result(new float[work.units * work.unit_floats]) {  // not zeroed: every block the caller reads is written
+        deques[CALLER].refill(0, blocks);  // the helper starts by stealing the back half
         for (int64_t b = 0; b < blocks; ++b)
             state[b].store(FREE, std::memory_order_relaxed);
     }
@@ -93,51 +122,35 @@ struct Job {
     }
 
     float* result_of(int64_t block) {
-        return result.data() + begin(block) * work.unit_floats;
+        return result.get() + begin(block) * work.unit_floats;
     }
 
-    static constexpr int64_t PIECES = 2;  // the caller's and the helper's
     ShareWork work;
     int64_t blocks;
-    std::unique_ptr<Deque[]> deques;
     std::unique_ptr<std::atomic<int>[]> state;
-    std::vector<float> result;  // the helper's blocks' values, unit u's at u * unit_floats
-    // the next piece to claim, on a cache line of its own (both threads write it)
-    alignas(64) std::atomic<int64_t> next{0};
-    char pad[64 - sizeof(std::atomic<int64_t>)];
+    std::unique_ptr<float[]> result;  // the helper's blocks' values, unit u's at u * unit_floats
+    Deque deques[2];  // by Side
 };
 
-// Where a thread is in a job: the piece it owns (-1: none yet); once no piece is left it steals from the pieces'
-// backs.
-struct Cursor {
-    int64_t piece = -1;
-    bool pieces_left = true;
-};
-
-// The thread's next block: the front of the piece it owns, then of the next unclaimed piece, then the back of any
-// piece; -1 when every block is claimed.
-int64_t next_block(Job& job, Cursor& cur) {
-    while (cur.pieces_left) {
-        if (cur.piece >= 0) {
-            const int64_t b = job.deques[cur.piece].take(false);
-            if (b >= 0)
-                return b;
-        }
-        cur.piece = job.next.fetch_add(1, std::memory_order_relaxed);
-        cur.pieces_left = cur.piece < Job::PIECES;
-    }
-    for (int64_t p = Job::PIECES - 1; p >= 0; --p) {
-        const int64_t b = job.deques[p].take(true);
+// The next block of the thread on `side`: the front of its own blocks, refilled by stealing the back half of the
+// other's when they run out; -1 when both are empty. Blocks are read in ascending order within each run, so the
+// hardware prefetcher follows (a caller whose helper never runs reads the weights front to back, as alone).
+int64_t next_block(Job& job, Side side) {
+    for (;;) {
+        const int64_t b = job.deques[side].pop();
         if (b >= 0)
             return b;
+        int64_t first = 0;
+        int64_t last = 0;
+        if (!job.deques[1 - side].steal(&first, &last))
+            return -1;
+        job.deques[side].refill(first, last);
     }
-    return -1;
 }
 
-// The helper's side: claim blocks until none is left, each into the job's buffer.
+// The helper's side: its blocks, each into the job's buffer, until none is left.
 void help(Job& job) {
-    Cursor cur;
-    for (int64_t b = next_block(job, cur); b >= 0; b = next_block(job, cur)) {
+    for (int64_t b = next_block(job, HELPER); b >= 0; b = next_block(job, HELPER)) {
         int expected = FREE;
         if (!job.state[b].compare_exchange_strong(expected, BY_HELPER, std::memory_order_acq_rel))
             continue;  // the caller took it over before the helper marked it
@@ -147,71 +160,78 @@ void help(Job& job) {
     }
 }
 
+// Linux futex wait / wake on a 32-bit word (the helper's sleep without a lock: a SCHED_IDLE thread preempted while
+// holding a mutex would stall the caller that needs it).
+void futex_wait(std::atomic<uint32_t>* word, uint32_t seen) {
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
+}
+
+void futex_wake(std::atomic<uint32_t>* word) {
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+}
+
+// The helper thread and its mailbox. Lock-free on the caller's side: a job goes into the slot as a heap-allocated
+// shared_ptr that whoever exchanges it out owns (the helper, or the caller replacing or clearing an untaken one).
 class Helper {
    public:
-    // Hands the helper a job (starting its thread on first use).
-    void post(std::shared_ptr<Job> job) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!started_) {
-            std::thread([this] { loop(); }).detach();
-            started_ = true;
-        }
-        job_ = std::move(job);
-        seq_.fetch_add(1, std::memory_order_release);
-        if (sleeping_)
-            cv_.notify_one();
+    // Hands the helper a job (starting its thread on first use), waking it if it sleeps.
+    void post(const std::shared_ptr<Job>& job) {
+        std::call_once(started_, [this] { std::thread([this] { loop(); }).detach(); });
+        delete slot_.exchange(new std::shared_ptr<Job>(job), std::memory_order_acq_rel);
+        epoch_.fetch_add(1, std::memory_order_seq_cst);
+        if (sleeping_.load(std::memory_order_seq_cst))
+            futex_wake(&epoch_);
     }
 
-    // Drops the helper's reference to a finished job (it keeps its own while it computes a chunk).
-    void finish(const std::shared_ptr<Job>& job) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (job_ == job)
-            job_.reset();
+    // Takes back a job the helper has not taken (it keeps its own reference while it computes a block).
+    void finish() {
+        delete slot_.exchange(nullptr, std::memory_order_acq_rel);
     }
 
    private:
     void loop() {
         sched_param param{};
         pthread_setschedparam(pthread_self(), SCHED_IDLE, &param);  // runs only on a core nothing else wants
-        uint64_t seen = 0;
         for (;;) {
-            wait_for(seen);
-            std::shared_ptr<Job> job;
-            {
-                std::lock_guard<std::mutex> lock(mu_);
-                job = job_;
-                seen = seq_.load(std::memory_order_acquire);
-            }
-            if (job)
-                help(*job);
+            std::shared_ptr<Job>* box = take();
+            const std::shared_ptr<Job> job = std::move(*box);
+            delete box;
+            help(*job);
         }
     }
 
-    // Returns when a job newer than `seen` was posted: spins for SPIN, then sleeps.
-    void wait_for(uint64_t seen) {
-        const auto deadline = Clock::now() + SPIN;
-        for (int spins = 1; seq_.load(std::memory_order_acquire) == seen; ++spins) {
+    // The next job: spins for SPIN, then sleeps until one is posted.
+    std::shared_ptr<Job>* take() {
+        auto deadline = Clock::now() + SPIN;
+        for (int spins = 1;; ++spins) {
+            if (slot_.load(std::memory_order_relaxed) != nullptr)
+                if (std::shared_ptr<Job>* box = slot_.exchange(nullptr, std::memory_order_acq_rel))
+                    return box;
             pause();
             if (spins % 64 == 0 && Clock::now() > deadline) {
-                std::unique_lock<std::mutex> lock(mu_);
-                sleeping_ = true;
-                cv_.wait(lock, [&] { return seq_.load(std::memory_order_acquire) != seen; });
-                sleeping_ = false;
-                return;
+                sleep();
+                deadline = Clock::now() + SPIN;
             }
         }
     }
 
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::shared_ptr<Job> job_;
-    std::atomic<uint64_t> seq_{0};
-    bool sleeping_ = false;
-    bool started_ = false;
+    // Sleeps unless a job is in the slot; a post after the check changes epoch_, so the wait returns at once.
+    void sleep() {
+        sleeping_.store(true, std::memory_order_seq_cst);
+        const uint32_t seen = epoch_.load(std::memory_order_seq_cst);
+        if (slot_.load(std::memory_order_seq_cst) == nullptr)
+            futex_wait(&epoch_, seen);
+        sleeping_.store(false, std::memory_order_relaxed);
+    }
+
+    std::once_flag started_;
+    std::atomic<std::shared_ptr<Job>*> slot_{nullptr};
+    std::atomic<uint32_t> epoch_{0};
+    std::atomic<bool> sleeping_{false};
 };
 
 // The process's helper: never destroyed (its thread may outlive static destruction at exit); a forked child gets a
-// new one (the parent's thread does not exist there, and its mutex may have been held at the fork).
+// new one, not started (the parent's thread does not exist there).
 std::atomic<Helper*> g_helper{nullptr};
 std::atomic<bool> g_on{false};
 std::once_flag g_atfork;
@@ -228,20 +248,37 @@ Helper& helper() {
     return *g_helper.load(std::memory_order_acquire);
 }
 
-// The caller's side for a block the helper claimed: wait up to `patience` for its values, then take it over.
-void collect(Job& job, int64_t b, Clock::duration patience, std::vector<float>& buf,
+// The caller thread's record of the helper: calls in a row it added no block to, calls skipped since the last probe,
+// blocks it computed in the current call.
+thread_local int t_misses = 0;
+thread_local int t_skipped = 0;
+thread_local int64_t t_helped = 0;
+
+// Whether this call is handed to the helper (MISSES_TO_PAUSE, PROBE_EVERY).
+bool should_post() {
+    if (t_misses < MISSES_TO_PAUSE)
+        return true;
+    if (++t_skipped < PROBE_EVERY)
+        return false;
+    t_skipped = 0;
+    return true;
+}
+
+// The caller's side for a block the helper took: wait until `deadline` for its values, then take it over. Returns
+// whether it took it over.
+bool collect(Job& job, int64_t b, Clock::time_point deadline, std::vector<float>& buf,
              const std::function<void(int64_t, int64_t, const float*)>& store) {
-    const auto deadline = Clock::now() + patience;
     for (;;) {
         int state = job.state[b].load(std::memory_order_acquire);
         if (state == DONE) {
             store(job.begin(b), job.end(b), job.result_of(b));
-            return;
+            ++t_helped;
+            return false;
         }
         if (Clock::now() > deadline && job.state[b].compare_exchange_strong(state, TAKEN, std::memory_order_acq_rel)) {
             job.compute(b, buf.data());
             store(job.begin(b), job.end(b), buf.data());
-            return;
+            return true;
         }
         pause();
     }
@@ -251,7 +288,7 @@ void collect(Job& job, int64_t b, Clock::duration patience, std::vector<float>& 
 
 void share_work(ShareWork work, const std::function<void(int64_t, int64_t, const float*)>& store) {
     std::vector<float> buf(work.block_units * work.unit_floats);
-    if (!helper_on() || work.units <= work.block_units) {
+    if (!helper_on() || work.units <= work.block_units || !should_post()) {
         for (int64_t begin = 0; begin < work.units; begin += work.block_units) {
             const int64_t end = std::min(work.units, begin + work.block_units);
             work.compute(begin, end, buf.data());
@@ -264,20 +301,24 @@ void share_work(ShareWork work, const std::function<void(int64_t, int64_t, const
     h.post(job);
     std::vector<char> mine(job->blocks, 0);
     int64_t own = 0;
-    Cursor cur;
     const auto start = Clock::now();
-    for (int64_t b = next_block(*job, cur); b >= 0; b = next_block(*job, cur)) {
+    for (int64_t b = next_block(*job, CALLER); b >= 0; b = next_block(*job, CALLER)) {
         job->compute(b, buf.data());
         store(job->begin(b), job->end(b), buf.data());
         mine[b] = 1;
         ++own;
     }
+    // Left: the blocks the helper took (the one it computes, any it stole and has not started). Once one is taken
+    // over, the helper is not running: the rest are taken over at once.
     const auto per_block = own ? (Clock::now() - start) / own : Clock::duration(LEAST_WAIT);
     const auto patience = std::max<Clock::duration>(LEAST_WAIT, 2 * per_block);
+    bool stalled = false;
+    t_helped = 0;
     for (int64_t b = 0; b < job->blocks; ++b)
         if (!mine[b])
-            collect(*job, b, patience, buf, store);
-    h.finish(job);
+            stalled = collect(*job, b, stalled ? Clock::now() : Clock::now() + patience, buf, store) || stalled;
+    t_misses = t_helped ? 0 : t_misses + 1;
+    h.finish();
 }
 
 void set_helper(bool on) {

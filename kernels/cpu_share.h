@@ -5,20 +5,23 @@
 // does; beside a process that holds a core, the thread that shares it is descheduled for whole time slices and every
 // op of a step waits for it (runtime/model/threads.py). Here the caller never waits for a helper that is not
 // running:
-// - The units (weight rows) are cut into blocks of about a microsecond of work, and the blocks into two halves. The
-//   caller and the helper each claim a half and take its blocks from the front; a thread that has finished its half
-//   takes the other's blocks from the back (work stealing), so both read long contiguous runs (blocks taken in turn
-//   from one shared counter were slower than one thread: the hardware prefetcher starts over at every block).
-// - The caller, once every block is claimed, waits for each block the helper still computes about twice as long as
-//   it takes per block itself, then computes it again ("takes it over"); the helper's late values are dropped. A
-//   descheduled helper costs the caller at most that wait and one block per call.
+// - The units (weight rows) are cut into blocks of about a microsecond of work. The caller takes its blocks from the
+//   front; the helper, when it comes, steals the back half of what is left, and each thread that runs out steals the
+//   back half of the other's (work stealing). Each thread reads long ascending runs, and a caller whose helper never
+//   comes reads the weights front to back, as alone (blocks taken in turn from one shared counter made SmolLM2's
+//   int8 head 0.68x of one thread: the hardware prefetcher starts over at every block).
+// - The caller, once no block is left to take, waits for each block the helper still computes about twice as long
+//   as it takes per block itself, then computes it again ("takes it over"; after one, the rest at once); the
+//   helper's late values are dropped. A descheduled helper costs the caller that wait and a block per call.
 // - The helper writes only into the job's own buffer, which it keeps alive: the caller's output is never touched by
 //   the helper, so a helper that wakes up after the call returned changes nothing.
 // - The helper runs under SCHED_IDLE: it gets a core only when no other thread of the machine wants it, so the
-//   frontend processes and other programs keep their cores (measured beside a busy core: without it, SmolLM2's
-//   single stream ran 0.70x of the helper off; with it, 1.03x).
-// - It spins between jobs for SPIN (a decode step's ops follow each other within tens of microseconds), then sleeps
-//   on a condition variable until the next job.
+//   frontend processes and other programs keep their cores. After a few calls it added nothing to (another process
+//   holds the other core), the caller hands it only one call in 64: each hand-off wakes it, and waking it for
+//   nothing cost a decode step 15% beside a busy core.
+// - It spins between jobs for about 200 us (a decode step's ops follow each other within tens of microseconds), then
+//   sleeps on a futex until the next job; the caller's side takes no lock (a SCHED_IDLE thread preempted while
+//   holding one would stall the caller).
 // Each unit's values are computed by the same code whoever runs it: the result is identical with the helper on or off.
 #pragma once
 
