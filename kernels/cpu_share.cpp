@@ -28,11 +28,12 @@ using Clock = std::chrono::steady_clock;
 // How long the helper spins for the next job before it sleeps: longer than the gaps between a decode step's GEMVs
 // (an attention of tens of microseconds), shorter than the wait between steps (the scheduler's turn).
 constexpr auto SPIN = std::chrono::microseconds(200);
-// After this many calls in a row to which the helper added no block (it got no core: another process holds it), a
-// caller posts only one call in PROBE_EVERY: every post wakes the helper, and a woken SCHED_IDLE thread that finds
-// no idle core still takes the caller's core now and then (beside a busy core, posting every call made SmolLM2's
-// in-process decode step 0.85x of the helper off).
-constexpr int MISSES_TO_PAUSE = 4;
+// After MISSES_TO_PAUSE calls in a row to which the helper added no block (it got no core: another process holds
+// it), a caller stops handing it calls, then every PROBE_EVERY calls tries MISSES_TO_PAUSE calls again (a probe of one
+// call never recovered: the sleeping helper woke after that call had ended). Every hand-off to a sleeping helper
+// wakes it, and a woken SCHED_IDLE thread that finds no idle core still takes the caller's core now and then: beside
+// a busy core, handing it every call made SmolLM2's in-process decode step 0.85x of the helper off.
+constexpr int MISSES_TO_PAUSE = 8;
 constexpr int PROBE_EVERY = 64;
 // The least the caller waits for a block the helper is computing before it takes it over.
 constexpr auto LEAST_WAIT = std::chrono::microseconds(2);
@@ -261,6 +262,7 @@ bool should_post() {
     if (++t_skipped < PROBE_EVERY)
         return false;
     t_skipped = 0;
+    t_misses = 0;  // a probe: the next MISSES_TO_PAUSE calls
     return true;
 }
 

@@ -16,9 +16,9 @@
 // - The helper writes only into the job's own buffer, which it keeps alive: the caller's output is never touched by
 //   the helper, so a helper that wakes up after the call returned changes nothing.
 // - The helper runs under SCHED_IDLE: it gets a core only when no other thread of the machine wants it, so the
-//   frontend processes and other programs keep their cores. After a few calls it added nothing to (another process
-//   holds the other core), the caller hands it only one call in 64: each hand-off wakes it, and waking it for
-//   nothing cost a decode step 15% beside a busy core.
+//   frontend processes and other programs keep their cores. After 8 calls in a row it added nothing to (another
+//   process holds the other core), the caller stops handing it calls, then tries 8 again every 64 calls: each
+//   hand-off to a sleeping helper wakes it, and waking it for nothing cost a decode step 15% beside a busy core.
 // - It spins between jobs for about 200 us (a decode step's ops follow each other within tens of microseconds), then
 //   sleeps on a futex until the next job; the caller's side takes no lock (a SCHED_IDLE thread preempted while
 //   holding one would stall the caller).
