@@ -230,8 +230,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--quantization",
         default="none",
-        choices=["none", "int8", "int4"],
-        help="our server targets' weight quantization (ServerArgs.quantization)",
+        choices=["auto", "none", "int8", "int4"],
+        help="our server targets' weight quantization (ServerArgs.quantization; auto: the file's precision per tensor)",
     )
     parser.add_argument(
         "--http-client",

@@ -32,8 +32,8 @@ tok/s spinning, 5.9 with PASSIVE, 5.5-5.7 with 1 thread, and the tuner matched o
   op shares each quantized GEMV's weight rows with a helper thread of its own (kernels/cpu_share.h) that runs under
   SCHED_IDLE, so it takes the core only while the frontend processes and other programs leave it idle, and that the
   step never waits for (blocks are stolen back, a block it was computing is taken over). Measured over HTTP, SmolLM2
-  int4 single stream, two servers alternating (README, "A second core for decode GEMVs"): quiet 1.26x of it off,
-  beside a busy core 1.10x. $RADIXSERVE_QGEMV_HELPER=0 turns it off.
+  int4 single stream, servers with it on and off alternating (README, "A second core in decode steps"): quiet
+  1.08-1.19x, beside a busy core 0.95-1.02x. $RADIXSERVE_QGEMV_HELPER=0 turns it off.
 
 No pinning (os.sched_setaffinity): a thread pinned to the core the other process holds could not move off it.
 """
