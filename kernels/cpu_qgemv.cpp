@@ -22,7 +22,9 @@
 // Weights are widened to int16 once per group (vpmovzxbw / vpmovsxbw) and reused for every row of x.
 //
 // Threads: at::parallel_for over N (torch's intra-op pool; -fopenmp inlines its OpenMP backend, linked to the
-// runtime libtorch_cpu loaded). Each output depends only on its inputs: the result is the same for any thread count.
+// runtime libtorch_cpu loaded); on one torch thread with the helper on (set_helper), blocks of rows shared with the
+// helper thread of kernels/cpu_share.h. Each output depends only on its inputs: the result is the same for any thread
+// count, helper or not.
 #include <ATen/Parallel.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
