@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -125,29 +126,12 @@ def server(model: str) -> Iterator[str]:
         launcher.shutdown("benchmark finished")
 
 
-@contextlib.contextmanager
-def helper_env(value: str | None) -> Iterator[None]:
-    """os.environ[HELPER_ENV] = value (None: unset) for the with block: the servers started in it inherit it."""
-    before = os.environ.get(HELPER_ENV)
-    if value is None:
-        os.environ.pop(HELPER_ENV, None)
-    else:
-        os.environ[HELPER_ENV] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(HELPER_ENV, None)
-        else:
-            os.environ[HELPER_ENV] = before
-
-
 def http_leg(model: str, busy: bool, tokens: int, runs: int) -> dict[str, Any]:
-    """Single-stream tok/s of two servers (helper on: the default; off: RADIXSERVE_QGEMV_HELPER=0), alternating."""
+    """Single-stream tok/s of two servers (RADIXSERVE_QGEMV_HELPER=1: on, the default; 0: off), alternating."""
     with busy_core(busy), contextlib.ExitStack() as stack:
-        with helper_env(None):
+        with mock.patch.dict(os.environ, {HELPER_ENV: "1"}):  # the servers started here inherit it
             on = stack.enter_context(server(model))
-        with helper_env("0"):
+        with mock.patch.dict(os.environ, {HELPER_ENV: "0"}):
             off = stack.enter_context(server(model))
         urls = {"helper_on": on, "helper_off": off}
         interleaved(urls, model, PROMPT, 16, 1)  # warm both

@@ -422,6 +422,14 @@ void rows_scalar(const Weights& w, int64_t begin, int64_t end, const QuantizedX&
 // a microsecond or so of work, so that claiming costs little next to it and the wait for the helper's last one is short.
 constexpr int64_t SHARE_BLOCK_BYTES = 16384;
 
+// Weight rows begin .. end - 1's results y [end - begin, m] float32 into out [m, n] in its dtype.
+template <typename T>
+void store_rows(const float* y, int64_t begin, int64_t end, int64_t m, int64_t n, T* out) {
+    for (int64_t row = begin; row < end; ++row)
+        for (int64_t i = 0; i < m; ++i)
+            out[i * n + row] = static_cast<T>(y[(row - begin) * m + i]);
+}
+
 // The rows of one call: on torch's intra-op pool when it has threads, else shared with the helper thread when it is
 // on and the weights span more than one block, else on the caller alone. out [M, N] gets the same bits either way.
 template <typename T>
@@ -440,9 +448,7 @@ void run(const T* x, const Weights& w, const at::Tensor& keep_q, const at::Tenso
                                        kernel(w, begin, end, *xq, s, four_bit, y);
                                    }};
         radixserve::share_work(std::move(work), [&](int64_t begin, int64_t end, const float* y) {
-            for (int64_t row = begin; row < end; ++row)
-                for (int64_t m = 0; m < s.m; ++m)
-                    out[m * n + row] = static_cast<T>(y[(row - begin) * s.m + m]);
+            store_rows(y, begin, end, s.m, n, out);
         });
         return;
     }
@@ -450,9 +456,7 @@ void run(const T* x, const Weights& w, const at::Tensor& keep_q, const at::Tenso
     at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
         std::vector<float> y((end - begin) * s.m);
         kernel(w, begin, end, *xq, s, four_bit, y.data());
-        for (int64_t row = begin; row < end; ++row)
-            for (int64_t m = 0; m < s.m; ++m)
-                out[m * n + row] = static_cast<T>(y[(row - begin) * s.m + m]);
+        store_rows(y.data(), begin, end, s.m, n, out);
     });
 }
 

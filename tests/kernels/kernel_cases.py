@@ -1,4 +1,5 @@
-"""Shared builders for the kernel tests: paged batches over shuffled blocks and a dense float64 oracle.
+"""Shared builders for the kernel tests: paged batches over shuffled blocks and a dense float64 oracle; random
+group-quantized weights for the qgemv op.
 
 Not a test module (pytest does not collect it); the reference tests and the Triton interpreter cases import it.
 """
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.cpu_qgemv import GROUP, Q4Weight, Q8Weight, pack_q4
 from radix.blocks import cdiv
 
 # Pairwise cover of GQA ratio x head_dim x block_size: every pair of values appears in some case (12 cases, not 24).
@@ -165,3 +167,13 @@ def poison_before_window(batch: PagedBatch, sliding_window: int) -> int:
         batch.v_cache[blocks] = float("nan")
         poisoned += blocks.numel()
     return poisoned
+
+
+def random_weight(bits: int, n: int, k: int, gen: torch.Generator) -> tuple[Q4Weight | Q8Weight, torch.Tensor]:
+    """A random 4-bit or 8-bit weight and its codes (uint8 0..15 or int8 -127..127) [N, K]."""
+    scales = torch.rand(n, k // GROUP, generator=gen) * 0.1
+    if bits == 4:
+        q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+        return Q4Weight(pack_q4(q), scales, torch.randn(n, k // GROUP, generator=gen) * 0.1), q
+    q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    return Q8Weight(q, scales), q

@@ -16,6 +16,7 @@ from kernels import cpu_qgemv
 from kernels.cpu_qgemv import GROUP, Q4Weight, Q8Weight, pack_q4, qgemv, unpack_q4
 from kernels.errors import KernelInputError
 from runtime.model.cpu_features import cpu_flags
+from tests.kernels.kernel_cases import random_weight
 
 ORDER = ["scalar", "avx2", "avx512_vnni"]
 XQ_MAX = 32767  # x rounds to int16 per group (kernels/cpu_qgemv.cpp)
@@ -66,16 +67,6 @@ def dequantized(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None
     if mins is not None:
         w = w + mins[..., None]
     return w.reshape(n, k)
-
-
-def random_weight(bits: int, n: int, k: int, gen: torch.Generator) -> tuple[Q4Weight | Q8Weight, torch.Tensor]:
-    """A random 4-bit or 8-bit weight and its codes (uint8 0..15 or int8 -127..127) [N, K]."""
-    scales = torch.rand(n, k // GROUP, generator=gen) * 0.1
-    if bits == 4:
-        q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
-        return Q4Weight(pack_q4(q), scales, torch.randn(n, k // GROUP, generator=gen) * 0.1), q
-    q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
-    return Q8Weight(q, scales), q
 
 
 def test_pack_q4_puts_q_j_and_q_j_plus_16_in_one_byte():

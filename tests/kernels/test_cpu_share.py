@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from kernels import cpu_qgemv
-from kernels.cpu_qgemv import GROUP, Q4Weight, Q8Weight, pack_q4, qgemv
+from kernels.cpu_qgemv import Q4Weight, Q8Weight, qgemv
 from runtime.model.cpu_features import cpu_flags
+from tests.kernels.kernel_cases import random_weight
 
 ORDER = ["scalar", "avx2", "avx512_vnni"]
 RUNNABLE = ORDER[: ORDER.index(cpu_qgemv.isa_for(cpu_flags())) + 1]
@@ -49,21 +50,12 @@ def one_thread(helper: bool) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def weight(bits: int, n: int, k: int, seed: int) -> Q4Weight | Q8Weight:
-    gen = torch.Generator().manual_seed(seed)
-    scales = torch.rand(n, k // GROUP, generator=gen) * 0.1
-    if bits == 4:
-        q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
-        return Q4Weight(pack_q4(q), scales, torch.randn(n, k // GROUP, generator=gen) * 0.1)
-    return Q8Weight(torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8), scales)
-
-
 def cases(isa: str) -> Iterator[tuple[torch.Tensor, Q4Weight | Q8Weight]]:
     for seed, (m, n, k) in enumerate(SHAPES):
         for bits in (4, 8):
             for dtype in (torch.float32, torch.bfloat16):
                 x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(dtype)
-                yield x, weight(bits, n, k, seed)
+                yield x, random_weight(bits, n, k, torch.Generator().manual_seed(seed))[0]
 
 
 @pytest.mark.parametrize("isa", RUNNABLE)
