@@ -23,9 +23,11 @@ pytestmark = pytest.mark.slow
 BLOCK = 8
 NEW_TOKENS = 40  # decodes past the 32-token window
 PROMPT_LENS = [203, 229, 251]
-# 20 window blocks: two sequences' windows and a chunk at most, so the third is preempted, by swap: every rank copies
-# its heads' blocks of both groups out and back
-GROUPS = {"kv_groups": "auto", "num_window_blocks": 20, "preemption_mode": "swap", "num_host_blocks": 64}
+# 18 window blocks: too few for the three sequences' windows and chunks, so sequences are preempted by swap (every
+# rank copies its heads' blocks of both groups out and back) however the three submissions land between the server's
+# steps: the Engine swaps 17-20 times for every arrival up to 5 steps apart (with 20 blocks, none when the third came
+# one step after the first two, which made the server's count depend on timing)
+GROUPS = {"kv_groups": "auto", "num_window_blocks": 18, "preemption_mode": "swap", "num_host_blocks": 64}
 POOL = {"dtype": "float32", "block_size": BLOCK, "num_blocks": 256, "chunked_prefill_size": 40, "quantization": "none"}
 
 
@@ -44,7 +46,9 @@ def test_tp2_with_window_groups_equals_tp1(tmp_path, smollm2_tokenizer):
     ref = [o.token_ids for o in engine.generate(input_ids=prompts, sampling_params=_greedy())]
     full = Engine(model=str(folder), **POOL, kv_groups="single")
     assert ref == [o.token_ids for o in full.generate(input_ids=prompts, sampling_params=_greedy())]
-    turn2 = prompts[0] + ref[0] + prompts[1][:37]
+    chat = random_prompts([PROMPT_LENS[0]], seed=5)[0]  # a chat alone after the swaps: its turn 2 hits turn 1's KV
+    ref_turn1 = engine.generate(input_ids=[chat], sampling_params=_greedy())[0].token_ids
+    turn2 = chat + ref_turn1 + prompts[1][:37]
     ref_turn2 = engine.generate(input_ids=[turn2], sampling_params=_greedy(8))[0]
     ref_stats = engine.stats()
     server = start_server(str(folder), tmp_path / "tp2.log", "--tensor-parallel-size", "2", *_flags(**POOL, **GROUPS))
@@ -52,15 +56,17 @@ def test_tp2_with_window_groups_equals_tp1(tmp_path, smollm2_tokenizer):
         with server.client(timeout=180) as c:
             rids = [c.submit(input_ids=p, max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True) for p in prompts]
             greedy = [c.result(rid).token_ids for rid in rids]
+            turn1 = c.generate(input_ids=chat, max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
             more = c.generate(input_ids=turn2, max_tokens=8, temperature=0.0, ignore_eos=True)
             stats = wait_until_idle(c)
     finally:
         assert server.stop() == 0
     assert greedy == ref
+    assert turn1.token_ids == ref_turn1
     assert more.token_ids == ref_turn2.token_ids
-    assert more.usage.cached_tokens == ref_turn2.usage.cached_tokens == (len(prompts[0]) + NEW_TOKENS - 1) // 8 * 8
+    assert more.usage.cached_tokens == ref_turn2.usage.cached_tokens == (len(chat) + NEW_TOKENS - 1) // 8 * 8
     assert ref_stats.num_swaps > 0 and stats.num_swaps > 0
-    assert stats.num_window_blocks == ref_stats.num_window_blocks == 20
+    assert stats.num_window_blocks == ref_stats.num_window_blocks == 18
     assert stats.num_window_used_blocks == stats.num_used_blocks == 0
     assert stats.num_window_cached_blocks > 0
 
