@@ -6,8 +6,9 @@
 #      sweep of decode launch configurations) -> benchmarks/results/attention_kernel.json;
 #   3. a short greedy generate through the Engine with the Triton backend (and the reference backend beside it);
 #   4. with more than one GPU: benchmarks/tensor_parallel.py over NCCL (TP 1, 2 and up to 8).
-# Run from anywhere: bash benchmarks/gpu_check.sh. Every step runs even if an earlier one fails; the exit status is
-# the number of failed steps. When $OUT is set (the device runner's output folder), the JSON and a log go there too.
+# Run from anywhere: bash benchmarks/gpu_check.sh [STEP ...], STEP one of kernels, bench, generate, tp (default: all).
+# Every step runs even if an earlier one fails; the exit status is the number of failed steps. PY names the Python
+# (default .venv/bin/python). When $OUT is set (the device runner's output folder), the JSON and a log go there too.
 # The benchmark saves its JSON after every shape, so a step cut short by its limit keeps what it measured; Triton's
 # compile cache (~/.triton/cache) makes a second run of this script faster than the first.
 set -uo pipefail
@@ -15,6 +16,8 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 LOG=$(mktemp /tmp/gpu_check.XXXXXX.log)
 failed=0
+STEPS=" ${*:-kernels bench generate tp} "
+wanted() { [[ "$STEPS" == *" $1 "* ]]; }
 step() {  # step <seconds> <name> <command...>
     local limit=$1 name=$2
     shift 2
@@ -31,11 +34,11 @@ step() {  # step <seconds> <name> <command...>
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$LOG"
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))" 2>&1 | tee -a "$LOG"
 
-step 110 "kernels vs reference on CUDA" "$PY" -m pytest -q -x -p no:cacheprovider tests/kernels/cuda_cases.py
+wanted kernels && step 110 "kernels vs reference on CUDA" "$PY" -m pytest -q -p no:cacheprovider tests/kernels/cuda_cases.py
 
-step 130 "attention benchmark" "$PY" -m benchmarks.attention_kernel --device cuda --sweep
+wanted bench && step 130 "attention benchmark" "$PY" -m benchmarks.attention_kernel --device cuda --sweep
 
-step 55 "generate with --attention-backend triton" "$PY" -c '
+wanted generate && step 150 "generate with --attention-backend triton" "$PY" -c '
 import time
 from runtime.engine import Engine
 from runtime.sampling_params import SamplingParams
@@ -59,7 +62,9 @@ assert all(len(t) > 0 for t in ids["triton"])
 #    random 4-layer Llama at 4096 wide in bf16 (benchmarks/tensor_parallel.py; prefill / decode tok/s and the per-step
 #    all-reduce, all-gather and relay bytes and ms) -> benchmarks/results/tensor_parallel_gpu.json
 GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
-if [ "$GPUS" -gt 1 ]; then
+if ! wanted tp; then
+    :
+elif [ "$GPUS" -gt 1 ]; then
     SIZES="1 2"
     [ "$GPUS" -ge 4 ] && SIZES="$SIZES 4"
     [ "$GPUS" -ge 8 ] && SIZES="$SIZES 8"
