@@ -3,7 +3,7 @@
 #   1. the Triton kernels against the reference in bf16 (and fp32 against dense attention), including a 2^20 + 8-block
 #      cache addressed near block 2^20 and a 128k-token context (tests/kernels/cuda_cases.py);
 #   2. benchmarks/attention_kernel.py (decode time, bandwidth, fraction of copy bandwidth, vs contiguous SDPA, and a
-#      sweep of decode launch configurations) -> benchmarks/results/attention_kernel.json;
+#      sweep of decode launch configurations) -> benchmarks/results/attention_kernel_cuda.json;
 #   3. a short greedy generate through the Engine with the Triton backend (and the reference backend beside it);
 #   4. with more than one GPU: benchmarks/tensor_parallel.py over NCCL (TP 1, 2 and up to 8).
 # Run from anywhere: bash benchmarks/gpu_check.sh [STEP ...], STEP one of kernels, bench, generate, tp (default: all).
@@ -36,7 +36,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee 
 
 wanted kernels && step 110 "kernels vs reference on CUDA" "$PY" -m pytest -q -p no:cacheprovider tests/kernels/cuda_cases.py
 
-wanted bench && step 130 "attention benchmark" "$PY" -m benchmarks.attention_kernel --device cuda --sweep
+wanted bench && step 130 "attention benchmark" "$PY" -m benchmarks.attention_kernel --device cuda --sweep --out benchmarks/results/attention_kernel_cuda.json
 
 wanted generate && step 150 "generate with --attention-backend triton" "$PY" -c '
 import time
@@ -77,7 +77,7 @@ fi
 
 if [ -n "${OUT:-}" ]; then
     cp benchmarks/results/tensor_parallel_gpu.json "$OUT/" 2>/dev/null
-    cp benchmarks/results/attention_kernel.json "$OUT/" 2>/dev/null
+    cp benchmarks/results/attention_kernel_cuda.json "$OUT/" 2>/dev/null
     cp "$LOG" "$OUT/gpu_check.log"
 fi
 echo "gpu_check: $failed failed step(s); log $LOG"
