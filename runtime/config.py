@@ -172,6 +172,14 @@ class ServerArgs:
         '{"method": "draft_model", "model": M, "num_speculative_tokens": 4} (a draft model M); None: off',
     )
 
+    # multi-step decoding: runtime/scheduler/speculation.py reserves the slots, runtime/model/multi_step.py runs them
+    num_scheduler_steps: int = _opt(
+        1,
+        "decode steps the worker runs per scheduler step while every running sequence decodes and none waits, each "
+        "fed the token the last one sampled (vLLM's multi-step scheduling: one message round trip per N tokens; a "
+        "sequence that stops inside the run wastes at most N - 1 forwards); 1: off",
+    )
+
     def _validate_parallel(self) -> None:
         checks = [
             ("tensor_parallel_size", self.tensor_parallel_size >= 1, ">= 1"),
@@ -255,6 +263,12 @@ class ServerArgs:
             parse_speculative_config(self.speculative_config)
         except InvalidSpeculativeConfig as e:
             raise InvalidConfig(str(e)) from e
+        if not 1 <= self.num_scheduler_steps <= 64:
+            raise InvalidConfig(f"num_scheduler_steps must be in [1, 64], got {self.num_scheduler_steps!r}")
+        if self.num_scheduler_steps > 1 and self.speculative_config is not None:
+            raise InvalidConfig("num_scheduler_steps > 1 and speculative_config both reserve a decode's next slots")
+        if self.num_scheduler_steps > 1 and self.tensor_parallel_size > 1:
+            raise InvalidConfig("num_scheduler_steps > 1 runs on one rank (tensor_parallel_size 1)")
         if self.preemption_mode == "swap" and self.num_host_blocks == 0:
             raise InvalidConfig("preemption_mode 'swap' needs num_host_blocks > 0 (the host pool it swaps into)")
         self._validate_parallel()

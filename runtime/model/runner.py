@@ -18,7 +18,7 @@ import torch
 
 from radix.blocks import cdiv
 from runtime.config import ServerArgs
-from runtime.model import spec_verify
+from runtime.model import multi_step, spec_verify
 from runtime.model.cpu_features import resolve_dtype
 from runtime.model.draft_runner import build_draft
 from runtime.model.grammar import GrammarCache, GrammarState
@@ -128,6 +128,8 @@ class ModelRunner:
             self.device,
         )
         self.step_prompt_logprobs: dict[int, PromptLogprobs] = {}  # this step's, until finish_step takes them
+        self.step_priors: dict[int, list[int]] = {}  # a multi-step sub-step's earlier tokens per sequence
+        self._eos = frozenset(cfg.eos_token_ids)
         self.live = WorkerSeqs(
             self.num_blocks,
             self.block_size,
@@ -229,13 +231,31 @@ class ModelRunner:
         self._hold_pending_grammars(step, failed)
         self.step_prompt_logprobs = {}
         sampled: dict[int, Sampled] = {}
-        if step.runnable:
-            self.threads.before_step(all(len(s.token_ids) - s.num_draft_tokens == 1 for s in step.runnable))
+        extra = 0
+        runnable = step.runnable
+        if runnable:
+            self.threads.before_step(all(len(s.token_ids) - s.num_draft_tokens == 1 for s in runnable))
             start = time.perf_counter()
-            self.draft.propose(step.runnable, self.live, failed)  # fills num_draft_slots (draft_runner.py)
-            run_isolated(step.runnable, self._run, sampled, failed)
-            self.threads.after_step(time.perf_counter() - start, sum(len(s.token_ids) for s in step.runnable))
-        return self.finish_step(batch.step_id, step.runnable, sampled, failed)
+            tokens = sum(len(s.token_ids) for s in runnable)
+            if self.args.num_scheduler_steps > 1:  # the slots are decode steps of its own (multi_step.py)
+                runnable, slots = multi_step.take_slots(runnable)
+                run_isolated(runnable, self._run, sampled, failed)
+                extra = multi_step.run_decode_steps(
+                    runnable, slots, self._run, sampled, failed, self._stops, self.step_priors
+                )
+            else:
+                self.draft.propose(runnable, self.live, failed)  # fills num_draft_slots (draft_runner.py)
+                run_isolated(runnable, self._run, sampled, failed)
+            self.threads.after_step(time.perf_counter() - start, tokens + extra)
+        return self.finish_step(batch.step_id, runnable, sampled, failed, extra)
+
+    def _stops(self, seq_id: int, token: int) -> bool:
+        """Whether token ends seq_id's completion here: an EOS id (unless ignore_eos) or one of its stop_token_ids
+        (min_tokens needs no check: the sampler never draws those before it). O(stop ids)."""
+        params = self.seqs[seq_id].params
+        if token in self._eos and not params.ignore_eos:
+            return True
+        return token in (params.stop_token_ids or ())
 
     def _hold_pending_grammars(self, step: StepSeqs, failed: dict[int, str]) -> None:
         """Take out of step the sampling sequences whose grammar is still compiling after GRAMMAR_WAIT_S, each failed
@@ -273,13 +293,20 @@ class ModelRunner:
         return self.sample(logits, inputs.sample_seqs)
 
     def finish_step(
-        self, step_id: int, runnable: list[ScheduledSeq], sampled: dict[int, Sampled], failed: dict[int, str]
+        self,
+        step_id: int,
+        runnable: list[ScheduledSeq],
+        sampled: dict[int, Sampled],
+        failed: dict[int, str],
+        extra_tokens: int = 0,
     ) -> ForwardResult:
         """The ForwardResult of a step whose runnable sequences ran: sampled (seq_id -> Sampled) in batch order,
         failed (seq_id -> "ExceptionType: message") apart, the tokens of the runnable sequences that did not fail
         counted once. Mutates: advances each constrained sequence's grammar matcher by its tokens (a verified draft's
         accepted tokens, then its token; a token the grammar rejects fails its sequence); forgets each failed
-        sequence; counts each such token once in the penalty state. O(len(runnable) + len(failed) + accepted)."""
+        sequence; counts each such token once in the penalty state. A multi-step sequence's earlier tokens go back
+        as a draft accepted whole (multi_step.py); extra_tokens: the tokens its later sub-steps ran.
+        O(len(runnable) + len(failed) + accepted)."""
         order = [s.seq_id for s in runnable if s.seq_id in sampled and s.seq_id not in failed]
         emitted = [(seq_id, t) for seq_id in order for t in sampled[seq_id].emitted]
         failed.update(self.grammars.record([e[0] for e in emitted], [e[1] for e in emitted]))
@@ -288,6 +315,12 @@ class ModelRunner:
         order = [seq_id for seq_id in order if seq_id not in failed]
         accepted = self._roll_back_drafts(runnable, sampled, failed)
         drafts = self.draft.finish(runnable, accepted, self.live)
+        if self.args.num_scheduler_steps > 1:
+            for seq_id in order:
+                ran = sampled[seq_id].accepted
+                if ran is not None:
+                    accepted[seq_id] = ran
+                    drafts[seq_id] = ran
         token_ids = [sampled[seq_id].token_id for seq_id in order]
         emitted = [e for e in emitted if e[0] not in failed]
         self.penalties.record([e[0] for e in emitted], [e[1] for e in emitted])  # once, whatever the isolation re-ran
@@ -304,7 +337,7 @@ class ModelRunner:
             seq_ids=order,
             token_ids=token_ids,
             logprobs=logprobs if any(lp is not None for lp in logprobs) else None,
-            num_forward_tokens=sum(len(s.token_ids) for s in runnable if s.seq_id not in failed),
+            num_forward_tokens=sum(len(s.token_ids) for s in runnable if s.seq_id not in failed) + extra_tokens,
             failed_seq_ids=list(failed),
             failed_errors=list(failed.values()),
             prompt_logprobs=prompt or None,
@@ -371,7 +404,8 @@ class ModelRunner:
         """One draw per row of logits float32 [len(sample_seqs), vocab] (the model's output for prepare's
         sample_seqs): seq_id -> Sampled. Penalties and grammar masks apply to the rows whose sequences have them
         (GrammarState.rows waits for a grammar still compiling and raises for one that does not compile).
-        A draft's row j sees the draft tokens before it (spec_verify.row_priors) in its penalties and grammar mask.
+        A draft's row j sees the draft tokens before it (spec_verify.row_priors) in its penalties and grammar mask;
+        a multi-step sub-step's row the tokens its sequence drew earlier in the step (step_priors).
         Mutates the sampler's generator (unseeded draws); the penalty counts are updated by finish_step."""
         if not sample_seqs:
             return {}
@@ -383,8 +417,8 @@ class ModelRunner:
             for token_index in spec_verify.row_token_indexes(s, state.prompt_len):
                 rows.append(SampleRequest(state.params, state.sample_index, token_index))
                 seq_ids.append(s.seq_id)
-            priors.extend(spec_verify.row_priors(s) if s.num_draft_tokens else [[]])
-        prior = priors if len(priors) > len(sample_seqs) else None  # None: no draft this step
+            priors.extend(spec_verify.row_priors(s) if s.num_draft_tokens else [self.step_priors.get(s.seq_id, [])])
+        prior = priors if any(priors) else None  # None: no draft and no multi-step sub-step
         penalties = self.penalties.rows(seq_ids, prior)
         out = self.sampler(logits, rows, penalties, token_bitmask=self.grammars.rows(seq_ids, prior))
         logprobs = out.logprobs or [None] * len(rows)

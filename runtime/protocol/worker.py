@@ -41,7 +41,8 @@ class ScheduledSeq(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
         are a draft (then sample is True) the worker verifies (runtime/model/spec_verify.py); 0: no draft.
     num_draft_slots: speculative decoding with a draft model: token_ids is the one token sampled last step and the
         block table holds num_draft_slots more slots after it, which the worker's draft model fills with its draft
-        before the verify forward (runtime/model/draft_runner.py; sample is True); 0: none.
+        before the verify forward (runtime/model/draft_runner.py; sample is True); with num_scheduler_steps > 1
+        the worker fills them with decode steps of its own instead (runtime/model/multi_step.py); 0: none.
     """
 
     seq_id: int

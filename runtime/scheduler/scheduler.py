@@ -123,7 +123,11 @@ class Scheduler:
             self._finisher,
         )
         self.speculation = Speculation(
-            parse_speculative_config(args.speculative_config), manager, self._finisher, max_model_len
+            parse_speculative_config(args.speculative_config),
+            manager,
+            self._finisher,
+            max_model_len,
+            args.num_scheduler_steps,
         )
         self._planner = ChunkPlanner(
             manager,
@@ -230,7 +234,7 @@ class Scheduler:
         step = StepPlan(self._step_id, self.args.max_prefill_tokens)
         forks = self.beam.take_forks()
         preempted_before = self.counters.num_preemptions
-        self.speculation.begin_step(len(self.running))
+        self.speculation.begin_step(len(self.running), self._all_decoding())
         for seq in sorted(self.running, key=_ADMISSION_ORDER):
             if seq.status == SeqStatus.RUNNING:
                 self._planner.plan(seq, step, may_preempt=True)
@@ -253,6 +257,17 @@ class Scheduler:
         if step.seqs:
             self.counters.num_steps += 1
         return step.batch(drops, forks)
+
+    def _all_decoding(self) -> bool:
+        """Whether every running sequence decodes (a token sampled, all tokens but the last computed) and no request
+        waits or is swapped out: the steps multi-step decoding may run in (speculation.py). O(running)."""
+        if self.waiting or self.swapped:
+            return False
+        for seq in self.running:
+            computed = self.manager.num_computed_tokens(seq.seq_id)
+            if seq.status == SeqStatus.RUNNING and not (seq.num_output > 0 and seq.target - computed == 1):
+                return False
+        return True
 
     def process_result(self, result: ForwardResult) -> list[TokenOutput]:
         """Apply a finished step: mark KV as computed (full blocks enter the radix tree now), append sampled tokens,

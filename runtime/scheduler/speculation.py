@@ -12,6 +12,12 @@ truncates its table copy by the same rule: cdiv(computed, block_size) blocks).
 With a draft model the proposal is k placeholders (draft_slots.py): the worker's draft model fills them and returns
 the draft with the result, which the Scheduler passes to on_verified in their place.
 
+Multi-step decoding (num_scheduler_steps = N > 1, vLLM's multi-step scheduling) takes the same path with N - 1
+placeholders: the worker runs N one-token decode steps, each fed the token the previous one sampled
+(runtime/model/multi_step.py), and returns the first N - 1 tokens as a draft that is accepted whole. It runs only in
+steps where every running sequence decodes and no request waits (begin_step's may_multi_step), so it never delays a
+prefill; it keeps no speculation counters.
+
 Speculation is off per sequence for beam search (the proposal is empty) and per step when verification cannot pay
 (SpeculationGate, spec_gate.py: the measured cost of a verify step against the running acceptance, or vLLM's fixed
 disable_by_batch_size when given). Penalties, logit_bias, min_tokens, structured outputs and logprobs speculate:
@@ -50,7 +56,12 @@ class Speculation:
     """
 
     def __init__(
-        self, config: SpeculativeConfig | None, manager: KVCacheManager, finisher: Finisher, max_model_len: int
+        self,
+        config: SpeculativeConfig | None,
+        manager: KVCacheManager,
+        finisher: Finisher,
+        max_model_len: int,
+        num_scheduler_steps: int = 1,
     ) -> None:
         self._manager = manager
         self._finisher = finisher
@@ -64,19 +75,28 @@ class Speculation:
                 self._proposer = DraftSlots()
             self._k = config.num_speculative_tokens
             self._gate = SpeculationGate(self._k, config.disable_by_batch_size)
+        self._multi_step = config is None and num_scheduler_steps > 1
+        if self._multi_step:  # the worker fills the slots with its own decode steps (module docstring)
+            self._proposer = DraftSlots()
+            self._k = num_scheduler_steps - 1
         self._active = False
         self._probe = False  # a closed step in which one sequence drafts (SpeculationGate.probe)
         self._drafting: dict[int, SchedulerSeq] = {}  # the sequences the proposer holds an index for
         self.counters = SpecCounters(accepted_per_pos=[0] * self._k)
 
-    def begin_step(self, num_running: int) -> None:
+    def begin_step(self, num_running: int, may_multi_step: bool = False) -> None:
         """Decide for the step about to be planned (SpeculationGate.open: drafts only where verifying them can pay
-        at num_running sequences; a closed step may let one sequence draft: SpeculationGate.probe). Releases the
-        proposer's index of every sequence that finished, O(sequences indexed)."""
+        at num_running sequences; a closed step may let one sequence draft: SpeculationGate.probe; multi-step
+        decoding: may_multi_step, every running sequence decodes and none waits). Releases the proposer's index of
+        every sequence that finished, O(sequences indexed)."""
         for seq_id, seq in list(self._drafting.items()):
             if seq.status == SeqStatus.FINISHED:
                 self._proposer.release(seq_id)
                 del self._drafting[seq_id]
+        if self._multi_step:
+            self._active = may_multi_step
+            self._probe = False
+            return
         self._active = self._k > 0 and self._gate.open(num_running)
         self._probe = self._k > 0 and not self._active and self._gate.probe()
 
@@ -114,13 +134,8 @@ class Speculation:
         lps = logprobs if logprobs is not None else [None] * (len(accepted) + 1)
         if len(lps) != len(accepted) + 1:
             raise ValueError(f"seq {seq.seq_id}: {len(lps)} logprobs for {len(accepted) + 1} tokens")
-        self._gate.on_verified(len(draft), len(accepted))
-        c = self.counters
-        c.num_drafts += 1
-        c.num_draft_tokens += len(draft)
-        c.num_accepted_tokens += len(accepted)
-        for i in range(len(accepted)):
-            c.accepted_per_pos[i] += 1
+        if not self._multi_step:
+            self._count(len(draft), len(accepted))
         self._manager.commit_computed(seq.seq_id, start + 1)
         for i, tok in enumerate(accepted):
             self._finisher.on_token(seq, tok, lps[i])
@@ -131,3 +146,13 @@ class Speculation:
         if seq.status == SeqStatus.RUNNING:
             self._manager.release_uncomputed(seq.seq_id)
             seq.sent_blocks = len(self._manager.block_table(seq.seq_id))
+
+    def _count(self, proposed: int, accepted: int) -> None:
+        """Fold one verified draft into the gate's estimate and the counters. O(accepted)."""
+        self._gate.on_verified(proposed, accepted)
+        c = self.counters
+        c.num_drafts += 1
+        c.num_draft_tokens += proposed
+        c.num_accepted_tokens += accepted
+        for i in range(accepted):
+            c.accepted_per_pos[i] += 1

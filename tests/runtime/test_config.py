@@ -23,6 +23,13 @@ def test_defaults_are_valid_and_unknown_fields_are_named():
         ({"max_prompt_chars": 0}, "max_prompt_chars must be None or >= 1"),
         ({"port": 70000}, "port must be in"),
         ({"preemption_mode": "swap"}, "needs num_host_blocks > 0"),
+        ({"num_scheduler_steps": 0}, r"num_scheduler_steps must be in \[1, 64\], got 0"),
+        ({"num_scheduler_steps": 65}, r"num_scheduler_steps must be in \[1, 64\], got 65"),
+        (
+            {"num_scheduler_steps": 4, "speculative_config": '{"method": "ngram", "num_speculative_tokens": 2}'},
+            "num_scheduler_steps > 1 and speculative_config both",
+        ),
+        ({"num_scheduler_steps": 4, "tensor_parallel_size": 2}, r"runs on one rank \(tensor_parallel_size 1\)"),
     ],
 )
 def test_out_of_range_values_raise(kwargs, message):

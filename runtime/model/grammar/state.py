@@ -99,6 +99,8 @@ class GrammarState:
         more draft token; row j's mask is the matcher's state after d_1..d_j-1 (the matcher advances through the
         draft and is rolled back). A draft token the grammar rejects, or one after the grammar ended, leaves the
         rows after it with the mask of the row before: that row cannot draw the token, so the draft ends there.
+        A multi-step sub-step (runtime/model/multi_step.py) has one row per sequence, its prior the tokens the
+        sequence drew earlier in the step: its mask is the matcher's state after them.
 
         Expects every compile done (the runner first takes the pending() sequences out of the step; a compile still
         running is waited for). Makes each new matcher and replays its output tokens. Fills one bitmask row per
@@ -108,7 +110,7 @@ class GrammarState:
         Raises:
             InvalidStructuredOutputs: a constraint that does not compile (the runner's isolation fails that sequence
                 alone).
-            ValueError: a replayed token the grammar does not accept; a prior that is not row_priors' shape.
+            ValueError: a replayed token the grammar does not accept.
         """
         if not self._entries:
             return None
@@ -172,18 +174,33 @@ def _fill_with_drafts(
     priors: list[Sequence[int]],
     bitmask: torch.Tensor,
 ) -> None:
-    """Fill bitmask's rows (picked: (logits row, seq_id) each, matchers and priors aligned) for a step with drafts:
-    each run of one sequence's rows (row_priors' shape) is filled by _fill_draft_run. Mutates bitmask only (the
-    matchers end as they began). Raises ValueError for a prior of another shape. O(rows + draft tokens)."""
+    """Fill bitmask's rows (picked: (logits row, seq_id) each, matchers and priors aligned) for a step with drafts
+    or multi-step sub-steps: each run of one sequence's rows whose priors grow by one token a row (row_priors'
+    shape: _fill_draft_run), or a multi-step sub-step's one row after the tokens drawn before it (_fill_after).
+    Mutates bitmask only (the matchers end as they began). O(rows + prior tokens)."""
     m = 0
     while m < len(picked):
-        if priors[m]:
-            raise ValueError(f"seq {picked[m][1]}: a draft row without the rows before it")
         end = m + 1
         while end < len(picked) and picked[end][1] == picked[m][1] and len(priors[end]) == len(priors[end - 1]) + 1:
             end += 1
-        _fill_draft_run(matchers[m], priors[end - 1], bitmask, range(m, end))
+        if priors[m]:  # a multi-step sub-step's one row
+            _fill_after(matchers[m], priors[m], bitmask, m)
+        else:
+            _fill_draft_run(matchers[m], priors[end - 1], bitmask, range(m, end))
         m = end
+
+
+def _fill_after(matcher: xgr.GrammarMatcher, tokens: Sequence[int], bitmask: torch.Tensor, row: int) -> None:
+    """Fill row with matcher's mask after tokens (a multi-step sub-step: the tokens its sequence drew earlier in
+    the step, runtime/model/multi_step.py), or after the longest prefix of them the grammar takes before it ends.
+    Rolls the matcher back to where it began. O(len(tokens))."""
+    accepted = 0
+    for token in tokens:
+        if matcher.is_terminated() or not matcher.accept_token(token):
+            break
+        accepted += 1
+    matcher.fill_next_token_bitmask(bitmask, row)
+    matcher.rollback(accepted)
 
 
 def _fill_draft_run(matcher: xgr.GrammarMatcher, draft: Sequence[int], bitmask: torch.Tensor, rows: range) -> None:
