@@ -56,7 +56,8 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     from runtime.model.cpu_features import machine_facts
 
     torch.set_num_threads(ns.threads)
-    engine = Engine(ns.model, dtype=ns.dtype, quantization=ns.quantization)
+    # one token a step (num_scheduler_steps 1): the figures are per decode step
+    engine = Engine(ns.model, dtype=ns.dtype, quantization=ns.quantization, num_scheduler_steps=1)
     vocab = engine.runner.ready.vocab_size
     gen = torch.Generator().manual_seed(0)
     steps = 2 * ns.blocks * ns.block + 2 * ns.profile_steps + 8

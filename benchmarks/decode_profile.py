@@ -76,7 +76,8 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     from runtime.engine import Engine
     from runtime.model.cpu_features import machine_facts
 
-    engine = Engine(ns.model, dtype=ns.dtype, quantization=ns.quantization)
+    # one token a step (num_scheduler_steps 1): the figures are per decode step
+    engine = Engine(ns.model, dtype=ns.dtype, quantization=ns.quantization, num_scheduler_steps=1)
     vocab = engine.runner.ready.vocab_size
     prompt = torch.randint(3, vocab, (ns.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     # room for every step below even when the detokenizer holds back the first tokens' chunks; aborted at the end

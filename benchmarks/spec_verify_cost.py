@@ -119,7 +119,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     big = max(args.batch_sizes)
-    off = Engine(model=args.model, dtype=args.dtype, max_running_requests=max(big, 16))
+    off = Engine(  # one token a step: the plain decode step the verification is weighed against
+        model=args.model, dtype=args.dtype, max_running_requests=max(big, 16), num_scheduler_steps=1
+    )
     ngram = Engine(
         model=args.model,
         dtype=args.dtype,

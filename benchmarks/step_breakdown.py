@@ -189,7 +189,9 @@ def measure(
     """Prefill `batch` requests through a fresh Scheduler, then `steps` timed decode steps per thread count, the
     thread counts alternating step by step. Returns threads -> part -> seconds of each step."""
     ready = runner.ready
-    args = ServerArgs(model=runner.args.model, num_blocks=ready.num_blocks, block_size=ready.block_size)
+    args = ServerArgs(  # one token a step: the figures are per decode step
+        model=runner.args.model, num_blocks=ready.num_blocks, block_size=ready.block_size, num_scheduler_steps=1
+    )
     manager = KVCacheManager(ready.num_blocks, ready.block_size, True, ready.num_host_blocks, record_events=True)
     sched = Scheduler(manager, args, ready.max_model_len, ready.eos_token_ids, vocab_size=ready.vocab_size)
     params = SamplingParams(
@@ -264,7 +266,13 @@ def run(
             most = max(batches + [penalty_batch or 0])
             blocks = 1 + most * cdiv(context + max_tokens(most, steps, threads), 16)
             # one KV cache group: the plain KVCacheManager below makes the block tables
-            args = ServerArgs(model=model, dtype=dtype, num_blocks=blocks, kv_groups="single")  # type: ignore[arg-type]
+            args = ServerArgs(  # one token a step: the figures are per decode step
+                model=model,
+                dtype=dtype,  # type: ignore[arg-type]
+                num_blocks=blocks,
+                kv_groups="single",
+                num_scheduler_steps=1,
+            )
             runner = ModelRunner(args)
             name = str(runner.dtype).removeprefix("torch.")
             label = name if dtype != "auto" else f"auto ({name})"

@@ -143,7 +143,9 @@ def run(model: str, dtype: str, device: str, batches: list[int], steps: int, rep
     from runtime.engine import Engine
     from runtime.model.cpu_features import machine_facts
 
-    engine = Engine(model=model, dtype=dtype, device=device, max_running_requests=max(batches))
+    engine = Engine(  # one token a step (num_scheduler_steps 1): the figures are per decode step
+        model=model, dtype=dtype, device=device, max_running_requests=max(batches), num_scheduler_steps=1
+    )
     timer = GrammarTimer(engine)
     compile_ms = compile_times(engine)
     step_ms: dict[str, dict[str, float]] = {"none": {}, "json": {}, "mixed": {}}

@@ -16,6 +16,10 @@ class InvalidConfig(ValueError):
     """A ServerArgs field is out of range; the message names the field."""
 
 
+# decode steps per scheduler step by default (num_scheduler_steps None): README "Multi-step decoding"
+DEFAULT_SCHEDULER_STEPS = 4
+
+
 def _opt(default, help: str, **kw):
     return field(default=default, metadata={"help": help, **kw})
 
@@ -173,12 +177,22 @@ class ServerArgs:
     )
 
     # multi-step decoding: runtime/scheduler/speculation.py reserves the slots, runtime/model/multi_step.py runs them
-    num_scheduler_steps: int = _opt(
-        1,
+    num_scheduler_steps: int | None = _opt(
+        None,
         "decode steps the worker runs per scheduler step while every running sequence decodes and none waits, each "
         "fed the token the last one sampled (vLLM's multi-step scheduling: one message round trip per N tokens; a "
-        "sequence that stops inside the run wastes at most N - 1 forwards); 1: off",
+        f"sequence that stops inside the run wastes at most N - 1 forwards); 1: off; None: {DEFAULT_SCHEDULER_STEPS}, "
+        "or 1 with speculative_config or tensor_parallel_size > 1",
     )
+
+    def scheduler_steps(self) -> int:
+        """num_scheduler_steps resolved: the value set, else DEFAULT_SCHEDULER_STEPS, or 1 where speculative decoding
+        or tensor parallelism is on (neither runs multi-step)."""
+        if self.num_scheduler_steps is not None:
+            return self.num_scheduler_steps
+        if self.speculative_config is not None or self.tensor_parallel_size > 1:
+            return 1
+        return DEFAULT_SCHEDULER_STEPS
 
     def _validate_parallel(self) -> None:
         checks = [
@@ -263,11 +277,12 @@ class ServerArgs:
             parse_speculative_config(self.speculative_config)
         except InvalidSpeculativeConfig as e:
             raise InvalidConfig(str(e)) from e
-        if not 1 <= self.num_scheduler_steps <= 64:
-            raise InvalidConfig(f"num_scheduler_steps must be in [1, 64], got {self.num_scheduler_steps!r}")
-        if self.num_scheduler_steps > 1 and self.speculative_config is not None:
+        steps = self.num_scheduler_steps
+        if steps is not None and not 1 <= steps <= 64:
+            raise InvalidConfig(f"num_scheduler_steps must be None or in [1, 64], got {steps!r}")
+        if self.scheduler_steps() > 1 and self.speculative_config is not None:
             raise InvalidConfig("num_scheduler_steps > 1 and speculative_config both reserve a decode's next slots")
-        if self.num_scheduler_steps > 1 and self.tensor_parallel_size > 1:
+        if self.scheduler_steps() > 1 and self.tensor_parallel_size > 1:
             raise InvalidConfig("num_scheduler_steps > 1 runs on one rank (tensor_parallel_size 1)")
         if self.preemption_mode == "swap" and self.num_host_blocks == 0:
             raise InvalidConfig("preemption_mode 'swap' needs num_host_blocks > 0 (the host pool it swaps into)")

@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from radix.blocks import cdiv
 from runtime.config import ServerArgs
-from runtime.model import multi_step, spec_verify
+from runtime.model import spec_verify
 from runtime.model.cpu_features import resolve_dtype
 from runtime.model.draft_runner import build_draft
 from runtime.model.grammar import GrammarCache, GrammarState
@@ -27,6 +26,7 @@ from runtime.model.isolation import run_isolated
 from runtime.model.kv_cache import KVCache
 from runtime.model.loader import load_config, load_tokenizer, load_weights, resolve_model
 from runtime.model.models import build_model
+from runtime.model.multi_step import MultiStep
 from runtime.model.penalties import PenaltyState
 from runtime.model.prompt_logprobs import prompt_logprobs, prompt_rows
 from runtime.model.quant_plan import QuantPlan
@@ -35,7 +35,6 @@ from runtime.model.spec_verify import Sampled
 from runtime.model.threads import thread_tuner
 from runtime.model.worker_seqs import StepInputs, WorkerSeq, WorkerSeqs
 from runtime.protocol import ForwardBatch, ForwardResult, PromptLogprobs, Ready, ScheduledSeq, TokenLogprobs
-from runtime.structured_outputs import GRAMMAR_PENDING, GRAMMAR_WAIT_S
 
 if TYPE_CHECKING:
     from runtime.model.hf_config import ModelConfig
@@ -129,7 +128,6 @@ class ModelRunner:
         )
         self.step_prompt_logprobs: dict[int, PromptLogprobs] = {}  # this step's, until finish_step takes them
         self.step_priors: dict[int, list[int]] = {}  # a multi-step sub-step's earlier tokens per sequence
-        self._eos = frozenset(cfg.eos_token_ids)
         self.live = WorkerSeqs(
             self.num_blocks,
             self.block_size,
@@ -138,6 +136,9 @@ class ModelRunner:
             self.grammars,
             self.device,
             self.kv.num_window_blocks,
+        )
+        self.multi_step = (
+            MultiStep(self.live, cfg.eos_token_ids, self.step_priors) if args.scheduler_steps() > 1 else None
         )
         self.ready = Ready(
             num_blocks=self.num_blocks,
@@ -228,7 +229,7 @@ class ModelRunner:
         """
         step = self.apply_structure(batch)
         failed = {seq_id: f"{INVALID_DELTA}: {problem}" for seq_id, problem in step.invalid.items()}
-        self._hold_pending_grammars(step, failed)
+        self.grammars.hold_pending(step.runnable, failed, self.group)  # a compile still running: requeued
         self.step_prompt_logprobs = {}
         sampled: dict[int, Sampled] = {}
         extra = 0
@@ -237,41 +238,13 @@ class ModelRunner:
             self.threads.before_step(all(len(s.token_ids) - s.num_draft_tokens == 1 for s in runnable))
             start = time.perf_counter()
             tokens = sum(len(s.token_ids) for s in runnable)
-            if self.args.num_scheduler_steps > 1:  # the slots are decode steps of its own (multi_step.py)
-                runnable, slots = multi_step.take_slots(runnable)
-                run_isolated(runnable, self._run, sampled, failed)
-                extra = multi_step.run_decode_steps(
-                    runnable, slots, self._run, sampled, failed, self._stops, self.step_priors
-                )
+            if self.multi_step is not None:  # the slots are decode steps of its own (multi_step.py)
+                runnable, extra = self.multi_step.run(runnable, self._run, sampled, failed)
             else:
                 self.draft.propose(runnable, self.live, failed)  # fills num_draft_slots (draft_runner.py)
                 run_isolated(runnable, self._run, sampled, failed)
             self.threads.after_step(time.perf_counter() - start, tokens + extra)
         return self.finish_step(batch.step_id, runnable, sampled, failed, extra)
-
-    def _stops(self, seq_id: int, token: int) -> bool:
-        """Whether token ends seq_id's completion here: an EOS id (unless ignore_eos) or one of its stop_token_ids
-        (min_tokens needs no check: the sampler never draws those before it). O(stop ids)."""
-        params = self.seqs[seq_id].params
-        if token in self._eos and not params.ignore_eos:
-            return True
-        return token in (params.stop_token_ids or ())
-
-    def _hold_pending_grammars(self, step: StepSeqs, failed: dict[int, str]) -> None:
-        """Take out of step the sampling sequences whose grammar is still compiling after GRAMMAR_WAIT_S, each failed
-        with GRAMMAR_PENDING (the scheduler requeues them, runtime/scheduler/scheduler.py), so a slow compile never
-        holds up the other sequences. Mutates step.runnable and failed. O(len(step.runnable))."""
-        sampling = [s.seq_id for s in step.runnable if s.sample]
-        if not sampling or not len(self.grammars):
-            return
-        pending = set(self.grammars.pending(sampling, GRAMMAR_WAIT_S))
-        if self.group is not None:  # a compile's finish is timing: the ranks must hold the same sequences back
-            pending = self.group.union(pending)
-        if not pending:
-            return
-        for seq_id in pending:
-            failed[seq_id] = f"{GRAMMAR_PENDING}: its grammar is still compiling"
-        step.runnable[:] = [s for s in step.runnable if s.seq_id not in pending]
 
     def _run(self, seqs: list[ScheduledSeq]) -> dict[int, Sampled]:
         """Forward + sample seqs: seq_id -> Sampled of each sequence that samples. The prompt logprobs of the
@@ -313,14 +286,10 @@ class ModelRunner:
         for seq_id in failed:
             self.live.forget(seq_id)
         order = [seq_id for seq_id in order if seq_id not in failed]
-        accepted = self._roll_back_drafts(runnable, sampled, failed)
+        accepted = self.live.roll_back_drafts(runnable, sampled, failed)
         drafts = self.draft.finish(runnable, accepted, self.live)
-        if self.args.num_scheduler_steps > 1:
-            for seq_id in order:
-                ran = sampled[seq_id].accepted
-                if ran is not None:
-                    accepted[seq_id] = ran
-                    drafts[seq_id] = ran
+        if self.multi_step is not None:
+            self.multi_step.finish(runnable, sampled, accepted, drafts)
         token_ids = [sampled[seq_id].token_id for seq_id in order]
         emitted = [e for e in emitted if e[0] not in failed]
         self.penalties.record([e[0] for e in emitted], [e[1] for e in emitted])  # once, whatever the isolation re-ran
@@ -345,20 +314,6 @@ class ModelRunner:
             draft_token_ids=drafts or None,
             accepted_logprobs=accepted_logprobs or None,
         )
-
-    def _roll_back_drafts(
-        self, runnable: list[ScheduledSeq], sampled: dict[int, Sampled], failed: dict[int, str]
-    ) -> dict[int, list[int]]:
-        """seq_id -> accepted draft tokens of each sequence that ran a draft and did not fail; each one's block
-        table is cut to the blocks of its computed tokens (start + 1 + accepted), as the scheduler cuts its own.
-        O(drafts)."""
-        accepted: dict[int, list[int]] = {}
-        for s in runnable:
-            if s.num_draft_tokens and s.seq_id in sampled and s.seq_id not in failed:
-                kept = sampled[s.seq_id].accepted or []
-                accepted[s.seq_id] = kept
-                self.live.truncate(s.seq_id, cdiv(s.start_pos + 1 + len(kept), self.block_size))
-        return accepted
 
     @torch.inference_mode()
     def apply_structure(self, batch: ForwardBatch) -> StepSeqs:

@@ -18,7 +18,7 @@ from runtime.model.grammar import GrammarState
 from runtime.model.models import AttentionMetadata
 from runtime.model.models.batch import BlockTableRows, step_metadata
 from runtime.model.penalties import PenaltyState
-from runtime.model.spec_verify import draft_problem
+from runtime.model.spec_verify import Sampled, draft_problem
 from runtime.protocol import ScheduledSeq
 from runtime.sampling_params import SamplingParams
 
@@ -215,6 +215,20 @@ class WorkerSeqs:
         if len(table) * self.block_size < end:
             return f"seq {s.seq_id}: {len(table)} blocks of {self.block_size} cannot hold {end} tokens"
         return draft_problem(s, state.params)
+
+    def roll_back_drafts(
+        self, runnable: list[ScheduledSeq], sampled: dict[int, Sampled], failed: dict[int, str]
+    ) -> dict[int, list[int]]:
+        """seq_id -> accepted draft tokens of each of runnable that ran a draft and did not fail; each one's block
+        table is cut to the blocks of its computed tokens (start + 1 + accepted), as the scheduler cuts its own.
+        O(drafts)."""
+        accepted: dict[int, list[int]] = {}
+        for s in runnable:
+            if s.num_draft_tokens and s.seq_id in sampled and s.seq_id not in failed:
+                kept = sampled[s.seq_id].accepted or []
+                accepted[s.seq_id] = kept
+                self.truncate(s.seq_id, cdiv(s.start_pos + 1 + len(kept), self.block_size))
+        return accepted
 
     def truncate(self, seq_id: int, num_blocks: int) -> None:
         """Cut seq_id's block table (and its row) to its first num_blocks entries: speculative decoding's rollback,

@@ -127,7 +127,7 @@ class Scheduler:
             manager,
             self._finisher,
             max_model_len,
-            args.num_scheduler_steps,
+            args.scheduler_steps(),
         )
         self._planner = ChunkPlanner(
             manager,

@@ -107,7 +107,8 @@ class Speculation:
         if not (self._active or self._probe) or not may_speculate(seq):
             return []
         room = min(self._k, seq.req.params.max_tokens - seq.num_output - 1, self._max_model_len - len(seq.token_ids))
-        self._drafting[seq.seq_id] = seq
+        if not self._multi_step:  # its slots hold no proposer state to release
+            self._drafting[seq.seq_id] = seq
         draft = self._proposer.propose(seq.seq_id, seq.token_ids, room)
         if draft and not self._active:
             self._probe = False  # the probe step's one draft

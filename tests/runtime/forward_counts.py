@@ -9,11 +9,13 @@ from runtime.protocol import ForwardBatch
 
 
 def forward_tokens_by_seq(batches: Iterable[ForwardBatch]) -> dict[int, int]:
-    """seq_id -> input tokens scheduled for it over batches (prefill chunks + decode tokens), in first-seen order."""
+    """seq_id -> input tokens scheduled for it over batches (prefill chunks + decode tokens + the slots reserved
+    after a decode: a multi-step run's later tokens or a draft model's draft), in first-seen order. A run that stops
+    early in the worker (an EOS inside it) runs fewer than its slots."""
     counts: dict[int, int] = {}
     for batch in batches:
         for s in batch.seqs:
-            counts[s.seq_id] = counts.get(s.seq_id, 0) + len(s.token_ids)
+            counts[s.seq_id] = counts.get(s.seq_id, 0) + len(s.token_ids) + s.num_draft_slots
     return counts
 
 

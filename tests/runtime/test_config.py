@@ -23,8 +23,8 @@ def test_defaults_are_valid_and_unknown_fields_are_named():
         ({"max_prompt_chars": 0}, "max_prompt_chars must be None or >= 1"),
         ({"port": 70000}, "port must be in"),
         ({"preemption_mode": "swap"}, "needs num_host_blocks > 0"),
-        ({"num_scheduler_steps": 0}, r"num_scheduler_steps must be in \[1, 64\], got 0"),
-        ({"num_scheduler_steps": 65}, r"num_scheduler_steps must be in \[1, 64\], got 65"),
+        ({"num_scheduler_steps": 0}, r"num_scheduler_steps must be None or in \[1, 64\], got 0"),
+        ({"num_scheduler_steps": 65}, r"num_scheduler_steps must be None or in \[1, 64\], got 65"),
         (
             {"num_scheduler_steps": 4, "speculative_config": '{"method": "ngram", "num_speculative_tokens": 2}'},
             "num_scheduler_steps > 1 and speculative_config both",
@@ -35,6 +35,14 @@ def test_defaults_are_valid_and_unknown_fields_are_named():
 def test_out_of_range_values_raise(kwargs, message):
     with pytest.raises(InvalidConfig, match=message):
         ServerArgs(**kwargs)
+
+
+def test_scheduler_steps_default_to_4_and_to_1_beside_speculation_or_tensor_parallelism():
+    assert ServerArgs().scheduler_steps() == 4
+    assert ServerArgs(num_scheduler_steps=1).scheduler_steps() == 1
+    ngram = '{"method": "ngram", "num_speculative_tokens": 2}'
+    assert ServerArgs(speculative_config=ngram).scheduler_steps() == 1
+    assert ServerArgs(tensor_parallel_size=2).scheduler_steps() == 1
 
 
 def test_triton_backend_needs_cuda_unless_interpreted(monkeypatch):

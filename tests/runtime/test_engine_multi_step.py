@@ -37,7 +37,7 @@ def make_engine(loopy_dir):
 @pytest.fixture(scope="module")
 def plain(make_engine):
     """A plain-decoding Engine (num_scheduler_steps 1) on the loopy model."""
-    return make_engine()
+    return make_engine(num_scheduler_steps=1)
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def test_kv_cache_groups_past_the_window_equal_plain_decoding(tmp_path, smollm2_
         kw = {"dtype": "float32", "block_size": 4, "num_blocks": 128, "chunked_prefill_size": 16, **kw}
         return Engine(model=str(folder), kv_groups="auto", num_window_blocks=40, **kw)
 
-    want = [o.token_ids for o in make().generate(input_ids=PROMPTS, sampling_params=greedy(48))]
+    want = [o.token_ids for o in make(num_scheduler_steps=1).generate(input_ids=PROMPTS, sampling_params=greedy(48))]
     multi = make(num_scheduler_steps=STEPS)
     assert multi.manager.window == LOOPY_WINDOW
     batches = record_batches(multi)  # both groups' invariants after every step
@@ -189,7 +189,7 @@ def test_structured_outputs_equal_plain_decoding(tmp_path, smollm2_tokenizer):
         ),
     ]
     with one_torch_thread():
-        plain, multi = make(), make(num_scheduler_steps=STEPS)
+        plain, multi = make(num_scheduler_steps=1), make(num_scheduler_steps=STEPS)
         batches = record_batches(multi)
         for prompt, q in zip(PROMPTS, params, strict=True):
             got = multi.generate(input_ids=[prompt], sampling_params=q)[0]

@@ -87,7 +87,8 @@ def test_memory_pressure_every_request_completes_unchanged(make_engine, unpressu
 
 @pytest.mark.slow
 def test_abort_waiting_mid_prefill_mid_decode(make_engine, unpressured):
-    engine = make_engine(chunked_prefill_size=8, max_prefill_tokens=16, max_running_requests=2)
+    # one token a step (num_scheduler_steps 1): the aborts land mid-prefill and mid-decode at given steps
+    engine = make_engine(chunked_prefill_size=8, max_prefill_tokens=16, max_running_requests=2, num_scheduler_steps=1)
     free0 = engine.manager.num_free_blocks()
     rids = [engine.add_request(input_ids=p, sampling_params=greedy(12)) for p in PROMPTS[:4]]
     engine.step()  # requests 0 and 1 prefill their first 8 tokens; 2 and 3 wait

@@ -16,13 +16,18 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import xgrammar as xgr
 
 from runtime.model.grammar.bitmask import GrammarRows
 from runtime.model.grammar.compiler import GrammarCache
-from runtime.structured_outputs import NO_TOKEN, StructuredOutputs
+from runtime.structured_outputs import GRAMMAR_PENDING, GRAMMAR_WAIT_S, NO_TOKEN, StructuredOutputs
+
+if TYPE_CHECKING:
+    from runtime.model.parallel.group import TPGroup
+    from runtime.protocol import ScheduledSeq
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +94,24 @@ class GrammarState:
         if running:
             wait(running, timeout=wait_s)
         return [s for s, f in waiting.items() if not f.done()]
+
+    def hold_pending(self, runnable: list[ScheduledSeq], failed: dict[int, str], group: TPGroup | None) -> None:
+        """Take out of runnable the sampling sequences whose grammar is still compiling after GRAMMAR_WAIT_S, each
+        failed with GRAMMAR_PENDING (the scheduler requeues them, runtime/scheduler/scheduler.py), so a slow compile
+        never holds up the other sequences; with a tensor-parallel group, the union of every rank's (a compile's
+        finish is timing: the ranks must hold the same sequences back). Mutates runnable and failed.
+        O(len(runnable))."""
+        sampling = [s.seq_id for s in runnable if s.sample]
+        if not sampling or not self._entries:
+            return
+        pending = set(self.pending(sampling, GRAMMAR_WAIT_S))
+        if group is not None:
+            pending = group.union(pending)
+        if not pending:
+            return
+        for seq_id in pending:
+            failed[seq_id] = f"{GRAMMAR_PENDING}: its grammar is still compiling"
+        runnable[:] = [s for s in runnable if s.seq_id not in pending]
 
     def rows(self, seq_ids: Sequence[int], prior: Sequence[Sequence[int]] | None = None) -> GrammarRows | None:
         """The GrammarRows of a step whose logits rows belong to seq_ids (in order), or None when none of them is

@@ -267,7 +267,8 @@ def test_requests_without_penalties_get_the_tokens_they_got_before(make_engine):
 
 
 def test_penalty_tokens_are_sent_once_per_registration(make_engine):
-    engine = make_engine(num_blocks=18, preemption_mode="recompute")
+    # one token a step (num_scheduler_steps 1): the preemptions it counts come at every token's allocation
+    engine = make_engine(num_blocks=18, preemption_mode="recompute", num_scheduler_steps=1)
     batches = record_batches(engine)
     outs = engine.generate(input_ids=PROMPTS, sampling_params=PENALISED)
     sent = [s for b in batches for s in b.seqs if s.penalty_token_ids is not None]

@@ -9,6 +9,7 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 
+from radix.blocks import cdiv
 from radix.manager import KVCacheManager
 from runtime.config import ServerArgs
 from runtime.protocol import ForwardBatch, ForwardResult, Usage
@@ -39,8 +40,11 @@ def reference(prompt: list[int], max_tokens: int, sample_index: int = 0, tempera
 class FakeRunner:
     """Applies ForwardBatch exactly as the worker contract says, with a dict as the KV cache."""
 
-    def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, num_host_blocks: int = 0, eos_token_ids: Sequence[int] = (EOS,)
+    ) -> None:
         self.bs = block_size
+        self.eos = set(eos_token_ids)
         self.num_blocks = num_blocks
         self.kv: dict[int, tuple[int, int]] = {}
         self.host: dict[int, tuple[int, int]] = {}
@@ -73,6 +77,7 @@ class FakeRunner:
             self.num_copies += 1
         seq_ids = []
         token_ids = []
+        accepted: dict[int, list[int]] = {}
         n_fwd = 0
         for s in batch.seqs:
             if s.sampling_params is not None:
@@ -95,9 +100,33 @@ class FakeRunner:
                     assert pos == p, f"seq {s.seq_id} read position {pos} at {p}"
                     context.append(tok)
                 params, _, index = self.meta[s.seq_id]
+                run = self._run_steps(s, table, context, params, index)
+                n_fwd += len(run) - 1
+                if s.num_draft_slots:
+                    accepted[s.seq_id] = run[:-1]
                 seq_ids.append(s.seq_id)
-                token_ids.append(next_token(context, index, params.temperature))
-        return ForwardResult(batch.step_id, seq_ids, token_ids, num_forward_tokens=n_fwd)
+                token_ids.append(run[-1])
+        runs = accepted or None
+        return ForwardResult(
+            batch.step_id, seq_ids, token_ids, num_forward_tokens=n_fwd, accepted_token_ids=runs, draft_token_ids=runs
+        )
+
+    def _run_steps(self, s, table: list[int], context: list[int], params: SamplingParams, index: int) -> list[int]:
+        """The token s samples, and, for a multi-step decode (num_draft_slots = k), up to k more, each after writing
+        the one before into the next slot, as runtime/model/multi_step.py does: the run stops at an EOS (unless
+        ignore_eos) or a stop id; the table is cut to the blocks of the tokens written."""
+        run = [next_token(context, index, params.temperature)]
+        for j in range(s.num_draft_slots):
+            tok = run[-1]
+            if (tok in self.eos and not params.ignore_eos) or tok in (params.stop_token_ids or ()):
+                break
+            p = s.start_pos + len(s.token_ids) + j
+            self.kv[table[p // self.bs] * self.bs + p % self.bs] = (tok, p)
+            context.append(tok)
+            run.append(next_token(context, index, params.temperature))
+        if s.num_draft_slots:
+            del table[cdiv(s.start_pos + len(s.token_ids) + len(run) - 1, self.bs) :]
+        return run
 
 
 class Harness:
@@ -122,7 +151,7 @@ class Harness:
             num_host_cache_blocks=self.args.num_host_cache_blocks or 0,
         )
         self.sched = Scheduler(self.manager, self.args, max_model_len, eos_token_ids=eos_token_ids, clock=clock)
-        self.runner = FakeRunner(num_blocks, block_size, num_host_blocks)
+        self.runner = FakeRunner(num_blocks, block_size, num_host_blocks, eos_token_ids)
         self.tokens: dict[tuple[str, int], list[int]] = {}
         self.finish: dict[tuple[str, int], str] = {}
         self.usage: dict[tuple[str, int], object] = {}

@@ -168,7 +168,7 @@ def test_a_failed_sequence_fails_its_whole_request_and_nothing_else(where):
 
 
 def test_a_failed_decode_keeps_the_tokens_sent_before_it():
-    h = Harness(block_size=4)
+    h = Harness(block_size=4, num_scheduler_steps=1)  # one token a step: the test fails a given step's decode
     h.runner = FailingRunner(64, 4, fail_at=(1, 11))  # a's third decode (a: seq 1, 9 prompt tokens)
     h.add("a", list(range(10, 19)), max_tokens=6)
     h.add("b", list(range(50, 61)), max_tokens=6)
@@ -207,7 +207,7 @@ class FakeSocket:
 def test_on_result_answers_request_failed_for_the_culprit_only():
     sched = Scheduler(
         KVCacheManager(32, 4),
-        ServerArgs(num_blocks=32, block_size=4),
+        ServerArgs(num_blocks=32, block_size=4, num_scheduler_steps=1),  # one token a step: it counts them
         max_model_len=64,
         eos_token_ids=[2],
         clock=lambda: 0.0,

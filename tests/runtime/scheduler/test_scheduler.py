@@ -137,7 +137,9 @@ def test_stats_block_counts_have_one_meaning_each():
     h.run()
     s = h.sched.stats()
     assert (s.num_cached_blocks, s.num_evictable_blocks, s.num_used_blocks) == (3, 3, 0)
-    assert (s.prompt_tokens, s.cached_tokens, s.generated_tokens, s.num_steps) == (26, 12, 4, 4)
+    # steps: a's prefill; b's prefill, then one multi-step decode of 2 tokens (num_scheduler_steps 4, capped by
+    # max_tokens)
+    assert (s.prompt_tokens, s.cached_tokens, s.generated_tokens, s.num_steps) == (26, 12, 4, 3)
     assert s.forward_tokens == sum(h.runner.forward_tokens_by_seq.values()) and s.tokens_per_s == 0.0
 
 

@@ -40,7 +40,9 @@ def test_c3_identical_requests_in_one_step_and_abort_after_first_chunk():
 
 
 def test_abort_waiting_prefill_decode_leaves_others_untouched():
-    h = Harness(block_size=4, chunked_prefill_size=4, max_prefill_tokens=8, max_running_requests=2)
+    h = Harness(  # one token a step (num_scheduler_steps 1): the aborts land at given steps
+        block_size=4, chunked_prefill_size=4, max_prefill_tokens=8, max_running_requests=2, num_scheduler_steps=1
+    )
     prompts = {r: [ord(r) * 10 + j for j in range(10)] for r in "abcd"}
     for r, p in prompts.items():
         h.add(r, p, max_tokens=6)
@@ -72,7 +74,7 @@ def test_c5_multi_turn_key_includes_reply_and_stop_caches_nothing_past_keep():
     h.run()
     assert h.usage[("t2", 0)].cached_tokens == 148
 
-    h = Harness(num_blocks=128, block_size=4)
+    h = Harness(num_blocks=128, block_size=4, num_scheduler_steps=1)  # one token a step: 30 steps, 30 tokens
     h.add("s", prompt, max_tokens=50)
     for _ in range(30):
         h.step()
