@@ -2,8 +2,9 @@
 through the Engine on tiny loopy models in float32: every output equals plain decoding's token for token (greedy,
 seeded sampling with its filters, penalties, logprobs, a stop id inside a run, structured outputs, KV cache groups
 past the window), each step of decodes carries 3 slots per sequence so a 40-token completion takes 11 steps instead
-of 40, a waiting request closes the gate for one step, and prefix hits, preemption by recompute and by swap and
-aborts keep the manager's invariants; every block comes back."""
+of 40, a waiting request closes the gate for one step, and aborts keep the manager's invariants; every block comes
+back. Prefix hits and preemption by recompute and by swap under multi-step: tests/runtime/test_engine_spec_decode.py
+(its LOOKAHEAD settings)."""
 
 from __future__ import annotations
 
@@ -113,29 +114,6 @@ def test_a_waiting_request_closes_the_gate_for_its_prefill(make_engine, plain_ou
         multi.step()
     assert multi.result(first).token_ids == plain_outputs([PROMPTS[0]], greedy(20))[0]
     assert multi.result(second).token_ids == plain_outputs([PROMPTS[1]], greedy(20))[0]
-    assert_idle(multi)
-
-
-def test_prefix_cache_hit_then_multi_step(make_engine, plain_outputs):
-    multi = make_engine(num_scheduler_steps=STEPS)
-    first = multi.generate(input_ids=[PROMPTS[1]], sampling_params=greedy(20))[0]
-    turn2 = PROMPTS[1] + first.token_ids + [3, 4, 3]
-    out = multi.generate(input_ids=[turn2], sampling_params=greedy(20))[0]
-    assert out.usage.cached_tokens == 24  # the whole blocks of turn 1 (prompt + reply: 27 tokens, 6 blocks of 4)
-    assert out.token_ids == plain_outputs([turn2], greedy(20))[0]
-    assert_idle(multi)
-
-
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_preemption_under_multi_step(make_engine, plain_outputs, mode):
-    multi = make_engine(num_scheduler_steps=STEPS, num_blocks=24, preemption_mode=mode, num_host_blocks=64)
-    batches = record_batches(multi)
-    outs = multi.generate(input_ids=PROMPTS, sampling_params=greedy(40))
-    assert [o.token_ids for o in outs] == plain_outputs(PROMPTS, greedy(40))
-    stats = multi.stats()
-    assert stats.num_preemptions > 0
-    assert (stats.num_swaps > 0) == (mode == "swap")
-    assert any(3 in row for row in _slots(batches))
     assert_idle(multi)
 
 

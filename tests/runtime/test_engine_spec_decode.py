@@ -1,7 +1,7 @@
 """Speculative decoding (n-gram prompt lookup) through the Engine on a tiny loopy Llama in float32: every output
 equals plain decoding's token for token (greedy, and seeded sampling with its filters), across block boundaries,
-prefix-cache hits, preemption by recompute and by swap, and aborts; the manager's invariants hold after every step
-and every block comes back."""
+prefix-cache hits, preemption by recompute and by swap (these two also with multi-step decoding), and aborts; the
+manager's invariants hold after every step and every block comes back."""
 
 from __future__ import annotations
 
@@ -27,8 +27,15 @@ def make_engine(loopy_dir):
 
 @pytest.fixture(scope="module")
 def plain_outputs(make_engine):
-    """Plain decoding's output of (prompts, params), memoised."""
-    return memoised_plain(make_engine())
+    """Plain decoding's output of (prompts, params), memoised (one token a step)."""
+    return memoised_plain(make_engine(num_scheduler_steps=1))
+
+
+# the settings that run more than one token of a sequence per step: n-gram drafts, and multi-step decoding (4 steps)
+LOOKAHEAD = [
+    pytest.param({"speculative_config": NGRAM}, id="ngram"),
+    pytest.param({"num_scheduler_steps": 4}, id="multi_step"),
+]
 
 
 def _drafted(batches) -> int:
@@ -90,8 +97,9 @@ def test_seeded_sampling_equals_plain_decoding(make_engine, plain_outputs):
     assert_idle(spec)
 
 
-def test_prefix_cache_hit_then_speculation(make_engine, plain_outputs):
-    spec = make_engine(speculative_config=NGRAM)
+@pytest.mark.parametrize("lookahead", LOOKAHEAD)
+def test_prefix_cache_hit_then_speculation(make_engine, plain_outputs, lookahead):
+    spec = make_engine(**lookahead)
     first = spec.generate(input_ids=[PROMPTS[1]], sampling_params=greedy(20))[0]
     turn2 = PROMPTS[1] + first.token_ids + [3, 4, 3]
     out = spec.generate(input_ids=[turn2], sampling_params=greedy(20))[0]
@@ -100,9 +108,10 @@ def test_prefix_cache_hit_then_speculation(make_engine, plain_outputs):
     assert_idle(spec)
 
 
+@pytest.mark.parametrize("lookahead", LOOKAHEAD)
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_preemption_under_speculation(make_engine, plain_outputs, mode):
-    spec = make_engine(speculative_config=NGRAM, num_blocks=24, preemption_mode=mode, num_host_blocks=64)
+def test_preemption_under_speculation(make_engine, plain_outputs, mode, lookahead):
+    spec = make_engine(**lookahead, num_blocks=24, preemption_mode=mode, num_host_blocks=64)
     record_batches(spec)
     outs = spec.generate(input_ids=PROMPTS, sampling_params=greedy(40))
     assert [o.token_ids for o in outs] == plain_outputs(PROMPTS, greedy(40))
