@@ -117,7 +117,7 @@ class MultiStep:
         O(len(seqs))."""
         for s in seqs:
             got = sampled.get(s.seq_id)
-            if got is None or got.accepted is None or s.num_draft_tokens or s.seq_id not in self._live.seqs:
+            if got is None or got.accepted is None or s.seq_id not in self._live.seqs:
                 continue
             accepted[s.seq_id] = got.accepted
             drafts[s.seq_id] = got.accepted

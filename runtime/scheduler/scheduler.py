@@ -82,6 +82,7 @@ class Scheduler:
         self.manager = manager
         self.vocab_size = vocab_size
         self.args = args
+        self._multi_step = args.scheduler_steps() > 1  # whether a step may run multi-step (speculation.py)
         self.block_size = manager.block_size
         self._max_model_len = max_model_len
         self._eos_token_ids = frozenset(eos_token_ids)
@@ -234,7 +235,7 @@ class Scheduler:
         step = StepPlan(self._step_id, self.args.max_prefill_tokens)
         forks = self.beam.take_forks()
         preempted_before = self.counters.num_preemptions
-        self.speculation.begin_step(len(self.running), self._all_decoding())
+        self.speculation.begin_step(len(self.running), self._multi_step and self._all_decoding())
         for seq in sorted(self.running, key=_ADMISSION_ORDER):
             if seq.status == SeqStatus.RUNNING:
                 self._planner.plan(seq, step, may_preempt=True)

@@ -19,20 +19,10 @@ from runtime.sampling_params import SamplingParams
 from runtime.structured_outputs import StructuredOutputs
 from tests.runtime.engine_helpers import assert_idle, greedy, record_batches
 from tests.runtime.hybrid_helpers import LOOPY_WINDOW, save_loopy_gemma3
-from tests.runtime.spec_helpers import PROMPTS, loopy_engine_maker, memoised_plain, one_torch_thread, save_loopy_llama
+from tests.runtime.spec_helpers import PROMPTS, memoised_plain, one_torch_thread, save_loopy_llama
 from tests.runtime.test_engine_structured import SCHEMA
 
 STEPS = 4
-
-
-@pytest.fixture(scope="module")
-def loopy_dir(tmp_path_factory, smollm2_tokenizer):
-    return save_loopy_llama(tmp_path_factory.mktemp("loopy_llama"), smollm2_tokenizer)
-
-
-@pytest.fixture(scope="module")
-def make_engine(loopy_dir):
-    return loopy_engine_maker(loopy_dir)
 
 
 @pytest.fixture(scope="module")

@@ -12,17 +12,7 @@ import pytest
 from runtime.engine import Engine
 from runtime.sampling_params import SamplingParams
 from tests.runtime.engine_helpers import assert_idle, greedy, record_batches
-from tests.runtime.spec_helpers import NGRAM, PROMPTS, loopy_engine_maker, memoised_plain, save_loopy_llama
-
-
-@pytest.fixture(scope="module")
-def loopy_dir(tmp_path_factory, smollm2_tokenizer):
-    return save_loopy_llama(tmp_path_factory.mktemp("loopy_llama"), smollm2_tokenizer)
-
-
-@pytest.fixture(scope="module")
-def make_engine(loopy_dir):
-    return loopy_engine_maker(loopy_dir)
+from tests.runtime.spec_helpers import NGRAM, PROMPTS, memoised_plain
 
 
 @pytest.fixture(scope="module")
