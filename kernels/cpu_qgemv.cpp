@@ -18,7 +18,9 @@
 // chosen by the caller from the CPU's flags (an AVX2-only CPU never executes an AVX-512 instruction):
 //   ISA_AVX512: AVX-512 VNNI vpdpwssd (s16 x s16 pairs -> s32), a group's 32 products in one 512-bit vector;
 //   ISA_AVX2: vpmaddwd, a group in two 256-bit vectors;
-//   ISA_SCALAR: plain C++.
+//   ISA_SCALAR: plain C++;
+//   ISA_AVX512_BF16: ISA_AVX512's code, except bfloat16 x of 2 or more rows: bfloat16 dot products of the weights
+//   dequantized once per call (kernels/cpu_qgemv_bf16.cpp, its header: why, and its error).
 // Weights are widened to int16 once per group (vpmovzxbw / vpmovsxbw) and reused for every row of x.
 //
 // Threads: at::parallel_for over N (torch's intra-op pool; -fopenmp inlines its OpenMP backend, linked to the
@@ -33,56 +35,23 @@
 
 #include <immintrin.h>
 
+#include "cpu_qgemv.h"
 #include "cpu_share.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace {
 
-constexpr int64_t GROUP = 32;
-constexpr int64_t MAX_ROWS = 16;
-constexpr int64_t ISA_SCALAR = 0;
-constexpr int64_t ISA_AVX2 = 1;
-constexpr int64_t ISA_AVX512 = 2;
+using namespace radixserve_qgemv;
+
 constexpr float ROUNDER = 12582912.f;  // 1.5 * 2^23
 constexpr float XQ_MAX = 32767.f;  // x rounds to -32767..32767 times its group's a
-
-// x rounded per row per group: q [M, K] int16, scale a [M, G], a * (sum of q over the group) [M, G] (float); for the
-// paired order (4-bit AVX-512), lanes [M, G / 2, 16]: a of group 2p in lanes 0-7 and of group 2p + 1 in lanes 8-15.
-struct QuantizedX {
-    std::vector<int16_t> q;
-    std::vector<float> scale;
-    std::vector<float> sum;
-    std::vector<float> lanes;
-};
-
-// Weights of one call: row n's groups start at q + n * row_bytes; scales and mins [N, G] (mins null for 8 bits).
-struct Weights {
-    const uint8_t* q;
-    const float* scales;
-    const float* mins;
-    int64_t row_bytes;
-};
-
-struct Shape {
-    int64_t m;
-    int64_t k;
-    int64_t g;
-};
-
-// Index of x[j] (j < 32) of group g inside its quantized row, in the order the 4-bit AVX-512 loop reads a pair of
-// groups: [g 0..15, g + 1 0..15, g 16..31, g + 1 16..31] (the last group of an odd count stays in order).
-inline int64_t pair_order(int64_t g, int64_t j, int64_t groups) {
-    if ((g | 1) >= groups)
-        return g * GROUP + j;
-    const int64_t base = (g & ~int64_t(1)) * GROUP;
-    return base + (j >= 16 ? 32 : 0) + (g & 1) * 16 + (j & 15);
-}
 
 // The rounding of x (its body is inlined into one copy per ISA below, so that the compiler vectorizes each for it).
 template <typename T>
@@ -355,7 +324,7 @@ void check_inputs(const at::Tensor& x, const at::Tensor& qweight, const at::Tens
     TORCH_CHECK_VALUE(m >= 1 && m <= MAX_ROWS, "qgemv: x has ", m, " rows; 1 to ", MAX_ROWS, " are supported");
     TORCH_CHECK_VALUE(k % GROUP == 0 && k > 0, "qgemv: K=", k, " is not a positive multiple of ", GROUP);
     TORCH_CHECK_VALUE(bits == 4 || bits == 8, "qgemv: bits must be 4 or 8, got ", bits);
-    TORCH_CHECK_VALUE(isa >= ISA_SCALAR && isa <= ISA_AVX512, "qgemv: unknown isa ", isa);
+    TORCH_CHECK_VALUE(isa >= ISA_SCALAR && isa <= ISA_AVX512_BF16, "qgemv: unknown isa ", isa);
     const auto qtype = bits == 4 ? at::kByte : at::kChar;
     const int64_t row_bytes = bits == 4 ? k / 2 : k;
     TORCH_CHECK_VALUE(qweight.dim() == 2 && qweight.is_contiguous() && qweight.scalar_type() == qtype &&
@@ -372,9 +341,6 @@ void check_inputs(const at::Tensor& x, const at::Tensor& qweight, const at::Tens
                           "], got ", t->sizes(), " ", t->scalar_type());
     }
 }
-
-// Weight rows begin .. end - 1 of one call: y [end - begin, M] float32.
-using RowFn = void (*)(const Weights&, int64_t, int64_t, const QuantizedX&, Shape, bool, float*);
 
 // The rows function for m rows of x: compiled for m = 1..8 (its accumulators then stay in registers), generic above.
 template <template <int> class Fn>
@@ -435,10 +401,19 @@ void store_rows(const float* y, int64_t begin, int64_t end, int64_t m, int64_t n
 template <typename T>
 void run(const T* x, const Weights& w, const at::Tensor& keep_q, const at::Tensor& keep_s, const at::Tensor& keep_m,
          Shape s, int64_t n, bool four_bit, int64_t isa, T* out) {
-    const auto xq = std::make_shared<const QuantizedX>(quantize_rows(x, s, four_bit && isa == ISA_AVX512, isa));
-    const RowFn kernel = isa == ISA_AVX512 ? for_rows<Avx512Rows>(s.m)
-                         : isa == ISA_AVX2 ? for_rows<Avx2Rows>(s.m)
-                                           : rows_scalar;
+    const bool avx512 = isa == ISA_AVX512 || isa == ISA_AVX512_BF16;
+    std::shared_ptr<const QuantizedX> xq;
+    RowFn kernel = rows_scalar;
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        if (isa == ISA_AVX512_BF16 && s.m >= 2) {
+            xq = std::make_shared<const QuantizedX>(order_bf16(x, s, four_bit));
+            kernel = bf16_rows(s.m);
+        }
+    }
+    if (!xq) {
+        xq = std::make_shared<const QuantizedX>(quantize_rows(x, s, four_bit && avx512, isa));
+        kernel = avx512 ? for_rows<Avx512Rows>(s.m) : isa == ISA_AVX2 ? for_rows<Avx2Rows>(s.m) : rows_scalar;
+    }
     const int64_t row_weight_bytes = w.row_bytes + s.g * static_cast<int64_t>(sizeof(float)) * (four_bit ? 2 : 1);
     const int64_t block_rows = std::max<int64_t>(1, SHARE_BLOCK_BYTES / row_weight_bytes);
     if (at::get_num_threads() == 1 && radixserve::helper_on() && n > block_rows) {

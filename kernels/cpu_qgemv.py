@@ -5,10 +5,14 @@ bfloat16 x (read as they are: no conversion around the call), W stored in groups
 - 4 bits: ``Q4Weight``: q 0..15 packed two to a byte, w = q * scale + min per group (float32 scale and min);
 - 8 bits: ``Q8Weight``: int8 q in -127..127, w = q * scale per group.
 x is rounded to int16 per row per group on the fly and each group's dot product is an integer sum (the C++ file's
-header gives the scheme; rounding_bound, the error bound). The instruction set is an argument (``isa_for`` picks it
-from the CPU's flags), not a compile flag: one library carries the scalar, AVX2 and AVX-512 VNNI code, each function
-compiled for its own target, so a test can run the AVX2 code on an AVX-512 machine and an AVX2-only CPU never meets an
-AVX-512 instruction.
+header gives the scheme; rounding_bound, the error bound). Except on isa "avx512_bf16" (AVX-512 VNNI with
+AVX512_BF16) for bfloat16 x of 2 or more rows: there each group is dequantized once per call to bfloat16 and each row
+costs one vdpbf16ps per 32 weights (kernels/cpu_qgemv_bf16.cpp): y = x @ bf16(W).T up to float32 summation order
+(runtime.model.quant_groups.dequantize_bf16 gives bf16(W)); one row and float32 x run the avx512_vnni code.
+
+The instruction set is an argument (``isa_for`` picks it from the CPU's flags), not a compile flag: one library
+carries the scalar, AVX2, AVX-512 VNNI and AVX512_BF16 code, each function compiled for its own target, so a test can
+run the AVX2 code on an AVX-512 machine and an AVX2-only CPU never meets an AVX-512 instruction.
 
 Build: kernels.cpp_build compiles it on first use into ``$RADIXSERVE_CACHE/kernels`` as
 ``radixserve_cpu_qgemv-<key>.so``. A build or load failure logs one warning and ``load_op`` returns None: the caller
@@ -32,20 +36,22 @@ from kernels.errors import KernelInputError
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")
+BF16_SOURCE = Path(__file__).with_name("cpu_qgemv_bf16.cpp")  # isa "avx512_bf16": bfloat16 dot products
 SHARE_SOURCE = Path(__file__).with_name("cpu_share.cpp")  # the helper thread (set_helper)
-SHARE_HEADER = Path(__file__).with_name("cpu_share.h")
+HEADERS = (Path(__file__).with_name("cpu_qgemv.h"), Path(__file__).with_name("cpu_share.h"))
 NAME = "radixserve_cpu_qgemv"
 # No -march: each ISA's functions carry their own target attribute. -fopenmp: at::parallel_for's OpenMP backend.
 # -ffp-contract=off: x's rounding (v * inv + 1.5 * 2^23) must not fuse into an fma (one rounding instead of two).
 CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
-OP = cpp_build.OpSource(NAME, (SOURCE, SHARE_SOURCE), CFLAGS, (SHARE_HEADER,))
+OP = cpp_build.OpSource(NAME, (SOURCE, BF16_SOURCE, SHARE_SOURCE), CFLAGS, HEADERS)
 # On by default; RADIXSERVE_CPU_QGEMV=0 turns it off (Linear then keeps torch's kernels for every row count).
 ENABLED = os.environ.get("RADIXSERVE_CPU_QGEMV", "1") != "0"
 GROUP = 32  # values of K per scale (and min): GGUF's Q4_0 / Q4_1 / Q8_0 block, a Q4_K sub-block
 MAX_ROWS = 16  # the most rows of x one call takes
 XQ_MAX = 32767  # x is rounded per group to int16: xq = round(x / a), a = max |x| / XQ_MAX
-ISAS = {"scalar": 0, "avx2": 1, "avx512_vnni": 2}
+ISAS = {"scalar": 0, "avx2": 1, "avx512_vnni": 2, "avx512_bf16": 3}
 AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
+BF16_FLAG = "avx512_bf16"  # vdpbf16ps: "avx512_bf16" takes bfloat16 x of 2 to 16 rows to cpu_qgemv_bf16.cpp
 AVX2_FLAGS = frozenset({"avx2", "fma"})
 
 _op: Callable[..., torch.Tensor] | None = None
@@ -70,7 +76,10 @@ class Q8Weight(NamedTuple):
 
 
 def isa_for(flags: Set[str]) -> str:
-    """The fastest ISA of ISAS these CPU flags (/proc/cpuinfo names) allow: avx512_vnni, avx2 or scalar."""
+    """The fastest ISA of ISAS these CPU flags (/proc/cpuinfo names) allow: avx512_bf16, avx512_vnni, avx2 or
+    scalar."""
+    if AVX512_FLAGS <= flags and BF16_FLAG in flags:
+        return "avx512_bf16"
     if AVX512_FLAGS <= flags:
         return "avx512_vnni"
     if AVX2_FLAGS <= flags:

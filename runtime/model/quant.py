@@ -29,7 +29,15 @@ import torch.nn.functional as F
 
 from kernels import cpu_qgemv
 from runtime.model.cpu_features import cpu_flags
-from runtime.model.quant_groups import QGEMV_MAX_ROWS, dequantize, group_fits, group_linear, quantize_q4, quantize_q8
+from runtime.model.quant_groups import (
+    QGEMV_MAX_ROWS,
+    dequantize,
+    dequantize_bf16,
+    group_fits,
+    group_linear,
+    quantize_q4,
+    quantize_q8,
+)
 from runtime.model.quant_int4 import (
     INT4_MAX_ROWS,
     Int4Weight,
@@ -227,10 +235,12 @@ class Linear(torch.nn.Module):
 
     def dequantized(self, rows: int = 1) -> torch.Tensor:
         """What an input of `rows` rows is multiplied by: float32 [N, K], the dequantized copy that serves it (the
-        op's, or torch's), or weight itself when no copy does. Allocates; mutates nothing."""
+        op's, rounded to bfloat16 where the op's bfloat16 dot products serve those rows; or torch's), or weight
+        itself when no copy does. Allocates; mutates nothing."""
         groups = self.groups
         if groups is not None and rows <= self.max_rows:
-            return dequantize(groups)
+            bf16_dot = self.isa == "avx512_bf16" and rows >= 2 and self.weight.dtype == torch.bfloat16
+            return dequantize_bf16(groups) if bf16_dot else dequantize(groups)
         if not self.uses_quantized(rows):
             return self.weight.detach().float()
         if self.int8 is not None:

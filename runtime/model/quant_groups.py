@@ -125,14 +125,33 @@ def dequantize(w: Q4Weight | Q8Weight) -> torch.Tensor:
     return out.reshape(n, k)
 
 
+def dequantize_bf16(w: Q4Weight | Q8Weight) -> torch.Tensor:
+    """What the op multiplies bfloat16 x of 2 or more rows by on isa "avx512_bf16" (kernels/cpu_qgemv_bf16.cpp):
+    float32 [N, K], q * scale (+ min) rounded once to float32 (the op's fma), then to bfloat16. Computed in float64,
+    where a 4- or 8-bit q times a float32 scale is exact, and so is the sum with the min unless the two differ by
+    more than a factor of about 2^20."""
+    if isinstance(w, Q4Weight):
+        q = unpack_q4(w.qweight).double()
+    else:
+        q = w.qweight.double()
+    n, k = q.shape
+    out = q.reshape(n, k // GROUP, GROUP) * w.scales.double()[..., None]
+    if isinstance(w, Q4Weight):
+        out = out + w.mins.double()[..., None]
+    return out.reshape(n, k).float().bfloat16().float()
+
+
 # The most rows (tokens) of a step that take the qgemv op, by ISA (kernels.cpu_qgemv.isa_for), scheme and model
 # (activation) dtype: the largest row count at which the op beat torch's int4pack / int8pack kernel on the cold SmolLM2
 # shapes, one thread (benchmarks/qgemv.py, crossing["torch"]; figures in README, "Quantized decode GEMV"); above it
 # Linear runs torch's kernel. On AVX-512 the op's int4 ties torch's at one row and loses from two (it is kept at one
 # row for its accuracy and the file's own grid); on AVX2 torch's kernels are slower, the op wins up to 4 rows.
 # The scalar code is not faster than torch's: 0 (the op is not used). float16 models do not take the op (it reads
-# float32 and bfloat16 x only).
+# float32 and bfloat16 x only). "avx512_bf16" (bfloat16 dot products from 2 rows of bfloat16 x): the op beat torch's
+# int4 kernel at every row count to 16, and its int8 beat bfloat16 F.linear on the 49,152-row head up to 12 rows
+# (torch's int8 kernel at none; README, "Batches of bfloat16 rows"); float32 x runs the avx512_vnni code.
 QGEMV_MAX_ROWS: dict[str, dict[str, dict[torch.dtype, int]]] = {
+    "avx512_bf16": {"int4": {torch.float32: 1, torch.bfloat16: 16}, "int8": {torch.float32: 1, torch.bfloat16: 12}},
     "avx512_vnni": {"int4": {torch.float32: 1, torch.bfloat16: 1}, "int8": {torch.float32: 1, torch.bfloat16: 2}},
     "avx2": {"int4": {torch.float32: 4, torch.bfloat16: 4}, "int8": {torch.float32: 4, torch.bfloat16: 4}},
     "scalar": {"int4": {}, "int8": {}},

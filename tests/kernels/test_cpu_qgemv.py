@@ -1,6 +1,8 @@
 """The qgemv op (kernels/cpu_qgemv.cpp) on every ISA this CPU can run: the integer dot products exact to the bit, the
 activation quantization equal to a torch reference of the same math, the error against the float product of the
-dequantized weight within the bound the C++ header states, and clear errors for inputs it does not take.
+dequantized weight within the bound the C++ header states, and clear errors for inputs it does not take. On
+"avx512_bf16", bfloat16 x of 2 or more rows takes bfloat16 dot products (kernels/cpu_qgemv_bf16.cpp): exact on exact
+inputs, x @ bf16(W).T up to float32 summation elsewhere; its float32 and one-row inputs give the avx512_vnni bits.
 
 Run it natively and with the AVX2 code only (RADIXSERVE_CPU_FLAGS without avx512*/amx*, ATEN_CPU_CAPABILITY=avx2,
 ONEDNN_MAX_CPU_ISA=AVX2): the ISAs under test are the ones the (possibly overridden) flags allow, so an AVX2-only
@@ -16,11 +18,16 @@ from kernels import cpu_qgemv
 from kernels.cpu_qgemv import GROUP, Q4Weight, Q8Weight, pack_q4, qgemv, unpack_q4
 from kernels.errors import KernelInputError
 from runtime.model.cpu_features import cpu_flags
+from runtime.model.quant_groups import dequantize, dequantize_bf16
 from tests.kernels.kernel_cases import random_weight
 
-ORDER = ["scalar", "avx2", "avx512_vnni"]
+ORDER = ["scalar", "avx2", "avx512_vnni", "avx512_bf16"]
 XQ_MAX = 32767  # x rounds to int16 per group (kernels/cpu_qgemv.cpp)
 RUNNABLE = ORDER[: ORDER.index(cpu_qgemv.isa_for(cpu_flags())) + 1]  # every ISA up to the one the flags pick
+INTEGER = [isa for isa in RUNNABLE if isa != "avx512_bf16"]  # the ISAs whose every input takes the integer math
+BF16_DOT = pytest.mark.skipif(
+    "avx512_bf16" not in RUNNABLE, reason="the CPU (or RADIXSERVE_CPU_FLAGS) lacks AVX512_BF16"
+)
 SHAPES = [
     (1, 48, 96),
     (3, 64, 64),
@@ -79,7 +86,7 @@ def test_pack_q4_puts_q_j_and_q_j_plus_16_in_one_byte():
         pack_q4(torch.zeros(2, 48, dtype=torch.uint8))
 
 
-@pytest.mark.parametrize("isa", RUNNABLE)
+@pytest.mark.parametrize("isa", INTEGER)
 @pytest.mark.parametrize("bits", [4, 8])
 def test_integer_dot_products_are_exact(isa, bits):
     """Inputs whose float math is exact too (powers of two; integer x with each group's absmax 32767 * 2^-e at a
@@ -105,7 +112,7 @@ def test_integer_dot_products_are_exact(isa, bits):
         assert got16.dtype == torch.bfloat16 and torch.equal(got16, qgemv(x16.float(), w, isa).bfloat16())
 
 
-@pytest.mark.parametrize("isa", RUNNABLE)
+@pytest.mark.parametrize("isa", INTEGER)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_random_inputs_match_the_quantized_math_and_the_stated_bound(isa, bits, dtype):
@@ -128,6 +135,53 @@ def test_random_inputs_match_the_quantized_math_and_the_stated_bound(isa, bits, 
         err = (got - x.double() @ deq.T).abs()
         assert (err <= bound + rounding).all(), (isa, m, n, k, float((err - bound).max()))
         assert float(err.max()) > 0  # the bound is not vacuous: x's rounding does move the result
+
+
+def exact_case(bits: int, m: int, n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, Q4Weight | Q8Weight]:
+    """bfloat16 x of small integers times powers of two and weights (q - 8) * 2^-e (4 bits) or q * 2^-e (8 bits, |q|
+    <= 15): every weight, product and float32 partial sum is exact."""
+    g = k // GROUP
+    x = torch.randint(-16, 17, (m, k), generator=gen) * torch.pow(2.0, -torch.randint(0, 3, (m, 1), generator=gen))
+    scales = torch.pow(2.0, -torch.randint(0, 3, (n, g), generator=gen).float())
+    if bits == 4:
+        q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+        return x.bfloat16(), Q4Weight(pack_q4(q), scales, -8 * scales)
+    return x.bfloat16(), Q8Weight(torch.randint(-15, 16, (n, k), generator=gen, dtype=torch.int8), scales)
+
+
+@BF16_DOT
+@pytest.mark.parametrize("bits", [4, 8])
+def test_bf16_dot_products_are_exact_on_exact_inputs(bits):
+    """bfloat16 x of 2..16 rows on "avx512_bf16": the float64 product rounded once to bfloat16, to the bit."""
+    gen = torch.Generator().manual_seed(20 + bits)
+    for m, n, k in [(2, 48, 96), (3, 64, 64), (16, 40, 160), (5, 33, 32), (8, 24, 224), (9, 17, 608), (12, 8, 64)]:
+        x, w = exact_case(bits, m, n, k, gen)
+        expect = x.double() @ dequantize_bf16(w).double().T
+        assert torch.equal(dequantize_bf16(w), dequantize(w))  # these weights are bfloat16 values already
+        got = qgemv(x, w, "avx512_bf16")
+        assert got.dtype == torch.bfloat16 and torch.equal(got, expect.bfloat16()), (bits, m, n, k)
+
+
+@BF16_DOT
+@pytest.mark.parametrize("bits", [4, 8])
+def test_bf16_dot_products_are_x_times_the_bfloat16_weight(bits):
+    """Random bfloat16 x of 2..16 rows with an outlier channel: y = x @ dequantize_bf16(W).T within float32 summation
+    error (K * 2^-23 * sum_k |x_k w_k|) and y's own bfloat16 rounding (2^-8 relative); and one row (or float32 x)
+    gives the avx512_vnni code's bits."""
+    gen = torch.Generator().manual_seed(30 + bits)
+    for m, n, k in SHAPES + [(2, 70, 576), (13, 50, 1536)]:
+        x = torch.randn(m, k, generator=gen)
+        x[:, 3] *= 40
+        x = x.bfloat16()
+        w, _ = random_weight(bits, n, k, gen)
+        assert torch.equal(qgemv(x[:1], w, "avx512_bf16"), qgemv(x[:1], w, "avx512_vnni"))
+        if m >= 2:
+            got = qgemv(x, w, "avx512_bf16").double()
+            wb = dequantize_bf16(w).double()
+            ref = x.double() @ wb.T
+            summation = k * 2**-23 * (x.double().abs() @ wb.abs().T)
+            assert ((got - ref).abs() <= summation + ref.abs() * 2**-8).all(), (bits, m, n, k)
+        assert torch.equal(qgemv(x.float(), w, "avx512_bf16"), qgemv(x.float(), w, "avx512_vnni"))
 
 
 def test_result_does_not_depend_on_the_thread_count():
@@ -169,5 +223,8 @@ def test_isa_follows_the_flags():
     assert cpu_qgemv.isa_for(frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"})) == (
         "avx512_vnni"
     )
+    assert cpu_qgemv.isa_for(
+        frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"})
+    ) == ("avx512_bf16")
     assert cpu_qgemv.isa_for(frozenset({"avx2", "fma", "avx512f", "avx512bw"})) == "avx2"  # no VNNI: AVX2 code
     assert cpu_qgemv.isa_for(frozenset({"sse4_2"})) == "scalar"

@@ -20,7 +20,7 @@ from kernels.cpu_qgemv import Q4Weight, Q8Weight, qgemv
 from runtime.model.cpu_features import cpu_flags
 from tests.kernels.kernel_cases import random_weight
 
-ORDER = ["scalar", "avx2", "avx512_vnni"]
+ORDER = ["scalar", "avx2", "avx512_vnni", "avx512_bf16"]
 RUNNABLE = ORDER[: ORDER.index(cpu_qgemv.isa_for(cpu_flags())) + 1]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # (M, N, K): N rows span many 16 KB blocks with a partial last one (K 256, 4 bits: 192 bytes a row, 85 rows a

@@ -41,7 +41,7 @@ def _step(layer, contexts: list[int], seed: int):
     g = torch.Generator().manual_seed(seed)
     hidden = attn.qkv_proj.weight.shape[1]
     x = torch.randn(len(contexts), hidden, generator=g).to(dtype)
-    shape = (64, BLOCK, attn.num_kv_heads, attn.head_dim)
+    shape = (1 + 4 * len(contexts), BLOCK, attn.num_kv_heads, attn.head_dim)
     k_cache = torch.randn(shape, generator=g).to(dtype)
     v_cache = torch.randn(shape, generator=g).to(dtype)
     tables = torch.tensor([[1 + 4 * i + j for j in range(4)] for i in range(len(contexts))], dtype=torch.int32)
@@ -82,9 +82,10 @@ def _assert_same(fused, python, dtype: str, rows: int = 1, bf16_kernel: bool = F
             assert (mine == theirs).double().mean().item() > 0.9
 
 
-# Rows of the tests' steps: 1 (the qgemv op on AVX-512 and AVX2), 2 (torch's int4 kernel on AVX-512, the op on AVX2)
-# and 14 (past torch's int4 limit, 12 in bfloat16: F.linear in bfloat16; torch's kernel in float32).
-CONTEXTS = ([37], [5, 63], [3, 9, 17, 22, 40, 51, 60, 12, 33, 44, 1, 30, 58, 25])
+# Rows of the tests' steps: 1 (the qgemv op on AVX-512 and AVX2), 2 (torch's int4 kernel on AVX-512 VNNI, the op on
+# AVX2 and, in bfloat16, on AVX512_BF16), 14 (past torch's int4 limit, 12 in bfloat16: F.linear in bfloat16, but the
+# op's bfloat16 dot products on AVX512_BF16; torch's kernel in float32) and 17 (past every quantized limit: F.linear).
+CONTEXTS = ([37], [5, 63], [3, 9, 17, 22, 40, 51, 60, 12, 33, 44, 1, 30, 58, 25], [7] * 17)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -105,15 +106,16 @@ def test_fused_layer_equals_the_python_layer(tiny_folder, dtype):
 
 
 def test_qkv_bias_and_8_bit_groups_equal_the_python_layer(tiny_llama_dir):
-    """A qkv bias (Qwen2's) added after the qgemv op (2 rows) and torch's int8 kernel (3 rows, on AVX-512), inside
-    F.linear (6 rows, past the int8 limits of 4 in bfloat16)."""
+    """A qkv bias (Qwen2's) added after the qgemv op (2 rows) and torch's int8 kernel (3 rows, on AVX-512 VNNI), inside
+    F.linear (13 rows, past every int8 limit in bfloat16: 4 for torch's kernel and the op's AVX2 code, 12 for its
+    bfloat16 dot products)."""
     args = ServerArgs(model=str(tiny_llama_dir), dtype="bfloat16", quantization="int8", num_blocks=64)
     model = ModelRunner(args).model
     layer = model.layers[1]
     qkv = layer.self_attn.qkv_proj
     qkv.bias = torch.nn.Parameter(torch.randn(qkv.weight.shape[0]).to(qkv.weight.dtype), requires_grad=False)
     paths = []
-    for contexts in ([3, 40], [3, 40, 17], [3, 40, 17, 8, 60, 29]):
+    for contexts in ([3, 40], [3, 40, 17], [3, 40, 17, 8, 60, 29, 5, 9, 11, 13, 20, 22, 24]):
         paths.append(qkv.path(len(contexts)))
         x, meta, k_cache, v_cache = _step(layer, contexts, seed=3)
         fused, python = _both_ways(layer, x, meta, k_cache, v_cache)

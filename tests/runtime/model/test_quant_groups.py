@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from kernels import cpu_qgemv
 from kernels.cpu_qgemv import GROUP, Q4Weight, Q8Weight
 from runtime.model.quant import INT8_MAX_ROWS, Linear, int8_linear
-from runtime.model.quant_groups import QGEMV_MAX_ROWS, dequantize, quantize_q4, quantize_q8
+from runtime.model.quant_groups import QGEMV_MAX_ROWS, dequantize, dequantize_bf16, quantize_q4, quantize_q8
 from runtime.model.quant_int4 import INT4_MAX_ROWS, dequantize_int4, int4_linear, quantize_int4
 
 N, K = 48, 256
@@ -112,13 +112,18 @@ def test_linear_on_the_op_equals_the_dequantized_product_within_the_bound(quanti
         x = torch.randn(2, rows, K, generator=gen).to(dtype)[0]  # [rows, K]: the op reads x in its own dtype
         y = lin(x)
         assert y.dtype == dtype and y.shape == (rows, N)
-        assert torch.equal(lin.dequantized(rows), dequantize(groups))
-        exact = x.double() @ lin.dequantized(rows).double().T + lin.bias.double()
+        bf16_dot = lin.isa == "avx512_bf16" and rows >= 2 and dtype == torch.bfloat16  # kernels/cpu_qgemv_bf16.cpp
+        assert torch.equal(lin.dequantized(rows), dequantize_bf16(groups) if bf16_dot else dequantize(groups))
+        weights = lin.dequantized(rows).double()
+        exact = x.double() @ weights.T + lin.bias.double()
         product = exact - lin.bias.double()
         # bfloat16: the op's output and the bias added to it are each rounded to 8 bits (half an ulp: 2^-9 relative)
         slack = 2**-8 * (product.abs() + exact.abs()) if dtype == torch.bfloat16 else 0
-        assert bool(((y.double() - exact).abs() <= op_bound(x, groups) + slack).all()), rows
-    x = torch.randn(torch_limit + 1, K, generator=gen).to(dtype)
+        # x's int16 rounding (the integer dot products), or float32 summation (the bfloat16 dot products)
+        bound = K * 2**-23 * (x.double().abs() @ weights.abs().T) if bf16_dot else op_bound(x, groups)
+        assert bool(((y.double() - exact).abs() <= bound + slack).all()), rows
+    quantized_limit = max(limit, torch_limit)  # the most rows a quantized copy serves
+    x = torch.randn(quantized_limit + 1, K, generator=gen).to(dtype)
     if has_torch:
         above = x[: limit + 1]  # torch's kernel: its output equals int4_linear / int8_linear's on its copy, bit for bit
         expect = (
@@ -126,9 +131,9 @@ def test_linear_on_the_op_equals_the_dequantized_product_within_the_bound(quanti
         )
         assert lin.uses_quantized(limit + 1) and torch.equal(lin(above), expect)
         assert not torch.equal(lin.dequantized(limit + 1), lin.dequantized(limit))
-    lin.weight.data.zero_()  # the dense copy gives the bias alone: inputs above torch's limit go there
-    assert not lin.uses_quantized(torch_limit + 1) and torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))
-    assert lin.uses_quantized(torch_limit) and not torch.equal(lin(x[:-1]), F.linear(x[:-1], lin.weight, lin.bias))
+    lin.weight.data.zero_()  # the dense copy gives the bias alone: inputs above the quantized limits go there
+    assert not lin.uses_quantized(quantized_limit + 1) and torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))
+    assert lin.uses_quantized(quantized_limit) and not torch.equal(lin(x[:-1]), F.linear(x[:-1], lin.weight, lin.bias))
 
 
 def test_linear_keeps_torch_kernels_when_the_op_is_off_or_cannot_take_the_weight(monkeypatch):
