@@ -27,19 +27,26 @@
 // -fopenmp; the library links no OpenMP runtime of its own (no -lgomp): the GOMP_* calls resolve to the runtime
 // libtorch_cpu loaded, so there is one pool, not two. Inside it the work items are handed out one at a time (an
 // atomic counter: ragged lengths balance), and each item's result depends only on its inputs, so the output is the
-// same for any thread count.
+// same for any thread count. On one torch thread with the qgemv op's helper thread on (kernels/cpu_share.h: a decode
+// step's second core, taken only while idle), the work items are shared with it instead: the qgemv library hands this
+// one its share_work and helper_on (link_helper, from kernels/cpu_decode.py's share_helper; each library is loaded
+// on its own, so the helper, a singleton of the qgemv library, is reached through these two pointers).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/EmptyTensor.h>
 #include <torch/library.h>
 
 #include "cpu_decode.h"
+#include "cpu_share.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -259,6 +266,63 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
                           "paged_decode: block_tables and seq_lens must be int32 or int64");
 }
 
+// The qgemv library's radixserve::share_work and radixserve::helper_on (link_helper), or null.
+using ShareFn = void (*)(radixserve::ShareWork, const std::function<void(int64_t, int64_t, const float*)>&);
+using HelperOnFn = bool (*)();
+std::atomic<ShareFn> g_share{nullptr};
+std::atomic<HelperOnFn> g_helper_on{nullptr};
+
+// A call's inputs, held by the closure shared with the helper thread, which may still run it after the call returned.
+struct Inputs {
+    at::Tensor q, k_cache, v_cache;
+    std::vector<int64_t> tables, offsets, firsts, lens;
+};
+
+// Whether this call's work items go to share_work: one torch thread, the helper on, more than one item, and enough
+// K rows (tokens x kv heads) to pay for the hand-off.
+bool shares(int64_t rows, int64_t items) {
+    const HelperOnFn on = g_helper_on.load(std::memory_order_acquire);
+    return on != nullptr && on() && at::get_num_threads() == 1 && !at::in_parallel_region() && items > 1 &&
+           rows >= MIN_PARALLEL_ROWS;
+}
+
+// The work items shared with the helper (kernels/cpu_share.h): one sequence each (all its kv heads, so each block is
+// read front to back once), or one (sequence, kv head) for a single sequence. An item's output rows are contiguous in
+// out (contiguous [num_seqs, num_heads, head_dim]); a block's values travel as bytes in share_work's float buffer.
+template <typename T>
+void run_shared(const Problem& p, std::shared_ptr<const Inputs> in, T* out) {
+    const int64_t num_seqs = static_cast<int64_t>(in->lens.size());
+    const int64_t heads_per_item = num_seqs < 2 ? 1 : p.num_kv_heads;
+    const int64_t items_per_seq = p.num_kv_heads / heads_per_item;
+    const int64_t item_elems = heads_per_item * p.group * p.head_dim;
+    const int64_t item_bytes = item_elems * static_cast<int64_t>(sizeof(T));
+    const int64_t unit_floats = (item_bytes + static_cast<int64_t>(sizeof(float)) - 1) / sizeof(float);
+    const AttendFn<T> attend_fn = attend_for<T>(p.head_dim, p.group);
+    auto compute = [=](int64_t begin, int64_t end, float* dst) {
+        const T* q = static_cast<const T*>(in->q.data_ptr());
+        const T* k_cache = static_cast<const T*>(in->k_cache.data_ptr());
+        const T* v_cache = static_cast<const T*>(in->v_cache.data_ptr());
+        Scratch scratch(heads_per_item * p.group, p.head_dim);
+        std::vector<T> seq_out(p.num_kv_heads * p.group * p.head_dim);  // attend writes at its heads' rows
+        for (int64_t item = begin; item < end; ++item) {
+            const int64_t seq = item / items_per_seq, h0 = item % items_per_seq * heads_per_item;
+            const int64_t* table = in->tables.data() + in->offsets[seq];
+            attend_fn(p, q + seq * p.q_ss, k_cache, v_cache, table, in->firsts[seq], in->lens[seq], h0,
+                      h0 + heads_per_item, scratch, seq_out.data());
+            std::memcpy(reinterpret_cast<char*>(dst + (item - begin) * unit_floats),
+                        seq_out.data() + h0 * p.group * p.head_dim, item_bytes);
+        }
+    };
+    auto store = [&](int64_t begin, int64_t end, const float* values) {
+        for (int64_t item = begin; item < end; ++item) {
+            const int64_t seq = item / items_per_seq, h0 = item % items_per_seq * heads_per_item;
+            std::memcpy(out + seq * p.o_ss + h0 * p.group * p.o_sh,
+                        reinterpret_cast<const char*>(values + (item - begin) * unit_floats), item_bytes);
+        }
+    };
+    g_share.load(std::memory_order_acquire)({num_seqs * items_per_seq, 1, unit_floats, compute}, store);
+}
+
 template <typename T>
 void run(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const std::vector<int64_t>& tables,
          const std::vector<int64_t>& offsets, const std::vector<int64_t>& firsts, const std::vector<int64_t>& lens,
@@ -320,6 +384,17 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
     const Problem p{block_size, k_cache.size(2), q.size(1) / k_cache.size(2), q.size(2), q.stride(0), q.stride(1),
                     k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
                     static_cast<float>(scale)};
+    int64_t rows = 0;
+    for (int64_t i = 0; i < num_seqs; i++) rows += (lens[i] - firsts[i]) * p.num_kv_heads;
+    if (shares(rows, num_seqs < 2 ? p.num_kv_heads : num_seqs)) {
+        auto in = std::make_shared<const Inputs>(
+            Inputs{q, k_cache, v_cache, std::move(tables), std::move(offsets), std::move(firsts), std::move(lens)});
+        if (q.scalar_type() == at::kFloat)
+            run_shared<float>(p, std::move(in), out.data_ptr<float>());
+        else
+            run_shared<bf16_bits>(p, std::move(in), reinterpret_cast<bf16_bits*>(out.data_ptr<at::BFloat16>()));
+        return out;
+    }
     if (q.scalar_type() == at::kFloat) {
         run<float>(p, q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), tables, offsets,
                    firsts, lens, out.data_ptr<float>());
@@ -335,6 +410,12 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
 TORCH_LIBRARY(radixserve, m) {
     m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, float scale, "
           "int sliding_window=0) -> Tensor");
+    // The qgemv library's share_work and helper_on, as its helper_entry op gives their addresses (0, 0: unlink).
+    m.def("link_helper(int share_work, int helper_on) -> ()", [](int64_t share, int64_t on) {
+        g_helper_on.store(nullptr, std::memory_order_release);
+        g_share.store(reinterpret_cast<ShareFn>(share), std::memory_order_release);
+        g_helper_on.store(reinterpret_cast<HelperOnFn>(on), std::memory_order_release);
+    });
 }
 
 TORCH_LIBRARY_IMPL(radixserve, CPU, m) { m.impl("paged_decode", &paged_decode); }

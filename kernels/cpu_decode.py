@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_decode.cpp")
 HEADER = Path(__file__).with_name("cpu_decode.h")  # included by SOURCE: part of the build key
+SHARE_HEADER = Path(__file__).with_name("cpu_share.h")  # the helper's protocol (share_helper): part of the key too
 NAME = "radixserve_cpu_decode"
 # -fopenmp turns on at::parallel_for's OpenMP backend (inline in ATen's headers; without it the loop runs serially).
 # The link adds no -lgomp: GOMP_* resolve to the runtime libtorch_cpu already loaded, so there is one thread pool.
@@ -50,8 +51,8 @@ compiler = cpp_build.compiler
 
 
 def source_bytes() -> bytes:
-    """The kernel's source as built: SOURCE and the HEADER it includes."""
-    return SOURCE.read_bytes() + b"\0" + HEADER.read_bytes()
+    """The kernel's source as built: SOURCE and the headers it includes."""
+    return b"\0".join(path.read_bytes() for path in (SOURCE, HEADER, SHARE_HEADER))
 
 
 def library_path(source: bytes) -> Path:
@@ -84,6 +85,20 @@ def load_op() -> Callable[..., torch.Tensor] | None:
         logger.warning("CPU decode kernel unavailable (%s); using the torch path: %s", compiler(), detail)
         _failed = True
     return _op
+
+
+def share_helper() -> bool:
+    """Lets paged_decode share its work items with the qgemv op's helper thread (kernels/cpu_share.h) whenever that
+    is on and torch runs one thread: hands this op the qgemv library's share_work and helper_on (kernels/cpu_decode.cpp,
+    "Threads"). Builds either op on first use; returns False (nothing linked) when either is unavailable. The output
+    is the same bits shared or not. Mutates process-wide state."""
+    from kernels import cpu_qgemv
+
+    if load_op() is None or cpu_qgemv.load_op() is None:
+        return False
+    share_work, helper_on = torch.ops.radixserve_qgemv.helper_entry()
+    torch.ops.radixserve.link_helper(share_work, helper_on)
+    return True
 
 
 def _registered() -> bool:
@@ -131,7 +146,8 @@ def paged_decode(
     Returns:
         [num_seqs, num_heads, head_dim], dtype of q, a new contiguous tensor (scores, softmax and accumulation in
         float32); None if the kernel could not be built (the caller takes the torch path). Runs on
-        torch.get_num_threads() threads of torch's pool; sequences may come in any order. Mutates nothing.
+        torch.get_num_threads() threads of torch's pool, or on one shared with the qgemv op's helper thread
+        (share_helper); sequences may come in any order. Mutates nothing.
 
     Raises:
         KernelInputError: a block table too narrow for a sequence, a block id outside the cache, or shapes/dtypes

@@ -460,6 +460,13 @@ TORCH_LIBRARY(radixserve_qgemv, m) {
     m.def("qgemv(Tensor x, Tensor qweight, Tensor scales, Tensor mins, int bits, int isa) -> Tensor");
     m.def("set_helper(bool on) -> ()", [](bool on) { radixserve::set_helper(on); });
     m.def("helper_on() -> bool", [] { return radixserve::helper_on(); });
+    // The addresses of share_work and helper_on, for another library of this process that shares its work with the
+    // helper (kernels/cpu_decode.cpp's link_helper): each library is loaded on its own, the helper is this one's.
+    m.def("helper_entry() -> int[]", [] {
+        using ShareFn = void (*)(radixserve::ShareWork, const std::function<void(int64_t, int64_t, const float*)>&);
+        const ShareFn share = &radixserve::share_work;
+        return std::vector<int64_t>{reinterpret_cast<int64_t>(share), reinterpret_cast<int64_t>(&radixserve::helper_on)};
+    });
 }
 
 TORCH_LIBRARY_IMPL(radixserve_qgemv, CPU, m) { m.impl("qgemv", &qgemv); }

@@ -29,7 +29,8 @@ tok/s spinning, 5.9 with PASSIVE, 5.5-5.7 with 1 thread, and the tuner matched o
   in-process Engine (no frontend processes) keeps one count.
 
 - The second core in decode steps (wants_helper): where decode steps run on one thread of two or more, the qgemv
-  op shares each quantized GEMV's weight rows with a helper thread of its own (kernels/cpu_share.h) that runs under
+  op shares each quantized GEMV's weight rows, and the paged decode attention its sequences (or one sequence's kv
+  heads), with a helper thread of the qgemv op's (kernels/cpu_share.h) that runs under
   SCHED_IDLE, so it takes the core only while the frontend processes and other programs leave it idle, and that the
   step never waits for (blocks are stolen back, a block it was computing is taken over). Measured over HTTP, SmolLM2
   int4 single stream, servers with it on and off alternating (README, "A second core in decode steps"): quiet
@@ -235,9 +236,10 @@ def thread_tuner(device_type: str, shares_cores: bool = False) -> ThreadTuner:
 
     decode = decode_threads(most, usable_cores(), shares_cores, os.environ.get(THREADS_ENV))
     if wants_helper(most, decode, os.environ.get(HELPER_ENV)):
-        from kernels import cpu_qgemv
+        from kernels import cpu_decode, cpu_qgemv
 
         cpu_qgemv.set_helper(True)
+        cpu_decode.share_helper()  # the decode attention's work items too
     return ThreadTuner(most, torch.get_num_threads, torch.set_num_threads, tune=tune, decode_count=decode)
 
 

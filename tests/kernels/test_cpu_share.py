@@ -1,21 +1,23 @@
 """The qgemv op's helper thread (kernels/cpu_share.h): a call on one torch thread shares its weight rows with it, and
 the result must be the op's own bits whoever computes which rows: with the helper running beside the caller, with
 the helper unable to run (every thread of the process on one core, so the caller steals and takes over its blocks),
-and in a forked child (whose helper thread is a new one). Native and AVX2 code alike (the ISAs the flags allow)."""
+and in a forked child (whose helper thread is a new one). Native and AVX2 code alike (the ISAs the flags allow).
+The paged decode attention (kernels/cpu_decode.cpp) shares its work items with the same helper once linked
+(kernels.cpu_decode.share_helper): its bits too must not change."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 import torch
 
-from kernels import cpu_qgemv
+from kernels import cpu_decode, cpu_qgemv
 from kernels.cpu_qgemv import Q4Weight, Q8Weight, qgemv
 from runtime.model.cpu_features import cpu_flags
 from tests.kernels.kernel_cases import random_weight
@@ -38,7 +40,7 @@ def _built():
     cpu_qgemv.set_helper(False)
 
 
-@contextmanager
+@contextlib.contextmanager
 def one_thread(helper: bool) -> Iterator[None]:
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -70,7 +72,7 @@ def test_the_helper_gives_the_callers_bits(isa):
                 assert a.dtype == b.dtype and torch.equal(a, b)
 
 
-@contextmanager
+@contextlib.contextmanager
 def all_threads_on_one_core() -> Iterator[None]:
     """Every thread of this process (the helper's too, and any started meanwhile) on one core."""
     cores = os.sched_getaffinity(0)
@@ -136,3 +138,46 @@ def test_set_helper_before_the_op_loads_applies_when_it_loads():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
+
+
+def attention_cases() -> Iterator[tuple[torch.Tensor, ...]]:
+    """paged_decode inputs over the sharing threshold (1024 K rows): one sequence (items: its kv heads), a batch of
+    ragged sequences (items: sequences), a sliding window; float32 and bfloat16; blocks scattered in the cache."""
+    gen = torch.Generator().manual_seed(7)
+    block, kv_heads, heads, head_dim = 16, 3, 9, 64
+    for dtype in (torch.float32, torch.bfloat16):
+        for lens, window in (([700], 0), ([500, 600, 30, 900, 1200, 64, 700, 513], 0), ([2000, 100, 900], 256)):
+            need = [(n + block - 1) // block for n in lens]
+            shape = (sum(need) + 4, block, kv_heads, head_dim)
+            k_cache = torch.randn(shape, generator=gen).to(dtype)
+            v_cache = torch.randn(shape, generator=gen).to(dtype)
+            order = torch.randperm(shape[0], generator=gen)
+            tables = torch.zeros(len(lens), max(need), dtype=torch.int32)
+            used = 0
+            for i, n in enumerate(need):
+                tables[i, :n] = order[used : used + n]
+                used += n
+            q = torch.randn(len(lens), heads, head_dim, generator=gen).to(dtype)
+            yield q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32), torch.tensor(window)
+
+
+def attend_all() -> list[torch.Tensor]:
+    return [
+        cpu_decode.paged_decode(q, k, v, tables, lens, 0.125, int(window))
+        for q, k, v, tables, lens, window in attention_cases()
+    ]
+
+
+@pytest.mark.parametrize("starved", [False, True])
+def test_paged_decode_shared_with_the_helper_gives_the_same_bits(starved):
+    """Linked to the helper, the attention's items run on both threads (starved: every thread on one core, the
+    caller takes the helper's items over); the output is the unshared call's, bit for bit."""
+    assert cpu_decode.share_helper()
+    with one_thread(helper=False):
+        alone = attend_all()
+    with one_thread(helper=True):
+        cores = all_threads_on_one_core() if starved else contextlib.nullcontext()
+        with cores:
+            for _ in range(3):
+                for a, b in zip(alone, attend_all(), strict=True):
+                    assert a.dtype == b.dtype and torch.equal(a, b)
