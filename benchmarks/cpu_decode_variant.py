@@ -66,7 +66,10 @@ def load_variant(tag: str, cpp: bytes, header: bytes, cflags: tuple[str, ...] = 
         try:
             (folder / "cpu_decode.cpp").write_bytes(cpp)
             (folder / "cpu_decode.h").write_bytes(header)
-            op_source = cpp_build.OpSource(namespace, (folder / "cpu_decode.cpp", folder / "cpu_decode.h"), cflags)
+            # the helper's protocol (declarations only: a variant links nothing of it), for sources that include it
+            (folder / "cpu_share.h").write_bytes(cpu_decode.SHARE_HEADER.read_bytes())
+            headers = (folder / "cpu_decode.h", folder / "cpu_share.h")
+            op_source = cpp_build.OpSource(namespace, (folder / "cpu_decode.cpp", *headers), cflags)
 
             def build(path: Path) -> None:
                 cpp_build.compile_library(path, [folder / "cpu_decode.cpp"], cflags)
