@@ -145,7 +145,9 @@ def dequantize_bf16(w: Q4Weight | Q8Weight) -> torch.Tensor:
 # (activation) dtype: the largest row count at which the op beat torch's int4pack / int8pack kernel on the cold SmolLM2
 # shapes, one thread (benchmarks/qgemv.py, crossing["torch"]; figures in README, "Quantized decode GEMV"); above it
 # Linear runs torch's kernel. On AVX-512 the op's int4 ties torch's at one row and loses from two (it is kept at one
-# row for its accuracy and the file's own grid); on AVX2 torch's kernels are slower, the op wins up to 4 rows.
+# row for its accuracy and the file's own grid); on AVX2 torch's kernels are slower: measured again at 4-16 rows
+# (torch held to AVX2, results/qgemv_avx2_rows.json), the op won up to 16 rows (int4) and 8 (int8) for float32 x,
+# 8 and 12 for bfloat16.
 # The scalar code is not faster than torch's: 0 (the op is not used). float16 models do not take the op (it reads
 # float32 and bfloat16 x only). "avx512_bf16" (bfloat16 dot products from 2 rows of bfloat16 x): the op beat torch's
 # int4 kernel at every row count to 16, and its int8 beat bfloat16 F.linear on the 49,152-row head up to 12 rows
@@ -153,7 +155,7 @@ def dequantize_bf16(w: Q4Weight | Q8Weight) -> torch.Tensor:
 QGEMV_MAX_ROWS: dict[str, dict[str, dict[torch.dtype, int]]] = {
     "avx512_bf16": {"int4": {torch.float32: 1, torch.bfloat16: 16}, "int8": {torch.float32: 1, torch.bfloat16: 12}},
     "avx512_vnni": {"int4": {torch.float32: 1, torch.bfloat16: 1}, "int8": {torch.float32: 1, torch.bfloat16: 2}},
-    "avx2": {"int4": {torch.float32: 4, torch.bfloat16: 4}, "int8": {torch.float32: 4, torch.bfloat16: 4}},
+    "avx2": {"int4": {torch.float32: 16, torch.bfloat16: 8}, "int8": {torch.float32: 8, torch.bfloat16: 12}},
     "scalar": {"int4": {}, "int8": {}},
 }
 
