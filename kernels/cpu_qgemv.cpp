@@ -465,7 +465,8 @@ TORCH_LIBRARY(radixserve_qgemv, m) {
     m.def("helper_entry() -> int[]", [] {
         using ShareFn = void (*)(radixserve::ShareWork, const std::function<void(int64_t, int64_t, const float*)>&);
         const ShareFn share = &radixserve::share_work;
-        return std::vector<int64_t>{reinterpret_cast<int64_t>(share), reinterpret_cast<int64_t>(&radixserve::helper_on)};
+        const auto on = reinterpret_cast<int64_t>(&radixserve::helper_on);
+        return std::vector<int64_t>{reinterpret_cast<int64_t>(share), on};
     });
 }
 

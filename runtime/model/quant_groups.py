@@ -114,15 +114,7 @@ def quantize_q8(weight: torch.Tensor) -> Q8Weight:
 
 def dequantize(w: Q4Weight | Q8Weight) -> torch.Tensor:
     """What the op multiplies: float32 [N, K], q * scale (+ min for 4 bits) per group."""
-    if isinstance(w, Q4Weight):
-        q = unpack_q4(w.qweight).float()
-    else:
-        q = w.qweight.float()
-    n, k = q.shape
-    out = q.reshape(n, k // GROUP, GROUP) * w.scales[..., None]
-    if isinstance(w, Q4Weight):
-        out = out + w.mins[..., None]
-    return out.reshape(n, k)
+    return _products(w, torch.float32)
 
 
 def dequantize_bf16(w: Q4Weight | Q8Weight) -> torch.Tensor:
@@ -130,15 +122,17 @@ def dequantize_bf16(w: Q4Weight | Q8Weight) -> torch.Tensor:
     float32 [N, K], q * scale (+ min) rounded once to float32 (the op's fma), then to bfloat16. Computed in float64,
     where a 4- or 8-bit q times a float32 scale is exact, and so is the sum with the min unless the two differ by
     more than a factor of about 2^20."""
-    if isinstance(w, Q4Weight):
-        q = unpack_q4(w.qweight).double()
-    else:
-        q = w.qweight.double()
+    return _products(w, torch.float64).float().bfloat16().float()
+
+
+def _products(w: Q4Weight | Q8Weight, dtype: torch.dtype) -> torch.Tensor:
+    """q * scale (+ min for 4 bits) per group, computed in dtype: [N, K] of dtype."""
+    q = unpack_q4(w.qweight) if isinstance(w, Q4Weight) else w.qweight
     n, k = q.shape
-    out = q.reshape(n, k // GROUP, GROUP) * w.scales.double()[..., None]
+    out = q.to(dtype).reshape(n, k // GROUP, GROUP) * w.scales.to(dtype)[..., None]
     if isinstance(w, Q4Weight):
-        out = out + w.mins.double()[..., None]
-    return out.reshape(n, k).float().bfloat16().float()
+        out = out + w.mins.to(dtype)[..., None]
+    return out.reshape(n, k)
 
 
 # The most rows (tokens) of a step that take the qgemv op, by ISA (kernels.cpu_qgemv.isa_for), scheme and model
