@@ -278,23 +278,31 @@ struct Inputs {
     std::vector<int64_t> tables, offsets, firsts, lens;
 };
 
+// The kv heads of a work item for `threads` threads (torch's, or the caller and the helper): with fewer sequences than
+// threads one (sequence, kv head); otherwise one sequence with all its kv heads, so that each block (all kv heads of
+// a token are adjacent) is read front to back once.
+int64_t heads_per_item(int64_t num_seqs, int64_t threads, int64_t num_kv_heads) {
+    return num_seqs < threads ? 1 : num_kv_heads;
+}
+
 // Whether this call's work items go to share_work: one torch thread, the helper on, more than one item, and enough
 // K rows (tokens x kv heads) to pay for the hand-off.
-bool shares(int64_t rows, int64_t items) {
+bool shares(int64_t rows, int64_t num_seqs, int64_t num_kv_heads) {
     const HelperOnFn on = g_helper_on.load(std::memory_order_acquire);
+    const int64_t items = num_seqs * (num_kv_heads / heads_per_item(num_seqs, 2, num_kv_heads));
     return on != nullptr && on() && at::get_num_threads() == 1 && !at::in_parallel_region() && items > 1 &&
            rows >= MIN_PARALLEL_ROWS;
 }
 
-// The work items shared with the helper (kernels/cpu_share.h): one sequence each (all its kv heads, so each block is
-// read front to back once), or one (sequence, kv head) for a single sequence. An item's output rows are contiguous in
-// out (contiguous [num_seqs, num_heads, head_dim]); a block's values travel as bytes in share_work's float buffer.
+// The work items shared with the helper (kernels/cpu_share.h), split for two threads (heads_per_item). An item's
+// output rows are contiguous in out (contiguous [num_seqs, num_heads, head_dim]); a block's values travel as bytes in
+// share_work's float buffer.
 template <typename T>
 void run_shared(const Problem& p, std::shared_ptr<const Inputs> in, T* out) {
     const int64_t num_seqs = static_cast<int64_t>(in->lens.size());
-    const int64_t heads_per_item = num_seqs < 2 ? 1 : p.num_kv_heads;
-    const int64_t items_per_seq = p.num_kv_heads / heads_per_item;
-    const int64_t item_elems = heads_per_item * p.group * p.head_dim;
+    const int64_t heads = heads_per_item(num_seqs, 2, p.num_kv_heads);
+    const int64_t items_per_seq = p.num_kv_heads / heads;
+    const int64_t item_elems = heads * p.group * p.head_dim;
     const int64_t item_bytes = item_elems * static_cast<int64_t>(sizeof(T));
     const int64_t unit_floats = (item_bytes + static_cast<int64_t>(sizeof(float)) - 1) / sizeof(float);
     const AttendFn<T> attend_fn = attend_for<T>(p.head_dim, p.group);
@@ -302,20 +310,20 @@ void run_shared(const Problem& p, std::shared_ptr<const Inputs> in, T* out) {
         const T* q = static_cast<const T*>(in->q.data_ptr());
         const T* k_cache = static_cast<const T*>(in->k_cache.data_ptr());
         const T* v_cache = static_cast<const T*>(in->v_cache.data_ptr());
-        Scratch scratch(heads_per_item * p.group, p.head_dim);
+        Scratch scratch(heads * p.group, p.head_dim);
         std::vector<T> seq_out(p.num_kv_heads * p.group * p.head_dim);  // attend writes at its heads' rows
         for (int64_t item = begin; item < end; ++item) {
-            const int64_t seq = item / items_per_seq, h0 = item % items_per_seq * heads_per_item;
+            const int64_t seq = item / items_per_seq, h0 = item % items_per_seq * heads;
             const int64_t* table = in->tables.data() + in->offsets[seq];
             attend_fn(p, q + seq * p.q_ss, k_cache, v_cache, table, in->firsts[seq], in->lens[seq], h0,
-                      h0 + heads_per_item, scratch, seq_out.data());
+                      h0 + heads, scratch, seq_out.data());
             std::memcpy(reinterpret_cast<char*>(dst + (item - begin) * unit_floats),
                         seq_out.data() + h0 * p.group * p.head_dim, item_bytes);
         }
     };
     auto store = [&](int64_t begin, int64_t end, const float* values) {
         for (int64_t item = begin; item < end; ++item) {
-            const int64_t seq = item / items_per_seq, h0 = item % items_per_seq * heads_per_item;
+            const int64_t seq = item / items_per_seq, h0 = item % items_per_seq * heads;
             std::memcpy(out + seq * p.o_ss + h0 * p.group * p.o_sh,
                         reinterpret_cast<const char*>(values + (item - begin) * unit_floats), item_bytes);
         }
@@ -326,25 +334,21 @@ void run_shared(const Problem& p, std::shared_ptr<const Inputs> in, T* out) {
 template <typename T>
 void run(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const std::vector<int64_t>& tables,
          const std::vector<int64_t>& offsets, const std::vector<int64_t>& firsts, const std::vector<int64_t>& lens,
-         T* out) {
+         int64_t rows, T* out) {
     const int64_t num_seqs = static_cast<int64_t>(lens.size()), threads = at::get_num_threads();
-    int64_t rows = 0;
-    for (int64_t i = 0; i < num_seqs; i++) rows += (lens[i] - firsts[i]) * p.num_kv_heads;
     const bool parallel = threads > 1 && rows >= MIN_PARALLEL_ROWS && !at::in_parallel_region();
-    // With fewer sequences than threads a work item is one (sequence, kv head); otherwise one sequence with all its
-    // kv heads, so that each block (all kv heads of a token are adjacent) is read front to back once.
-    const int64_t heads_per_item = parallel && num_seqs < threads ? 1 : p.num_kv_heads;
-    const int64_t items_per_seq = p.num_kv_heads / heads_per_item, work = num_seqs * items_per_seq;
+    const int64_t heads = heads_per_item(num_seqs, parallel ? threads : 1, p.num_kv_heads);
+    const int64_t items_per_seq = p.num_kv_heads / heads, work = num_seqs * items_per_seq;
     const AttendFn<T> attend_fn = attend_for<T>(p.head_dim, p.group);
     std::atomic<int64_t> next{0};
     auto worker = [&](int64_t, int64_t) {
-        Scratch scratch(heads_per_item * p.group, p.head_dim);
+        Scratch scratch(heads * p.group, p.head_dim);
         for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < work;) {
-            const int64_t seq = item / items_per_seq, h0 = item % items_per_seq * heads_per_item;
+            const int64_t seq = item / items_per_seq, h0 = item % items_per_seq * heads;
             const T* qs = q + seq * p.q_ss;
             T* os = out + seq * p.o_ss;
             const int64_t *table = tables.data() + offsets[seq], first = firsts[seq], len = lens[seq];
-            const int64_t h1 = h0 + heads_per_item;
+            const int64_t h1 = h0 + heads;
             attend_fn(p, qs, k_cache, v_cache, table, first, len, h0, h1, scratch, os);
         }
     };
@@ -384,9 +388,9 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
     const Problem p{block_size, k_cache.size(2), q.size(1) / k_cache.size(2), q.size(2), q.stride(0), q.stride(1),
                     k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
                     static_cast<float>(scale)};
-    int64_t rows = 0;
+    int64_t rows = 0;  // K rows read: tokens x kv heads
     for (int64_t i = 0; i < num_seqs; i++) rows += (lens[i] - firsts[i]) * p.num_kv_heads;
-    if (shares(rows, num_seqs < 2 ? p.num_kv_heads : num_seqs)) {
+    if (shares(rows, num_seqs, p.num_kv_heads)) {
         auto in = std::make_shared<const Inputs>(
             Inputs{q, k_cache, v_cache, std::move(tables), std::move(offsets), std::move(firsts), std::move(lens)});
         if (q.scalar_type() == at::kFloat)
@@ -397,10 +401,10 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
     }
     if (q.scalar_type() == at::kFloat) {
         run<float>(p, q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), tables, offsets,
-                   firsts, lens, out.data_ptr<float>());
+                   firsts, lens, rows, out.data_ptr<float>());
     } else {
         auto bits = [](const at::Tensor& t) { return reinterpret_cast<bf16_bits*>(t.data_ptr<at::BFloat16>()); };
-        run<bf16_bits>(p, bits(q), bits(k_cache), bits(v_cache), tables, offsets, firsts, lens, bits(out));
+        run<bf16_bits>(p, bits(q), bits(k_cache), bits(v_cache), tables, offsets, firsts, lens, rows, bits(out));
     }
     return out;
 }

@@ -71,51 +71,46 @@ QGEMV_BF16 inline __m512 dot(__m512 acc, __m512i w, const uint16_t* x) {
     return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_loadu_si512(x));
 }
 
+// Groups g and g + 1 as the two bfloat16 vectors that meet x at g * GROUP and g * GROUP + GROUP: a 4-bit pair's low
+// and high halves (x in pair_order), or two 8-bit groups (x in order).
+QGEMV_BF16 inline void two_groups(const Weights& w, const uint8_t* q, const float* d, int64_t n, Shape s, int64_t g,
+                                  bool four_bit, __m512i* first, __m512i* second) {
+    if (four_bit) {
+        pair_bf16(q + g * 16, d, w.mins + n * s.g, g, first, second);
+        return;
+    }
+    *first = group_q8_bf16(q + g * GROUP, d, g);
+    *second = group_q8_bf16(q + (g + 1) * GROUP, d, g + 1);
+}
+
 // One weight row n against ROWS <= 8 rows of x (xb: the first, bfloat16 [ROWS, K]) into y[0 .. ROWS - 1]. Two
-// accumulator sets (the low and high halves of a pair, or even and odd 8-bit groups) in separate dependency chains;
-// 16 accumulators and the weights stay in registers.
+// accumulator sets (the two vectors of two_groups) in separate dependency chains; 16 accumulators and the weights
+// stay in registers.
 template <int ROWS>
 QGEMV_BF16 __attribute__((always_inline)) inline void row_bf16(const Weights& w, int64_t n, const uint16_t* xb,
                                                                Shape s, bool four_bit, float* y) {
-    constexpr int SETS = 2;
     const uint8_t* q = w.q + n * w.row_bytes;
     const float* d = w.scales + n * s.g;
-    __m512 acc[SETS][ROWS];
-    for (int set = 0; set < SETS; ++set)
-        for (int m = 0; m < ROWS; ++m)
-            acc[set][m] = _mm512_setzero_ps();
+    __m512 acc[2][ROWS];
+    for (int m = 0; m < ROWS; ++m) {
+        acc[0][m] = _mm512_setzero_ps();
+        acc[1][m] = _mm512_setzero_ps();
+    }
     int64_t g = 0;
-    if (four_bit) {
-        const float* mins = w.mins + n * s.g;
-        for (; g + 2 <= s.g; g += 2) {
-            __m512i low, high;
-            pair_bf16(q + g * 16, d, mins, g, &low, &high);
-            for (int m = 0; m < ROWS; ++m) {
-                const uint16_t* xp = xb + m * s.k + g * GROUP;
-                acc[0][m] = dot(acc[0][m], low, xp);
-                acc[1][m] = dot(acc[1][m], high, xp + GROUP);
-            }
+    for (; g + 2 <= s.g; g += 2) {
+        __m512i first, second;
+        two_groups(w, q, d, n, s, g, four_bit, &first, &second);
+        for (int m = 0; m < ROWS; ++m) {
+            const uint16_t* xp = xb + m * s.k + g * GROUP;
+            acc[0][m] = dot(acc[0][m], first, xp);
+            acc[1][m] = dot(acc[1][m], second, xp + GROUP);
         }
-        if (g < s.g) {
-            const __m512i last = last_group_bf16(q + g * 16, d, mins, g);
-            for (int m = 0; m < ROWS; ++m)
-                acc[0][m] = dot(acc[0][m], last, xb + m * s.k + g * GROUP);
-        }
-    } else {
-        for (; g + 2 <= s.g; g += 2) {
-            const __m512i even = group_q8_bf16(q + g * GROUP, d, g);
-            const __m512i odd = group_q8_bf16(q + (g + 1) * GROUP, d, g + 1);
-            for (int m = 0; m < ROWS; ++m) {
-                const uint16_t* xp = xb + m * s.k + g * GROUP;
-                acc[0][m] = dot(acc[0][m], even, xp);
-                acc[1][m] = dot(acc[1][m], odd, xp + GROUP);
-            }
-        }
-        if (g < s.g) {
-            const __m512i last = group_q8_bf16(q + g * GROUP, d, g);
-            for (int m = 0; m < ROWS; ++m)
-                acc[0][m] = dot(acc[0][m], last, xb + m * s.k + g * GROUP);
-        }
+    }
+    if (g < s.g) {  // the last group of an odd count, in order
+        const __m512i last = four_bit ? last_group_bf16(q + g * 16, d, w.mins + n * s.g, g)
+                                      : group_q8_bf16(q + g * GROUP, d, g);
+        for (int m = 0; m < ROWS; ++m)
+            acc[0][m] = dot(acc[0][m], last, xb + m * s.k + g * GROUP);
     }
     for (int m = 0; m < ROWS; ++m)
         y[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][m], acc[1][m]));
